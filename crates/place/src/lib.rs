@@ -1,0 +1,3 @@
+//! loci-place: where threads run and where memory lives.
+
+pub mod sys;

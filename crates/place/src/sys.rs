@@ -1,0 +1,240 @@
+//! Thin, checked wrappers over the Linux affinity and NUMA memory-policy syscalls.
+//!
+//! Written by hand on `libc::syscall` because libnuma would add a C dependency for five
+//! syscalls, and the Rust crates wrapping them are unmaintained; the kernel ABI here is stable
+//! (see `man 2 mbind`, `set_mempolicy`, `get_mempolicy`, `move_pages`).
+
+use std::io;
+
+use loci_topo::{CpuSet, NodeSet};
+
+/// Kernel memory-policy modes (`include/uapi/linux/mempolicy.h`).
+pub mod mode {
+    pub const MPOL_DEFAULT: i32 = 0;
+    pub const MPOL_PREFERRED: i32 = 1;
+    pub const MPOL_BIND: i32 = 2;
+    pub const MPOL_INTERLEAVE: i32 = 3;
+    pub const MPOL_LOCAL: i32 = 4;
+    pub const MPOL_PREFERRED_MANY: i32 = 5;
+    pub const MPOL_WEIGHTED_INTERLEAVE: i32 = 6;
+    /// mbind flags
+    pub const MPOL_MF_STRICT: u32 = 1 << 0;
+    pub const MPOL_MF_MOVE: u32 = 1 << 1;
+    /// get_mempolicy flags
+    pub const MPOL_F_NODE: u64 = 1 << 0;
+    pub const MPOL_F_ADDR: u64 = 1 << 1;
+}
+
+/// Number of bits in the node masks we pass to the kernel. The kernel accepts any maxnode
+/// >= its MAX_NUMNODES bits that are actually used; 1024 covers every shipping config.
+const MASK_BITS: usize = 1024;
+const MASK_WORDS: usize = MASK_BITS / 64;
+
+fn node_mask(nodes: &NodeSet) -> io::Result<[u64; MASK_WORDS]> {
+    let mut m = [0u64; MASK_WORDS];
+    for n in nodes.iter() {
+        let n = n as usize;
+        if n >= MASK_BITS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("node {n} is beyond {MASK_BITS}"),
+            ));
+        }
+        m[n / 64] |= 1 << (n % 64);
+    }
+    Ok(m)
+}
+
+fn mask_nodes(m: &[u64]) -> NodeSet {
+    let mut s = NodeSet::new();
+    for (w, &v) in m.iter().enumerate() {
+        for b in 0..64 {
+            if v >> b & 1 == 1 {
+                s.insert((w * 64 + b) as u32);
+            }
+        }
+    }
+    s
+}
+
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// `set_mempolicy(2)` for the calling thread.
+pub fn set_mempolicy(mode: i32, nodes: &NodeSet) -> io::Result<()> {
+    let m = node_mask(nodes)?;
+    let (ptr, max) = if nodes.is_empty() {
+        (std::ptr::null(), 0)
+    } else {
+        (m.as_ptr(), MASK_BITS + 1)
+    };
+    // SAFETY: `ptr` is null or points at MASK_WORDS u64s, matching `max` bits; the kernel only reads it.
+    check(unsafe { libc::syscall(libc::SYS_set_mempolicy, mode, ptr, max) }).map(|_| ())
+}
+
+/// `get_mempolicy(2)` for the calling thread: (mode, nodes).
+pub fn get_mempolicy() -> io::Result<(i32, NodeSet)> {
+    let mut mode: i32 = 0;
+    let mut m = [0u64; MASK_WORDS];
+    // SAFETY: both out-pointers are valid for writes of the sizes given (MASK_BITS bits).
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_get_mempolicy,
+            &mut mode as *mut i32,
+            m.as_mut_ptr(),
+            MASK_BITS,
+            0usize,
+            0u64,
+        )
+    })?;
+    Ok((mode, mask_nodes(&m)))
+}
+
+/// `mbind(2)` on `[addr, addr+len)`; `addr` must be page aligned.
+///
+/// # Safety
+/// The range must be a mapping owned by the caller; with `MPOL_MF_MOVE` its pages may migrate.
+pub unsafe fn mbind(
+    addr: *mut u8,
+    len: usize,
+    mode: i32,
+    nodes: &NodeSet,
+    flags: u32,
+) -> io::Result<()> {
+    let m = node_mask(nodes)?;
+    let (ptr, max) = if nodes.is_empty() {
+        (std::ptr::null(), 0)
+    } else {
+        (m.as_ptr(), MASK_BITS + 1)
+    };
+    // SAFETY: caller guarantees the range; the mask pointer is valid for `max` bits.
+    check(unsafe { libc::syscall(libc::SYS_mbind, addr, len, mode, ptr, max, flags) }).map(|_| ())
+}
+
+/// Node that holds each page (`move_pages(2)` with no target: query only). Entries are node ids,
+/// or negative errno (`-ENOENT`: page not yet faulted in, `-EFAULT`: not mapped).
+pub fn pages_nodes(pid: i32, pages: &[*const u8]) -> io::Result<Vec<i32>> {
+    let mut status = vec![0i32; pages.len()];
+    if pages.is_empty() {
+        return Ok(status);
+    }
+    // SAFETY: `pages` and `status` have equal length `count`; nodes = null means query only.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            pid,
+            pages.len(),
+            pages.as_ptr(),
+            std::ptr::null::<i32>(),
+            status.as_mut_ptr(),
+            0,
+        )
+    })?;
+    Ok(status)
+}
+
+/// Node of every page of the buffer `[addr, addr+len)` in this process.
+pub fn buffer_pages_nodes(addr: *const u8, len: usize) -> io::Result<Vec<i32>> {
+    let ps = page_size();
+    let start = addr as usize & !(ps - 1);
+    let end = addr as usize + len;
+    let pages: Vec<*const u8> = (start..end).step_by(ps).map(|a| a as *const u8).collect();
+    pages_nodes(0, &pages)
+}
+
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if v > 0 {
+        v as usize
+    } else {
+        4096
+    }
+}
+
+/// Sets the affinity of a thread (`tid` 0 = the calling thread) or of a whole process's main thread.
+pub fn set_affinity(tid: i32, cpus: &CpuSet) -> io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for c in cpus.iter() {
+        if c as usize >= libc::CPU_SETSIZE as usize {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cpu {c} is beyond CPU_SETSIZE"),
+            ));
+        }
+        // SAFETY: c < CPU_SETSIZE was checked above.
+        unsafe { libc::CPU_SET(c as usize, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    let r = unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    check(r as libc::c_long).map(|_| ())
+}
+
+/// Affinity of a thread (`tid` 0 = the calling thread).
+pub fn get_affinity(tid: i32) -> io::Result<CpuSet> {
+    // SAFETY: cpu_set_t is plain data; the kernel fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is writable and sized as passed.
+    let r =
+        unsafe { libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    check(r as libc::c_long)?;
+    // SAFETY: every index is below CPU_SETSIZE.
+    Ok((0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .map(|c| c as u32)
+        .collect())
+}
+
+/// The cpu the calling thread is running on right now.
+pub fn current_cpu() -> io::Result<u32> {
+    // SAFETY: no preconditions.
+    let r = unsafe { libc::sched_getcpu() };
+    check(r as libc::c_long).map(|v| v as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_roundtrip() {
+        let n = NodeSet::parse("0,3,64,1000").unwrap();
+        assert_eq!(mask_nodes(&node_mask(&n).unwrap()), n);
+        assert!(node_mask(&NodeSet::single(5000)).is_err());
+    }
+
+    #[test]
+    fn affinity_roundtrip_on_this_machine() {
+        let before = get_affinity(0).unwrap();
+        let one = CpuSet::single(before.first().unwrap());
+        std::thread::spawn(move || {
+            set_affinity(0, &one).unwrap();
+            assert_eq!(get_affinity(0).unwrap(), one);
+            assert_eq!(current_cpu().unwrap(), one.first().unwrap());
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn mempolicy_roundtrip_and_page_query() {
+        std::thread::spawn(|| {
+            set_mempolicy(mode::MPOL_BIND, &NodeSet::single(0)).unwrap();
+            let (m, nodes) = get_mempolicy().unwrap();
+            assert_eq!(m, mode::MPOL_BIND);
+            assert_eq!(nodes, NodeSet::single(0));
+            let v = vec![1u8; 1 << 20];
+            let st = buffer_pages_nodes(v.as_ptr(), v.len()).unwrap();
+            assert!(st.iter().all(|&s| s == 0), "{st:?}");
+            set_mempolicy(mode::MPOL_DEFAULT, &NodeSet::new()).unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+}

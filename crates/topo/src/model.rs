@@ -1,0 +1,283 @@
+//! The topology model: what a machine looks like, as a value.
+//!
+//! Glossary (shared with the rest of loci, see DESIGN.md):
+//! - **node**: a NUMA domain (memory and usually cpus; may be CPU-less or memoryless). Ids are the
+//!   kernel's and may be sparse (0, 2, 5).
+//! - **cpu**: a hardware thread as the kernel numbers it; **core**: a physical core; **package**: a socket.
+//! - **distance**: the kernel's SLIT value (10 = local); **hops** are derived from it.
+//! - **core group**: the cpus that share one cache of a given level inside one node.
+//!
+//! A `Topology` is passed around as a value; nothing in loci reads the machine from a global.
+
+use serde::{Deserialize, Serialize};
+
+use crate::idset::{CpuSet, NodeSet};
+
+/// One NUMA node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    /// The kernel's node id.
+    pub id: u32,
+    /// Every present cpu of this node (allowed or not). Empty for a CPU-less node.
+    pub cpus: CpuSet,
+    /// Total memory in bytes; 0 for a memoryless node; `None` when the source does not say.
+    pub memory_bytes: Option<u64>,
+    /// Free memory in bytes when the source says (live sysfs does, presets and XML do not).
+    pub free_bytes: Option<u64>,
+    /// Whether this process may allocate here (cgroup `cpuset.mems.effective`, `Mems_allowed`).
+    pub allowed: bool,
+}
+
+/// One hardware thread.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cpu {
+    pub id: u32,
+    /// Physical core id, unique across the machine (the kernel's `core_id` is only unique
+    /// within a package, so sources renumber: see [`Topology::validate`]).
+    pub core: u32,
+    pub package: u32,
+    /// Home node; `None` only if the source has no NUMA information for it.
+    pub node: Option<u32>,
+    pub online: bool,
+    /// In this process's affinity mask and cgroup cpuset. Always true for presets/XML/synthetic.
+    pub allowed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheKind {
+    Data,
+    Instruction,
+    Unified,
+}
+
+/// One cache instance (for example "the L3 shared by cpus 0-9").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cache {
+    pub level: u8,
+    pub kind: CacheKind,
+    pub size_bytes: u64,
+    /// The cpus that share this instance.
+    pub cpus: CpuSet,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    Net,
+    Block,
+    Gpu,
+    Other,
+}
+
+/// A device whose locality matters (NICs for streaming, block devices for file sinks).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Device {
+    pub name: String,
+    pub kind: DeviceKind,
+    /// Home node, `None` when the kernel reports -1 (no affinity).
+    pub node: Option<u32>,
+}
+
+/// A whole machine as loci sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Topology {
+    /// Where this came from, e.g. `sysfs:/`, `sysfs:DIR`, `xml:FILE`, `preset:NAME`, `synthetic:SPEC`.
+    pub source: String,
+    /// Sorted by id.
+    pub nodes: Vec<Node>,
+    /// Sorted by id.
+    pub cpus: Vec<Cpu>,
+    pub caches: Vec<Cache>,
+    pub devices: Vec<Device>,
+    /// SLIT distances: `distances[i][j]` is from `nodes[i]` to `nodes[j]` (index order, not id).
+    pub distances: Vec<Vec<u32>>,
+}
+
+/// Why a topology is inconsistent (a source produced something loci cannot trust).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    #[error("topology has no nodes")]
+    NoNodes,
+    #[error("distance matrix is {rows}x? but there are {nodes} nodes")]
+    DistanceShape { rows: usize, nodes: usize },
+    #[error("cpu {cpu} names node {node}, which does not exist (nodes: {valid})")]
+    CpuNode { cpu: u32, node: u32, valid: String },
+    #[error("node ids are not sorted and unique")]
+    NodeOrder,
+    #[error("cpu ids are not sorted and unique")]
+    CpuOrder,
+}
+
+impl Topology {
+    /// Checks the invariants every source must establish.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        if self.nodes.is_empty() {
+            return Err(ModelError::NoNodes);
+        }
+        if !self.nodes.windows(2).all(|w| w[0].id < w[1].id) {
+            return Err(ModelError::NodeOrder);
+        }
+        if !self.cpus.windows(2).all(|w| w[0].id < w[1].id) {
+            return Err(ModelError::CpuOrder);
+        }
+        let n = self.nodes.len();
+        if self.distances.len() != n || self.distances.iter().any(|r| r.len() != n) {
+            return Err(ModelError::DistanceShape {
+                rows: self.distances.len(),
+                nodes: n,
+            });
+        }
+        for c in &self.cpus {
+            if let Some(node) = c.node {
+                if self.node_index(node).is_none() {
+                    return Err(ModelError::CpuNode {
+                        cpu: c.id,
+                        node,
+                        valid: self.node_ids().to_string(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn node_ids(&self) -> NodeSet {
+        self.nodes.iter().map(|n| n.id).collect()
+    }
+    pub fn node(&self, id: u32) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.id == id)
+    }
+    /// Index of node `id` in `nodes` (and in the distance matrix).
+    pub fn node_index(&self, id: u32) -> Option<usize> {
+        self.nodes.iter().position(|n| n.id == id)
+    }
+    pub fn cpu(&self, id: u32) -> Option<&Cpu> {
+        self.cpus.iter().find(|c| c.id == id)
+    }
+    /// All present cpus.
+    pub fn cpu_ids(&self) -> CpuSet {
+        self.cpus.iter().map(|c| c.id).collect()
+    }
+    /// Cpus this process may run on (online and allowed).
+    pub fn allowed_cpus(&self) -> CpuSet {
+        self.cpus
+            .iter()
+            .filter(|c| c.online && c.allowed)
+            .map(|c| c.id)
+            .collect()
+    }
+    /// Nodes this process may allocate memory on (allowed and with memory, where known).
+    pub fn allowed_mems(&self) -> NodeSet {
+        self.nodes
+            .iter()
+            .filter(|n| n.allowed && n.memory_bytes != Some(0))
+            .map(|n| n.id)
+            .collect()
+    }
+    /// Allowed cpus of one node.
+    pub fn allowed_cpus_of(&self, node: u32) -> CpuSet {
+        self.node(node)
+            .map(|n| n.cpus.intersection(&self.allowed_cpus()))
+            .unwrap_or_default()
+    }
+    /// Distance between two nodes by id (SLIT units, 10 = local).
+    pub fn distance(&self, a: u32, b: u32) -> Option<u32> {
+        Some(self.distances[self.node_index(a)?][self.node_index(b)?])
+    }
+    /// Hops between nodes, derived from distances: 0 for local; otherwise the rank of the
+    /// distance among the distinct remote distances of the machine (1 = nearest remote class).
+    pub fn hops(&self, a: u32, b: u32) -> Option<u32> {
+        if a == b {
+            return Some(0);
+        }
+        let d = self.distance(a, b)?;
+        let mut classes: Vec<u32> = self
+            .distances
+            .iter()
+            .enumerate()
+            .flat_map(|(i, r)| {
+                r.iter()
+                    .enumerate()
+                    .filter(move |(j, _)| *j != i)
+                    .map(|(_, &v)| v)
+            })
+            .collect();
+        classes.sort_unstable();
+        classes.dedup();
+        Some(
+            classes
+                .iter()
+                .position(|&c| c == d)
+                .map(|p| p as u32 + 1)
+                .unwrap_or(1),
+        )
+    }
+    /// Caches of one level, deduplicated (each instance once).
+    pub fn caches_at(&self, level: u8) -> impl Iterator<Item = &Cache> {
+        self.caches
+            .iter()
+            .filter(move |c| c.level == level && c.kind != CacheKind::Instruction)
+    }
+    /// The highest cache level present (the LLC), if any cache is known.
+    pub fn llc_level(&self) -> Option<u8> {
+        self.caches.iter().map(|c| c.level).max()
+    }
+    /// Core groups: for each node, the cpus that share one cache instance of `level` (restricted to
+    /// the node, so a cache spanning nodes still yields one group per node). Cpus with no cache of
+    /// that level form one group per core. Groups are ordered by node, then by first cpu.
+    pub fn core_groups(&self, level: u8) -> Vec<CoreGroup> {
+        let mut out = Vec::new();
+        for node in &self.nodes {
+            let mut left = node.cpus.clone();
+            let mut groups: Vec<CpuSet> = Vec::new();
+            for cache in self.caches_at(level) {
+                let g = cache.cpus.intersection(&node.cpus);
+                if !g.is_empty() && g.is_subset(&left) {
+                    left = left.difference(&g);
+                    groups.push(g);
+                }
+            }
+            // Remaining cpus: one group per physical core.
+            while let Some(first) = left.first() {
+                let core = self.cpu(first).map(|c| (c.package, c.core));
+                let g: CpuSet = left
+                    .iter()
+                    .filter(|&id| self.cpu(id).map(|c| (c.package, c.core)) == core)
+                    .collect();
+                left = left.difference(&g);
+                groups.push(g);
+            }
+            groups.sort_by_key(|g| g.first());
+            for cpus in groups {
+                out.push(CoreGroup {
+                    node: node.id,
+                    cpus,
+                });
+            }
+        }
+        out
+    }
+    /// Node of a cpu, if known.
+    pub fn node_of_cpu(&self, cpu: u32) -> Option<u32> {
+        self.cpu(cpu).and_then(|c| c.node)
+    }
+    /// Sibling hardware threads of a cpu (same package and core), including itself.
+    pub fn smt_siblings(&self, cpu: u32) -> CpuSet {
+        let Some(c) = self.cpu(cpu) else {
+            return CpuSet::new();
+        };
+        self.cpus
+            .iter()
+            .filter(|o| o.package == c.package && o.core == c.core)
+            .map(|o| o.id)
+            .collect()
+    }
+}
+
+/// Cpus that share a cache level inside one node (seed 003's unit of scheduling).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoreGroup {
+    pub node: u32,
+    pub cpus: CpuSet,
+}
