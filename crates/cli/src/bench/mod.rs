@@ -1,0 +1,63 @@
+//! `loci bench WORKLOAD`: every workload writes the one result format of BENCHMARKS.md.
+//!
+//! Adding a workload: a file `bench/NAME.rs` with an `Args` struct (flatten [`Common`]) and
+//! `run(args) -> anyhow::Result<Report>`, and a variant in [`BenchCmd`].
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use loci_report::Report;
+
+mod memcpy;
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// Single-thread memory copy bandwidth: the ceiling other copy workloads are compared to.
+    Memcpy(memcpy::MemcpyArgs),
+}
+
+/// Flags every benchmark takes.
+#[derive(Args, Clone, Debug)]
+pub struct Common {
+    /// Small preset that finishes in about a minute.
+    #[arg(long)]
+    pub quick: bool,
+    /// Repetitions per configuration (median, min and max are reported).
+    #[arg(long)]
+    pub reps: Option<usize>,
+    /// Write the results as JSON (the result format of BENCHMARKS.md).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Draw the results as an SVG bar chart.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+}
+
+pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
+    match cmd {
+        BenchCmd::Memcpy(a) => {
+            let common = a.common.clone();
+            let rep = memcpy::run(a)?;
+            finish(&rep, &common, |r| r.system == "loci")
+        }
+    }
+}
+
+/// Prints the table (ratios against the first row that `is_baseline` picks) and writes the
+/// JSON and plot files that were asked for.
+pub fn finish(
+    rep: &Report,
+    common: &Common,
+    is_baseline: impl Fn(&loci_report::Row) -> bool,
+) -> anyhow::Result<()> {
+    println!("{}", rep.table(is_baseline));
+    if let Some(p) = &common.json {
+        rep.write_json(p)?;
+        eprintln!("wrote {}", p.display());
+    }
+    if let Some(p) = &common.plot {
+        rep.plot_svg(p)?;
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(())
+}
