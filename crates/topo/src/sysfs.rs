@@ -387,7 +387,7 @@ pub fn read(root: &Path, live: bool) -> Result<Topology, TopoError> {
         let core_id = read_int_opt(&topo.join("core_id"))?;
         let online = match read_int_opt(&dir.join("online"))? {
             Some(v) => v != 0,
-            None => global_online.as_ref().map_or(true, |s| s.contains(*id)),
+            None => !matches!(&global_online, Some(s) if !s.contains(*id)),
         };
         let core = match core_id {
             Some(c) => *core_ids
@@ -573,9 +573,10 @@ pub fn resolve_caches(entries: &[CacheEntry]) -> Vec<Cache> {
     let agreed = |e: &CacheEntry, set: &CpuSet| -> bool {
         set.contains(e.cpu)
             && set.iter().all(|d| {
-                candidates
-                    .get(&(d, e.level, e.kind as u8))
-                    .map_or(true, |c| c.iter().any(|f| f.as_ref() == Some(set)))
+                !matches!(
+                    candidates.get(&(d, e.level, e.kind as u8)),
+                    Some(c) if !c.iter().any(|f| f.as_ref() == Some(set))
+                )
             })
     };
     let mut out: BTreeMap<(u8, u8, Vec<u32>), Cache> = BTreeMap::new();
@@ -741,12 +742,12 @@ fn apply_allowed(root: &Path, topo: &mut Topology) -> Result<(), TopoError> {
         .transpose()?;
     let (cg_cpus, cg_mems) = cgroup_cpuset(root)?;
     for c in &mut topo.cpus {
-        c.allowed = affinity.as_ref().map_or(true, |a| a.contains(c.id))
-            && cg_cpus.as_ref().map_or(true, |a| a.contains(c.id));
+        c.allowed = !matches!(&affinity, Some(a) if !a.contains(c.id))
+            && !matches!(&cg_cpus, Some(a) if !a.contains(c.id));
     }
     for n in &mut topo.nodes {
-        n.allowed = mems_allowed.as_ref().map_or(true, |a| a.contains(n.id))
-            && cg_mems.as_ref().map_or(true, |a| a.contains(n.id));
+        n.allowed = !matches!(&mems_allowed, Some(a) if !a.contains(n.id))
+            && !matches!(&cg_mems, Some(a) if !a.contains(n.id));
     }
     Ok(())
 }
