@@ -64,6 +64,7 @@ pub mod layout;
 pub mod rules;
 mod runtime;
 mod sync;
+pub mod workload;
 
 pub use layout::{cache_distance, Group, Layout, WorkerSlot};
 pub use rules::Rule;
@@ -133,6 +134,8 @@ pub struct Config {
     pub on_worker_start: Option<Hook>,
     /// How many finished requests [`Scheduler::stats`] remembers (0: none).
     pub max_request_records: usize,
+    /// Stack size of each worker thread in bytes.
+    pub stack_size: usize,
 }
 
 impl Default for Config {
@@ -145,6 +148,7 @@ impl Default for Config {
             on_task_finished: None,
             on_worker_start: None,
             max_request_records: 4096,
+            stack_size: 8 << 20,
         }
     }
 }
@@ -159,6 +163,7 @@ impl std::fmt::Debug for Config {
             .field("on_task_finished", &self.on_task_finished.is_some())
             .field("on_worker_start", &self.on_worker_start.is_some())
             .field("max_request_records", &self.max_request_records)
+            .field("stack_size", &self.stack_size)
             .finish()
     }
 }

@@ -328,7 +328,14 @@ pub struct Ctx {
     on_rr: Cell<usize>,
     current: Cell<Option<ReqRef>>,
     run: Cell<Run>,
+    /// Scope waits this worker is nested in (each may run other tasks while it waits).
+    depth: Cell<u32>,
 }
+
+/// Beyond this many nested scope waits, scoped spawns run inline: a waiting worker runs any
+/// task, which may open a scope and wait again, so without a bound the nesting (and the stack)
+/// could grow with the number of queued tasks rather than with the program's own nesting.
+const MAX_SCOPE_DEPTH: u32 = 48;
 
 struct Live<'a>(&'a Ctx);
 
@@ -602,6 +609,7 @@ impl Ctx {
         };
         let r = catch_unwind(AssertUnwindSafe(|| f(&s)));
         if core.pending.fetch_sub(1, Ordering::AcqRel) != 1 {
+            self.depth.set(self.depth.get() + 1);
             while core.pending.load(Ordering::Acquire) != 0 {
                 match self.find() {
                     Some(t) => self.execute(t),
@@ -611,6 +619,7 @@ impl Ctx {
                     }
                 }
             }
+            self.depth.set(self.depth.get() - 1);
             // The last child sets `done` under the lock; waiting for it (even when `pending`
             // already reads 0) guarantees no child touches `core` after we return.
             let mut d = lock(&core.done);
@@ -726,7 +735,22 @@ impl<'s> Scope<'s> {
         // SAFETY: only the lifetime is erased; the job runs (and drops its captures) before the
         // scope returns, so nothing borrowed for `'s` is used after `'s` ends.
         let job: Job = unsafe { std::mem::transmute(job) };
-        self.ctx().push(wh, job);
+        let ctx = self.ctx();
+        if ctx.depth.get() >= MAX_SCOPE_DEPTH {
+            // Deep in nested waits: run it now, on this stack (it is counted in the scope only).
+            let req = ctx.req();
+            // SAFETY: the running task keeps its request alive.
+            unsafe { req.state() }
+                .pending
+                .fetch_add(1, Ordering::Relaxed);
+            ctx.execute(Task {
+                job,
+                req,
+                spawner: ctx.w as u32,
+            });
+        } else {
+            ctx.push(wh, job);
+        }
     }
 }
 
@@ -867,6 +891,8 @@ impl Scheduler {
             };
             #[cfg(not(loom))]
             let tx = tx.clone();
+            #[cfg(not(loom))]
+            let sh_stack = config.stack_size;
             let body = move || {
                 #[cfg(not(loom))]
                 {
@@ -904,6 +930,7 @@ impl Scheduler {
                         node: 0,
                         count: 0,
                     }),
+                    depth: Cell::new(0),
                 };
                 if let Some(h) = &ctx.shared.on_worker_start {
                     h(w);
@@ -913,6 +940,7 @@ impl Scheduler {
             #[cfg(not(loom))]
             let h = thread::Builder::new()
                 .name(format!("loci-w{w}"))
+                .stack_size(sh_stack)
                 .spawn(body)
                 .map_err(|e| SchedError::Spawn(e.to_string()))?;
             #[cfg(loom)]
