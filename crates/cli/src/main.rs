@@ -3,6 +3,10 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod os_cmd;
+mod place_topo;
+mod plan_cmd;
+mod run_cmd;
 
 /// loci places threads and memory on purpose on NUMA machines, and proves where they ended up.
 #[derive(Parser)]
@@ -19,6 +23,15 @@ enum Cmd {
     /// Run a workload and compare it with peers in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// Where each thread and its memory would go under a strategy and policy (on this machine
+    /// or any other); --json prints the plan document.
+    Plan(plan_cmd::PlanCmd),
+    /// Run a program placed by a plan (threads, memory policy, allocator, THP), optionally
+    /// verifying plan vs actual; its exit status is passed through.
+    Run(run_cmd::RunCmd),
+    /// Show or change AutoNUMA and transparent huge pages.
+    #[command(subcommand)]
+    Os(os_cmd::OsCmd),
 }
 
 /// The topology of the machine loci runs on.
@@ -58,5 +71,8 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Bench(b) => bench::run(b),
+        Cmd::Plan(c) => plan_cmd::run(c),
+        Cmd::Run(c) => run_cmd::run(c),
+        Cmd::Os(c) => os_cmd::run(c),
     }
 }

@@ -56,9 +56,22 @@ pub struct Plan {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
     #[error("--threads: {0}")]
-    Strategy(#[from] crate::strategy::StrategyError),
+    Strategy(crate::strategy::StrategyError),
     #[error("--mem: {0}")]
-    Policy(#[from] crate::policy::PolicyError),
+    Policy(crate::policy::PolicyError),
+}
+
+// Written out rather than `#[from]`, which would also make the inner error the `source` and
+// print its message twice in error chains.
+impl From<crate::strategy::StrategyError> for PlanError {
+    fn from(e: crate::strategy::StrategyError) -> Self {
+        PlanError::Strategy(e)
+    }
+}
+impl From<crate::policy::PolicyError> for PlanError {
+    fn from(e: crate::policy::PolicyError) -> Self {
+        PlanError::Policy(e)
+    }
 }
 
 impl Plan {

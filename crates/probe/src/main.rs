@@ -129,7 +129,9 @@ fn me(index: usize) -> ThreadReport {
     }
 }
 
-fn touch(bytes: usize, by_thread: usize) -> AllocReport {
+/// Allocates and touches `bytes`; returns the report and the buffer (kept alive by the caller until
+/// exit, so outside observers see its pages in /proc/PID/numa_maps).
+fn touch(bytes: usize, by_thread: usize) -> (AllocReport, Vec<u8>) {
     let buf = vec![1u8; bytes];
     // vec! of a non-zero value writes every byte: every page is faulted in by this thread.
     let st = sys::buffer_pages_nodes(buf.as_ptr(), buf.len()).unwrap_or_default();
@@ -142,14 +144,14 @@ fn touch(bytes: usize, by_thread: usize) -> AllocReport {
             not_present += 1;
         }
     }
-    std::hint::black_box(&buf);
-    AllocReport {
+    let r = AllocReport {
         bytes,
         by_thread,
         pages: st.len(),
         pages_per_node: per,
         not_present,
-    }
+    };
+    (r, std::hint::black_box(buf))
 }
 
 fn main() {
@@ -187,6 +189,10 @@ fn main() {
             alloc = al;
         }
     }
+    let (alloc, _keep) = match alloc {
+        Some((r, buf)) => (Some(r), Some(buf)),
+        None => (None, None),
+    };
     let report = Report {
         pid: std::process::id(),
         tid: main.tid,
