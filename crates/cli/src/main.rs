@@ -23,13 +23,8 @@ enum Cmd {
     /// Run a workload and compare it with peers in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
-    /// Where each thread and its memory would go under a strategy and policy (on this machine
-    /// or any other); --json prints the plan document.
     Plan(plan_cmd::PlanCmd),
-    /// Run a program placed by a plan (threads, memory policy, allocator, THP), optionally
-    /// verifying plan vs actual; its exit status is passed through.
     Run(run_cmd::RunCmd),
-    /// Show or change AutoNUMA and transparent huge pages.
     #[command(subcommand)]
     Os(os_cmd::OsCmd),
 }

@@ -9,35 +9,43 @@ use crate::place_topo::TopoArgs;
 /// Shared help text for `--threads`.
 pub const THREADS_HELP: &str = "\
 Thread strategy, NAME[@BIND]:
-  os            not pinned; the OS chooses among the allowed cpus
-  compact       fill a node before the next; inside a node one hardware thread of every
-                physical core first, then the SMT siblings
-  sparse        round-robin over nodes: thread 0 on the first node, thread 1 on the next, ...
-  shared:G      groups of G consecutive threads share a node and (where they fit) an LLC;
-                groups go round-robin over nodes
-  random:SEED   a shuffle of the allowed cpus, the same for the same SEED
-  group         each thread bound to a core group (the cpus sharing the last-level cache inside
-                a node); groups dealt round-robin alternating nodes; the OS picks inside the group
-  nodes:LIST    round-robin over the listed nodes, each thread bound to its whole node
-                (numactl --cpunodebind, but one node per thread)
-  cpus:LIST     thread i on the i-th listed cpu (numactl --physcpubind, one cpu per thread)
-@BIND widens each thread's cpu to: @cpu (itself), @core (its SMT siblings), @group (its core
-group), @node (every allowed cpu of its node). Default: @node for nodes:, @group for group,
-@cpu otherwise. LISTs use the Linux list syntax (0-3,8), `all`, and `!LIST` (all but).";
+  os           not pinned; the OS chooses among the allowed cpus
+  compact      fill a node before the next; inside a node one hardware thread
+               of every physical core first, then the SMT siblings
+  sparse       round-robin over nodes: thread 0 on the first node, thread 1
+               on the next, ...
+  shared:G     groups of G consecutive threads share a node and (where they
+               fit) a last-level cache; groups go round-robin over nodes
+  random:SEED  a shuffle of the allowed cpus, the same for the same SEED
+  group        each thread bound to a core group (cpus sharing the last-level
+               cache inside a node), groups dealt round-robin alternating
+               nodes; the OS picks the cpu inside the group
+  nodes:LIST   round-robin over the listed nodes, each thread bound to its
+               whole node (numactl --cpunodebind, one node per thread)
+  cpus:LIST    thread i on the i-th listed cpu, ascending (numactl
+               --physcpubind, one cpu per thread)
+@BIND widens each thread's cpu to @cpu (itself), @core (its SMT siblings),
+@group (its core group) or @node (all allowed cpus of its node). Default:
+@node for nodes:, @group for group, @cpu otherwise. LISTs use the Linux list
+syntax (0-3,8), `all`, and `!LIST` (all but LIST). Only allowed cpus are used
+(affinity mask, cgroup cpuset).";
 
 /// Shared help text for `--mem`.
 pub const MEM_HELP: &str = "\
-Memory policy (set_mempolicy(2) for every thread of the program):
-  first-touch                 kernel default: a page goes to the node of the thread touching it first
-  interleave[:NODES]          round-robin pages over NODES (default: all allowed nodes with memory)
-  localalloc                  always the node of the allocating thread (numactl --localalloc)
-  preferred:N                 node N first, others when it is full (numactl --preferred)
-  bind:NODES                  only NODES; allocation fails beyond them (numactl --membind)
-  preferred-many:NODES        NODES first (Linux 5.15+)
-  weighted-interleave:NODES   interleave by the weights in
-                              /sys/kernel/mm/mempolicy/weighted_interleave (Linux 6.9+)
-Memoryless nodes in a list are left out and interleave over one node is applied as
-preferred:N; either is said once on stderr.";
+Memory policy, set for every thread of the program (set_mempolicy(2)):
+  first-touch                kernel default: a page goes to the node of the
+                             thread that touches it first
+  interleave[:NODES]         pages round-robin over NODES (default: every
+                             allowed node with memory; numactl --interleave)
+  localalloc                 the allocating thread's node (--localalloc)
+  preferred:N                node N first, others when full (--preferred)
+  bind:NODES                 only NODES, never elsewhere (--membind)
+  preferred-many:NODES       NODES first (Linux 5.15+)
+  weighted-interleave:NODES  interleave by the weights in /sys/kernel/mm/
+                             mempolicy/weighted_interleave (Linux 6.9+)
+Memoryless nodes in a list are left out, and interleave over one node is
+applied as preferred:N; either is said once on stderr. Nodes that are not
+present or not allowed are errors.";
 
 /// Where each thread of a program would run, and where its memory would go.
 ///

@@ -349,3 +349,45 @@ fn plan_json_schema_on_this_machine() {
     assert_eq!(v["memory"]["policy"], "bind");
     assert_eq!(v["memory"]["nodes"], "0");
 }
+
+#[test]
+fn every_plan_entry_is_used_once_and_extras_get_the_footprint() {
+    let probe = built();
+    let json = std::env::temp_dir().join(format!("loci-extra-{}.json", std::process::id()));
+    let o = run(&[
+        "run",
+        "--threads",
+        "compact",
+        "-n",
+        "8",
+        "--oversubscribe",
+        "--verify-json",
+        json.to_str().unwrap(),
+        "--",
+        probe.to_str().unwrap(),
+        "--threads",
+        "11",
+        "--hold",
+        "300",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    let rows = v["exit"]["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 12, "{}", v["exit"]);
+    let mut idx: Vec<u64> = rows.iter().filter_map(|r| r["index"].as_u64()).collect();
+    idx.sort();
+    assert_eq!(idx, (0..8).collect::<Vec<_>>());
+    let footprint: loci_topo::CpuSet = v["plan"]["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| loci_topo::CpuSet::parse(t["cpus"].as_str().unwrap()).unwrap())
+        .fold(loci_topo::CpuSet::new(), |a, s| a.union(&s));
+    let extras: Vec<&Value> = rows.iter().filter(|r| r["role"] == "extra").collect();
+    assert_eq!(extras.len(), 4);
+    for e in extras {
+        assert_eq!(e["actual_cpus"], footprint.to_string());
+    }
+    assert_eq!(v["exit"]["all_ok"], true);
+}
