@@ -179,4 +179,64 @@ mod tests {
         .join()
         .unwrap();
     }
+
+    /// Runs in a re-executed copy of this test binary (so binding the whole process cannot
+    /// disturb other tests): starts two threads, applies a plan to the process, checks each.
+    #[test]
+    fn process_binding_in_a_child() {
+        if std::env::var_os("LOCI_APPLY_PROCESS_CHILD").is_none() {
+            let out = Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "apply::tests::process_binding_in_a_child",
+                    "--nocapture",
+                ])
+                .env("LOCI_APPLY_PROCESS_CHILD", "1")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
+            return;
+        }
+        let topo = one_node_here();
+        let n = topo.allowed_cpus().len().min(2);
+        let plan = Plan::new(
+            &topo,
+            &"compact".parse().unwrap(),
+            n,
+            &"bind:0".parse().unwrap(),
+            false,
+        )
+        .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+        let helper = {
+            let rx = rx.clone();
+            std::thread::spawn(move || {
+                rx.lock().unwrap().recv().unwrap();
+                sys::get_affinity(0).unwrap()
+            })
+        };
+        let bound = apply_process(&plan).unwrap();
+        let tids = task_ids(0).unwrap();
+        // Every thread was bound: by tid order to plan threads, the rest to the footprint.
+        assert_eq!(bound.len(), tids.len());
+        for (k, (tid, idx)) in bound.iter().enumerate() {
+            let want = match plan.threads.get(k) {
+                Some(t) => t.cpus.clone(),
+                None => plan.footprint(),
+            };
+            assert_eq!(*idx, plan.threads.get(k).map(|_| k));
+            assert_eq!(sys::get_affinity(*tid).unwrap(), want);
+        }
+        tx.send(()).unwrap();
+        let helper_cpus = helper.join().unwrap();
+        assert!(helper_cpus.is_subset(&plan.footprint()));
+        assert_eq!(sys::get_mempolicy().unwrap().0, crate::sys::mode::MPOL_BIND);
+    }
 }
