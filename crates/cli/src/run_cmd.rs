@@ -440,7 +440,7 @@ fn watch(
             return Ok((st, started, Some(cmp)));
         }
         let at = start.elapsed().as_secs_f64();
-        let with_mem = last_mem.map_or(true, |t| t.elapsed() >= Duration::from_millis(250))
+        let with_mem = last_mem.map(|t| t.elapsed() >= Duration::from_millis(250)) != Some(false)
             || started.is_none();
         if let Ok(s) = verify::sample(pid, at, with_mem) {
             if s.tasks.is_empty() {

@@ -10,7 +10,7 @@
 //! Static binaries do not go through the dynamic linker, so they cannot be wrapped: `loci run`
 //! then only binds the whole process.
 
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -166,9 +166,8 @@ extern "C" fn trampoline(p: *mut c_void) -> *mut c_void {
 
 fn real_create() -> Option<CreateFn> {
     let p = *REAL_CREATE.get_or_init(|| {
-        let name = CStr::from_bytes_with_nul(b"pthread_create\0").unwrap();
         // SAFETY: dlsym with a valid C string; RTLD_NEXT finds the next definition (libc's).
-        unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) as usize }
+        unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) as usize }
     });
     // SAFETY: a non-null result of dlsym("pthread_create") has pthread_create's signature.
     (p != 0).then(|| unsafe { std::mem::transmute::<usize, CreateFn>(p) })

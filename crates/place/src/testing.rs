@@ -8,7 +8,7 @@ use loci_topo::{Cache, CacheKind, CpuSet, Node, Topology};
 /// local and 20 remote. Cpus are numbered as Linux does on x86: the first hardware thread of every
 /// core of the machine first (`node * cores + core`), then the second ones, and so on.
 pub fn regular(nodes: u32, cores: u32, smt: u32, llcs: u32) -> Topology {
-    assert!(nodes > 0 && cores > 0 && smt > 0 && llcs > 0 && cores % llcs == 0);
+    assert!(nodes > 0 && cores > 0 && smt > 0 && llcs > 0 && (cores / llcs) * llcs == cores);
     let total_cores = nodes * cores;
     let cpu_id = |node: u32, core: u32, t: u32| t * total_cores + node * cores + core;
     let mut cpus = Vec::new();
