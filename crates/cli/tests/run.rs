@@ -391,3 +391,41 @@ fn every_plan_entry_is_used_once_and_extras_get_the_footprint() {
     }
     assert_eq!(v["exit"]["all_ok"], true);
 }
+
+/// Threads created concurrently from several threads still each get a distinct plan entry and
+/// end up where that entry says.
+#[test]
+fn concurrent_thread_creation_stress() {
+    let probe = built();
+    for round in 0..3 {
+        let json =
+            std::env::temp_dir().join(format!("loci-stress-{}-{round}.json", std::process::id()));
+        // 1 main + 4 spawners + 28 workers = 33 threads, all planned.
+        let o = run(&[
+            "run",
+            "--threads",
+            "random:7",
+            "-n",
+            "33",
+            "--oversubscribe",
+            "--verify-json",
+            json.to_str().unwrap(),
+            "--",
+            probe.to_str().unwrap(),
+            "--threads",
+            "28",
+            "--spawners",
+            "4",
+            "--hold",
+            "300",
+        ]);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        std::fs::remove_file(&json).unwrap();
+        let rows = v["exit"]["rows"].as_array().unwrap();
+        let mut idx: Vec<u64> = rows.iter().filter_map(|r| r["index"].as_u64()).collect();
+        idx.sort();
+        assert_eq!(idx, (0..33).collect::<Vec<_>>(), "round {round}");
+        assert_eq!(v["exit"]["all_ok"], true, "round {round}: {}", v["exit"]);
+    }
+}

@@ -48,6 +48,11 @@ struct Args {
     /// Milliseconds every thread stays alive after reporting (for outside observers).
     #[arg(long, default_value_t = 0)]
     hold: u64,
+    /// Create the threads from this many spawner threads at once instead of from the main thread
+    /// (a stress test for concurrent pthread_create under the pin library). Spawners are threads
+    /// too, created first; they are not in the report.
+    #[arg(long, default_value_t = 0)]
+    spawners: usize,
     /// Exit with this status after reporting.
     #[arg(long, default_value_t = 0)]
     exit: i32,
@@ -164,31 +169,59 @@ fn main() {
         std::process::exit(2);
     }
     let barrier = Arc::new(Barrier::new(a.threads + 1));
-    let handles: Vec<_> = (1..=a.threads)
-        .map(|i| {
-            let b = barrier.clone();
-            let (alloc, hold) = (a.alloc.filter(|_| a.alloc_thread == i), a.hold);
-            std::thread::spawn(move || {
-                let r = me(i);
-                let al = alloc.map(|bytes| touch(bytes, i));
-                b.wait();
-                std::thread::sleep(Duration::from_millis(hold));
-                (r, al)
+    type Out = (ThreadReport, Option<(AllocReport, Vec<u8>)>);
+    let worker = |i: usize| {
+        let b = barrier.clone();
+        let (alloc, hold) = (a.alloc.filter(|_| a.alloc_thread == i), a.hold);
+        move || -> Out {
+            let r = me(i);
+            let al = alloc.map(|bytes| touch(bytes, i));
+            b.wait();
+            std::thread::sleep(Duration::from_millis(hold));
+            (r, al)
+        }
+    };
+    let handles: Vec<std::thread::JoinHandle<Vec<Out>>> = if a.spawners == 0 {
+        (1..=a.threads)
+            .map(|i| {
+                let w = worker(i);
+                std::thread::spawn(move || vec![w()])
             })
-        })
-        .collect();
+            .collect()
+    } else {
+        // Worker i is created by spawner i % spawners; spawners start creating together.
+        let go = Arc::new(Barrier::new(a.spawners));
+        (0..a.spawners)
+            .map(|k| {
+                let mine: Vec<_> = (1..=a.threads)
+                    .filter(|i| i % a.spawners == k)
+                    .map(worker)
+                    .collect();
+                let go = go.clone();
+                std::thread::spawn(move || {
+                    go.wait();
+                    let hs: Vec<_> = mine.into_iter().map(std::thread::spawn).collect();
+                    hs.into_iter()
+                        .map(|h| h.join().expect("probe thread panicked"))
+                        .collect()
+                })
+            })
+            .collect()
+    };
     let main = me(0);
     let mut alloc = a.alloc.filter(|_| a.alloc_thread == 0).map(|b| touch(b, 0));
     barrier.wait();
     std::thread::sleep(Duration::from_millis(a.hold));
     let mut threads = Vec::new();
     for h in handles {
-        let (r, al) = h.join().expect("probe thread panicked");
-        threads.push(r);
-        if al.is_some() {
-            alloc = al;
+        for (r, al) in h.join().expect("probe thread panicked") {
+            threads.push(r);
+            if al.is_some() {
+                alloc = al;
+            }
         }
     }
+    threads.sort_by_key(|t| t.index);
     let (alloc, _keep) = match alloc {
         Some((r, buf)) => (Some(r), Some(buf)),
         None => (None, None),
