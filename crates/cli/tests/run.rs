@@ -429,3 +429,26 @@ fn concurrent_thread_creation_stress() {
         assert_eq!(v["exit"]["all_ok"], true, "round {round}: {}", v["exit"]);
     }
 }
+
+#[test]
+fn newer_policies_apply_where_the_kernel_has_them() {
+    let probe = built();
+    for (policy, name) in [
+        ("weighted-interleave:0", "weighted-interleave"),
+        ("preferred-many:0", "preferred-many"),
+    ] {
+        let o = run(&["run", "--mem", policy, "--", probe.to_str().unwrap()]);
+        if !o.status.success() {
+            // Older kernel: the error says which Linux version is needed.
+            let e = text(&o.stderr);
+            assert!(
+                e.contains("not supported by this kernel") && e.contains("Linux"),
+                "{e}"
+            );
+            continue;
+        }
+        let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(r["mempolicy"]["policy"], name, "{r}");
+        assert_eq!(r["mempolicy"]["nodes"], "0");
+    }
+}

@@ -327,3 +327,21 @@ pub fn check_kernel(plan: &MemPlan) -> Result<(), PolicyError> {
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_support_detection() {
+        let n = NodeSet::single(0);
+        assert!(kernel_supports(mode::MPOL_INTERLEAVE, &n).unwrap());
+        // A mode no kernel has: EINVAL, reported as unsupported rather than an error.
+        assert!(!kernel_supports(99, &n).unwrap());
+        let plan = MemPlan {
+            policy: "bind",
+            nodes: n,
+        };
+        assert!(check_kernel(&plan).is_ok());
+    }
+}
