@@ -4,7 +4,7 @@
 use clap::Args;
 use loci_place::{MemPolicy, Plan, Strategy};
 
-use crate::place_topo::TopoArgs;
+use crate::topo_args::TopoArgs;
 
 /// Shared help text for `--threads`.
 pub const THREADS_HELP: &str = "\

@@ -15,8 +15,8 @@ use loci_place::verify::{self, Comparison, Sample, TaskSample};
 use loci_place::{sys, MemPolicy, Plan, Strategy};
 use serde::Serialize;
 
-use crate::place_topo::TopoArgs;
 use crate::plan_cmd::{make_plan, MEM_HELP, THREADS_HELP};
+use crate::topo_args::TopoArgs;
 
 /// Run a program with its threads and memory placed on purpose, like numactl or likwid-pin.
 ///

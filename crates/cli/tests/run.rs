@@ -452,3 +452,42 @@ fn newer_policies_apply_where_the_kernel_has_them() {
         assert_eq!(r["mempolicy"]["nodes"], "0");
     }
 }
+
+#[test]
+fn plan_for_another_machine_from_a_preset() {
+    let o = run(&[
+        "plan",
+        "--preset",
+        "opteron-8220-8s",
+        "--threads",
+        "sparse",
+        "-n",
+        "8",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let nodes: Vec<&str> = v["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["nodes"].as_str().unwrap())
+        .collect();
+    assert_eq!(nodes, ["0", "1", "2", "3", "4", "5", "6", "7"]);
+    // Running a plan made for another machine is refused with the cpus that do not exist here.
+    let o = run(&[
+        "run",
+        "--preset",
+        "opteron-8220-8s",
+        "--threads",
+        "cpus:15",
+        "--",
+        "true",
+    ]);
+    if allowed().contains(&15) {
+        return;
+    }
+    assert!(!o.status.success());
+    let e = text(&o.stderr);
+    assert!(e.contains("15") && e.contains("may not run on here"), "{e}");
+}
