@@ -53,6 +53,7 @@ fn required_checks(cfg: &VmConfig) -> BTreeSet<String> {
     want.insert("errors/no-such-node1023".to_string());
     want.insert("errors/node-beyond-mask".to_string());
     want.insert("errors/no-such-cpu".to_string());
+    want.insert("cli/topo-json".to_string());
     want
 }
 
@@ -64,8 +65,10 @@ fn suite(topology: VmTopology) {
     let vm = NumaVm::new(topology).timeout(Duration::from_secs(300));
     let cfg = vm.config().unwrap_or_else(|e| panic!("{e}"));
     let expect = serde_json::to_string(&cfg).unwrap();
+    let loci = loci_vm::target_bin("loci").unwrap_or_else(|e| panic!("{e}"));
+    let loci = loci.to_str().expect("utf-8 path");
     let out = vm
-        .run(CHECK, &["--expect", &expect])
+        .run(CHECK, &["--expect", &expect, "--loci", loci])
         .unwrap_or_else(|e| panic!("{e}"));
     let report = out.checks();
     let ran: BTreeSet<&str> = report.names().into_iter().collect();
