@@ -575,7 +575,7 @@ pub fn resolve_caches(entries: &[CacheEntry]) -> Vec<Cache> {
             && set.iter().all(|d| {
                 candidates
                     .get(&(d, e.level, e.kind as u8))
-                    .is_none_or(|c| c.iter().any(|f| f.as_ref() == Some(set)))
+                    .map_or(true, |c| c.iter().any(|f| f.as_ref() == Some(set)))
             })
     };
     let mut out: BTreeMap<(u8, u8, Vec<u32>), Cache> = BTreeMap::new();
