@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod stream;
 
 /// loci places threads and memory on purpose on NUMA machines, and proves where they ended up.
 #[derive(Parser)]
@@ -19,6 +20,10 @@ enum Cmd {
     /// Run a workload and compare it with peers in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// Stream detector data between machines: compress, send, receive, decompress, each stage
+    /// pinned by a plan (seed 001), with authentication, integrity checks and resume.
+    #[command(subcommand)]
+    Stream(stream::StreamCmd),
 }
 
 /// The topology of the machine loci runs on.
@@ -58,5 +63,6 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Bench(b) => bench::run(b),
+        Cmd::Stream(s) => stream::run(s),
     }
 }

@@ -26,6 +26,9 @@ pub struct Faults {
     pub corrupt: BTreeSet<u64>,
     /// Flip one header byte (framing lost: the connection is dropped) on the first transmission.
     pub corrupt_header: BTreeSet<u64>,
+    /// Wait this long before the first transmission of every chunk (slows a test stream down so
+    /// that a process can be killed in the middle of it).
+    pub delay: Duration,
 }
 
 /// What a sender needs.
@@ -238,8 +241,19 @@ pub fn send(opts: SendOptions) -> Result<StreamReport, SendError> {
     // Open every connection first: the first tells us what the receiver already has.
     let mut conns = Vec::new();
     let mut have: BTreeSet<u64> = BTreeSet::new();
+    // A receiver that is not up yet (or restarting) is waited for, up to the reconnect timeout.
+    let deadline = Instant::now() + sh.opts.reconnect_timeout;
     for j in 0..cfg.send.count {
-        let (s, h) = sh.connect(j as u16, sh.opts.resume)?;
+        let (s, h) = loop {
+            match sh.connect(j as u16, sh.opts.resume) {
+                Ok(x) => break x,
+                Err(e @ SendError::Connect { .. }) if Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(e),
+            }
+        };
         if j == 0 {
             have = h.iter().flat_map(|&(a, b)| a..b).collect();
         }
@@ -588,8 +602,11 @@ fn sender_loop(sh: &Arc<Shared>, j: usize, first: TcpStream, rx: Rx<u64>) {
                 None => continue, // acknowledged meanwhile
             }
         };
-        let t0 = Instant::now();
         let first_time = sh.sent_once.lock().unwrap().insert(seq);
+        if first_time && !sh.opts.faults.delay.is_zero() {
+            std::thread::sleep(sh.opts.faults.delay);
+        }
+        let t0 = Instant::now();
         if !first_time {
             sh.resent.fetch_add(1, Relaxed);
         }

@@ -9,11 +9,15 @@ use clap::{Args, Subcommand};
 use loci_report::Report;
 
 mod memcpy;
+mod stream;
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
     /// Single-thread memory copy bandwidth: the ceiling other copy workloads are compared to.
     Memcpy(memcpy::MemcpyArgs),
+    /// Streaming (seed 001): loci's pipeline vs `lz4 | nc` and raw `nc` on loopback, the plan vs
+    /// OS placement, and the two LZ4 implementations on one core.
+    Stream(stream::StreamArgs),
 }
 
 /// Flags every benchmark takes.
@@ -39,6 +43,14 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             let common = a.common.clone();
             let rep = memcpy::run(a)?;
             finish(&rep, &common, |r| r.system == "loci")
+        }
+        BenchCmd::Stream(a) => {
+            let common = a.common.clone();
+            let rep = stream::run(a)?;
+            // Ratios against the lz4 | nc pipeline (end to end) and the C library (codecs).
+            finish(&rep, &common, |r| {
+                r.system == "lz4-nc" || r.system == "lz4-c"
+            })
         }
     }
 }
