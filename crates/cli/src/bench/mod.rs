@@ -10,6 +10,7 @@ use loci_report::Report;
 
 mod alloc;
 mod memcpy;
+mod stream;
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
@@ -20,6 +21,9 @@ pub enum BenchCmd {
     /// (`buffer-passing`); time, peak RSS and bytes requested. Each allocator runs in a child
     /// of this binary with its Debian library in LD_PRELOAD.
     Alloc(alloc::AllocArgs),
+    /// Streaming (seed 001): loci's pipeline vs `lz4 | nc` and raw `nc` on loopback, the plan vs
+    /// OS placement, and the two LZ4 implementations on one core.
+    Stream(stream::StreamArgs),
 }
 
 /// Flags every benchmark takes.
@@ -61,6 +65,14 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             })?;
             print!("{}", alloc::goals(&rep));
             Ok(())
+        }
+        BenchCmd::Stream(a) => {
+            let common = a.common.clone();
+            let rep = stream::run(a)?;
+            // Ratios against the lz4 | nc pipeline (end to end) and the C library (codecs).
+            finish(&rep, &common, |r| {
+                r.system == "lz4-nc" || r.system == "lz4-c"
+            })
         }
     }
 }
