@@ -42,7 +42,7 @@ def run_duckdb(args, np):
         if args.workload == "w2":
             q = "SELECT k, count(v) AS c, sum(v)::UBIGINT AS s, min(v) AS mn, max(v) AS mx, avg(v) AS a FROM t GROUP BY k"
         else:
-            q = "SELECT k, count(v) AS c, median(v) AS m FROM t GROUP BY k"
+            q = "SELECT k, count(v) AS c, median(v)::DOUBLE AS m FROM t GROUP BY k"
     else:
         rk, rv = load(args.dir, "r", np)
         con.register("src", {"k": rk, "p": rv})
@@ -54,7 +54,7 @@ def run_duckdb(args, np):
         con.execute("CREATE TABLE s AS SELECT * FROM src")
         con.unregister("src")
         del sk, sv
-        q = "SELECT count(*) AS c, sum(r.p::BIGINT + s.q::BIGINT) AS x FROM r JOIN s ON r.k = s.k"
+        q = "SELECT count(*) AS c, sum(r.p::BIGINT + s.q::BIGINT)::BIGINT AS x FROM r JOIN s ON r.k = s.k"
     times = []
     res = None
     for _ in range(args.reps):

@@ -537,24 +537,29 @@ fn run_child(w: Workload, a: &EngineArgs, alloc: &str) -> anyhow::Result<Vec<Row
     Ok(rep.results)
 }
 
-fn write_u32s(path: &Path, v: &[u32]) -> anyhow::Result<()> {
+/// Writes one column of `t` as raw little-endian u32, morsel by morsel (no copy of the table).
+fn write_col(t: &Table, path: &Path, keys: bool) -> anyhow::Result<()> {
     let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
     let mut f = std::io::BufWriter::with_capacity(1 << 20, f);
-    for chunk in v.chunks(1 << 16) {
-        let mut b = Vec::with_capacity(chunk.len() * 4);
-        for x in chunk {
-            b.extend_from_slice(&x.to_le_bytes());
+    let mut b = Vec::with_capacity(1 << 18);
+    for m in &t.morsels {
+        let col = if keys { m.keys() } else { m.vals() };
+        for chunk in col.chunks(1 << 16) {
+            b.clear();
+            for x in chunk {
+                b.extend_from_slice(&x.to_le_bytes());
+            }
+            f.write_all(&b)?;
         }
-        f.write_all(&b)?;
     }
-    f.flush()?;
+    f.flush()
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 
 fn export(t: &Table, dir: &Path, name: &str) -> anyhow::Result<()> {
-    let (k, v) = t.to_vecs();
-    write_u32s(&dir.join(format!("{name}.k.u32")), &k)?;
-    write_u32s(&dir.join(format!("{name}.v.u32")), &v)?;
+    write_col(t, &dir.join(format!("{name}.k.u32")), true)?;
+    write_col(t, &dir.join(format!("{name}.v.u32")), false)?;
     Ok(())
 }
 
@@ -610,6 +615,7 @@ fn run_peers(
                     };
                     let t = generate_agg(&pool, spec, a.morsel_rows, &MemPolicy::FirstTouch)?;
                     export(&t, &dir, "t")?;
+                    drop(t);
                 }
                 None => {
                     let spec = JoinSpec {
@@ -620,6 +626,7 @@ fn run_peers(
                     let (r, s) = generate_join(&pool, spec, a.morsel_rows, &MemPolicy::FirstTouch)?;
                     export(&r, &dir, "r")?;
                     export(&s, &dir, "s")?;
+                    drop((r, s));
                 }
             }
             let key = d.map(|x| x.to_string()).unwrap_or_default();
