@@ -130,7 +130,7 @@ fn per_partition<S, R: Send>(
     scratch: &(dyn Fn() -> S + Sync),
     f: &(dyn Fn(usize, &mut S) -> R + Sync),
 ) -> Vec<R> {
-    let q = MorselQueue::new(&parts.homes);
+    let q = MorselQueue::for_exec(exec, &parts.homes);
     let topo = exec.topology();
     let got: Vec<Vec<(usize, R)>> = exec.run(&|w: &Worker| {
         let mut s = scratch();
@@ -165,7 +165,10 @@ pub fn w2(exec: &impl Executor, table: &Table) -> Result<(Vec<GroupAgg>, AggRun)
         return Ok((vec![], AggRun::default()));
     };
     if width <= DIRECT_MAX {
-        let q = MorselQueue::new(&table.morsels.iter().map(|m| m.home).collect::<Vec<_>>());
+        let q = MorselQueue::for_exec(
+            exec,
+            &table.morsels.iter().map(|m| m.home).collect::<Vec<_>>(),
+        );
         let topo = exec.topology();
         let partials = exec.run(&|w: &Worker| {
             let mut d = Dense::new(width as usize);
@@ -378,7 +381,10 @@ pub fn w1_lists(
     exec: &impl Executor,
     table: &Table,
 ) -> Result<(Vec<GroupMedian>, AggRun), EngineError> {
-    let q = MorselQueue::new(&table.morsels.iter().map(|m| m.home).collect::<Vec<_>>());
+    let q = MorselQueue::for_exec(
+        exec,
+        &table.morsels.iter().map(|m| m.home).collect::<Vec<_>>(),
+    );
     let topo = exec.topology();
     let maps = exec.run(&|w: &Worker| {
         let mut m: HashMap<u32, Vec<u32>> = HashMap::new();

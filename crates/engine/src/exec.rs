@@ -80,6 +80,11 @@ pub trait Executor: Sync {
     fn run<R: Send>(&self, f: &(dyn Fn(&Worker) -> R + Sync)) -> Vec<R>;
     /// Runs `f` on the first worker only (single-threaded phases, `first-touch-1` generation).
     fn run_one<R: Send>(&self, f: &(dyn Fn(&Worker) -> R + Sync)) -> R;
+    /// Whether a worker that ran out of its own node's items may take items homed on another
+    /// node that has workers of its own (work stealing across nodes). Default: yes.
+    fn steals(&self) -> bool {
+        true
+    }
 }
 
 /// A pool of scoped threads, one per worker, pinned by a [`Threads`] strategy. Threads are
@@ -88,6 +93,7 @@ pub trait Executor: Sync {
 pub struct PinnedPool {
     topo: Topology,
     workers: Vec<Worker>,
+    steal: bool,
 }
 
 impl PinnedPool {
@@ -152,7 +158,17 @@ impl PinnedPool {
         Ok(PinnedPool {
             topo: topo.clone(),
             workers,
+            steal: true,
         })
+    }
+
+    /// Sets whether workers steal items homed on other nodes (see [`Executor::steals`]).
+    /// Without stealing, a node's items are processed by that node's workers only (items on
+    /// nodes without workers are still taken by anyone): every read is local, at the price of
+    /// idle workers when nodes finish unevenly.
+    pub fn with_steal(mut self, steal: bool) -> PinnedPool {
+        self.steal = steal;
+        self
     }
 
     fn enter(w: &Worker) {
@@ -188,6 +204,9 @@ impl Executor for PinnedPool {
                 .collect()
         })
     }
+    fn steals(&self) -> bool {
+        self.steal
+    }
     fn run_one<R: Send>(&self, f: &(dyn Fn(&Worker) -> R + Sync)) -> R {
         let w = &self.workers[0];
         std::thread::scope(|s| {
@@ -215,6 +234,8 @@ pub struct MorselQueue {
     /// Items per node (index into `nodes`), plus one last list for items without a home.
     lists: Vec<Vec<usize>>,
     nodes: Vec<u32>,
+    /// Per list: may a worker of another node take its items?
+    open: Vec<bool>,
     next: Vec<AtomicUsize>,
     touched: Mutex<Vec<(usize, Option<u32>)>>,
 }
@@ -234,12 +255,28 @@ impl MorselQueue {
             lists[l].push(i);
         }
         let next = (0..lists.len()).map(|_| AtomicUsize::new(0)).collect();
+        let open = vec![true; lists.len()];
         MorselQueue {
             lists,
             nodes,
+            open,
             next,
             touched: Mutex::new(Vec::with_capacity(homes.len())),
         }
+    }
+
+    /// A queue for the executor's workers: as [`MorselQueue::new`], and when the executor does
+    /// not steal, items homed on a node with pinned workers go to those workers only.
+    pub fn for_exec(exec: &impl Executor, homes: &[Option<u32>]) -> MorselQueue {
+        let mut q = MorselQueue::new(homes);
+        let pinned: Vec<u32> = exec.workers().iter().filter_map(|w| w.node).collect();
+        let all_pinned = exec.workers().iter().all(|w| w.node.is_some());
+        if !exec.steals() && all_pinned {
+            for (i, n) in q.nodes.iter().enumerate() {
+                q.open[i] = !pinned.contains(n);
+            }
+        }
+        q
     }
 
     /// Next item for a worker now on node `node` (None: unknown node), or None when all are taken.
@@ -251,6 +288,9 @@ impl MorselQueue {
             .chain(std::iter::once(k - 1))
             .chain((1..k).map(|d| (start + d) % k));
         for l in order {
+            if Some(l) != own && !self.open[l] {
+                continue;
+            }
             let list = &self.lists[l];
             if self.next[l].load(Ordering::Relaxed) >= list.len() {
                 continue;
@@ -343,6 +383,30 @@ mod tests {
         let mut all: Vec<usize> = got.into_iter().flatten().collect();
         all.sort_unstable();
         assert_eq!(all, (0..10_000).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn without_stealing_a_nodes_items_stay_on_its_workers() {
+        // Two pretend nodes (queue logic only: nothing is pinned or allocated here).
+        let mut t = flat_topology();
+        let mut n1 = t.nodes[0].clone();
+        n1.id = 1;
+        t.nodes.push(n1);
+        let pool = PinnedPool::new(&t, Threads::Sparse, 2).unwrap();
+        let nodes: Vec<Option<u32>> = pool.workers().iter().map(|w| w.node).collect();
+        assert_eq!(nodes, vec![Some(0), Some(1)]);
+        let homes = vec![Some(0), Some(0), Some(7), None];
+        let q = MorselQueue::for_exec(&pool.with_steal(false), &homes);
+        // Node 1's worker: homeless item, then node 7's (no workers there), never node 0's.
+        assert_eq!(q.next(Some(1)), Some(3));
+        assert_eq!(q.next(Some(1)), Some(2));
+        assert_eq!(q.next(Some(1)), None);
+        assert_eq!(q.next(Some(0)), Some(0));
+        assert_eq!(q.next(Some(0)), Some(1));
+        let pool = PinnedPool::new(&t, Threads::Sparse, 2).unwrap();
+        let q = MorselQueue::for_exec(&pool, &homes);
+        assert_eq!(q.next(Some(1)), Some(3));
+        assert_eq!(q.next(Some(1)), Some(0)); // stealing is on by default
     }
 
     #[test]

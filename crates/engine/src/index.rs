@@ -149,7 +149,7 @@ fn sorted_rows(exec: &impl Executor, r: &Table) -> Result<Vec<u64>, EngineError>
     }
     let mut out = vec![0u64; total];
     let base = crate::SendPtr(out.as_mut_ptr());
-    let q = MorselQueue::new(&parts.homes);
+    let q = MorselQueue::for_exec(exec, &parts.homes);
     let topo = exec.topology();
     exec.run(&|w: &Worker| {
         while let Some(p) = q.next(worker_node(topo, w)) {
@@ -187,7 +187,8 @@ pub fn build(exec: &impl Executor, r: &Table, kind: IndexKind) -> Result<Index, 
         }
         IndexKind::SkipList => {
             let m = SkipMap::new();
-            let q = MorselQueue::new(&r.morsels.iter().map(|m| m.home).collect::<Vec<_>>());
+            let q =
+                MorselQueue::for_exec(exec, &r.morsels.iter().map(|m| m.home).collect::<Vec<_>>());
             let topo = exec.topology();
             exec.run(&|w: &Worker| {
                 while let Some(i) = q.next(worker_node(topo, w)) {
@@ -219,7 +220,7 @@ pub fn build(exec: &impl Executor, r: &Table, kind: IndexKind) -> Result<Index, 
 
 /// Probes the index with every S row: count and checksum as in W3.
 pub fn probe(exec: &impl Executor, index: &Index, s: &Table) -> (JoinResult, JoinRun) {
-    let q = MorselQueue::new(&s.morsels.iter().map(|m| m.home).collect::<Vec<_>>());
+    let q = MorselQueue::for_exec(exec, &s.morsels.iter().map(|m| m.home).collect::<Vec<_>>());
     let topo = exec.topology();
     let parts = exec.run(&|w: &Worker| {
         let mut res = JoinResult::default();

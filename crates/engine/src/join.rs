@@ -81,7 +81,7 @@ pub fn w3_shared(
     let idx = |k: u32| (hash(k) >> (64 - bits)) as usize;
 
     // Build.
-    let q = MorselQueue::new(&r.morsels.iter().map(|m| m.home).collect::<Vec<_>>());
+    let q = MorselQueue::for_exec(exec, &r.morsels.iter().map(|m| m.home).collect::<Vec<_>>());
     let aside: Vec<Vec<u32>> = exec.run(&|w: &Worker| {
         let mut aside = Vec::new();
         while let Some(m) = q.next(worker_node(topo, w)) {
@@ -108,7 +108,7 @@ pub fn w3_shared(
 
     // Probe, 16 rows at a time: hash and prefetch all, then look up all.
     const B: usize = 16;
-    let q = MorselQueue::new(&s.morsels.iter().map(|m| m.home).collect::<Vec<_>>());
+    let q = MorselQueue::for_exec(exec, &s.morsels.iter().map(|m| m.home).collect::<Vec<_>>());
     let parts = exec.run(&|w: &Worker| {
         let mut res = JoinResult::default();
         let mut at = [0usize; B];
@@ -189,7 +189,7 @@ pub fn w3_partitioned(
     };
     let pr = partition(exec, r, &f)?;
     let ps = partition(exec, s, &f)?;
-    let q = MorselQueue::new(&pr.homes);
+    let q = MorselQueue::for_exec(exec, &pr.homes);
     let topo = exec.topology();
     let cap = slots_for(pr.max_len());
     let parts = exec.run(&|w: &Worker| {

@@ -105,7 +105,7 @@ pub fn generate(
             Some(r)
         })
         .collect();
-    let q = MorselQueue::new(&homes);
+    let q = MorselQueue::for_exec(exec, &homes);
     let base = SendPtr(table.morsels.as_mut_ptr());
     let topo = exec.topology();
     let body = |w: &Worker| {

@@ -159,7 +159,7 @@ pub fn partition<F: PartFn>(
     // Pass 1: histogram per morsel.
     let mut hist = vec![0u32; nm * np];
     let hp = SendPtr(hist.as_mut_ptr());
-    let q = MorselQueue::new(&homes);
+    let q = MorselQueue::for_exec(exec, &homes);
     exec.run(&|w: &Worker| {
         while let Some(m) = q.next(worker_node(topo, w)) {
             // SAFETY: row m of the histogram belongs to the one worker that took morsel m.
@@ -225,7 +225,7 @@ pub fn partition<F: PartFn>(
         .collect();
 
     // Pass 2: scatter through one-cache-line write-combining buffers.
-    let q = MorselQueue::new(&homes);
+    let q = MorselQueue::for_exec(exec, &homes);
     exec.run(&|w: &Worker| {
         let mut buf = vec![[0u64; 8]; np];
         let mut fill = vec![0u8; np];

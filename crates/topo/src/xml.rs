@@ -233,19 +233,20 @@ pub fn parse(text: &str) -> Result<Topology, String> {
             continue;
         };
         let level = attr_u64(&c, "depth")?.map_or(type_level, |d| d as u8);
-        let kind =
-            match fixed_kind {
-                Some(k) => k,
-                None => match attr_u64(&c, "cache_type")?.unwrap_or(0) {
-                    0 => CacheKind::Unified,
-                    1 => CacheKind::Data,
-                    2 => CacheKind::Instruction,
-                    other => return Err(format!(
+        let kind = match fixed_kind {
+            Some(k) => k,
+            None => match attr_u64(&c, "cache_type")?.unwrap_or(0) {
+                0 => CacheKind::Unified,
+                1 => CacheKind::Data,
+                2 => CacheKind::Instruction,
+                other => {
+                    return Err(format!(
                         "cache_type=\"{other}\" on a {} (valid: 0 unified, 1 data, 2 instruction)",
                         ty(&c)
-                    )),
-                },
-            };
+                    ))
+                }
+            },
+        };
         let cpus = pus_below(&c);
         if cpus.is_empty() {
             continue;
