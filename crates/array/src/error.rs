@@ -35,6 +35,9 @@ pub enum ArrayError {
     /// A thread could not be pinned as planned.
     #[error("pinning: {0}")]
     Pin(String),
+    /// A file could not be read or written.
+    #[error("{0}")]
+    Io(String),
     /// Text that does not parse (a box, a strategy, a span).
     #[error("{0}")]
     Parse(String),
