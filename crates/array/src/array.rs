@@ -1,4 +1,6 @@
-//! A dense chunked array with its data: one memory region per chunk, each with a home node.
+//! A dense chunked array with its data: one mapping (the arena) holding every chunk at a
+//! page-aligned offset, so each chunk's pages can be given their own home node with `mbind` and
+//! large arrays can use transparent huge pages.
 
 use std::ops::Range;
 
@@ -15,8 +17,10 @@ pub struct Chunk {
     pub home: Home,
     /// The chunk's cells in array coordinates.
     pub bounds: Bounds,
-    pub(crate) region: Region,
-    /// Byte offset of each attribute in the region.
+    /// Byte offset of the chunk in the arena (page aligned) and its length.
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+    /// Byte offset of each attribute in the chunk.
     pub(crate) attr_off: Vec<usize>,
 }
 
@@ -31,9 +35,9 @@ impl Chunk {
         self.bounds.iter().map(|r| r.end - r.start).collect()
     }
 
-    /// The memory region holding the chunk.
-    pub fn region(&self) -> &Region {
-        &self.region
+    /// Byte offset of the chunk in its array's arena, and its length.
+    pub fn extent(&self) -> (usize, usize) {
+        (self.offset, self.len)
     }
 }
 
@@ -110,6 +114,8 @@ impl BuildOptions {
 /// A dense N-dimensional array split into chunks.
 pub struct Array {
     layout: Layout,
+    arena: Region,
+    /// Invariant: offsets are page aligned, increasing with the id, and ranges do not overlap.
     chunks: Vec<Chunk>,
 }
 
@@ -124,26 +130,42 @@ impl Array {
         fill: impl Fn(&mut ChunkFill<'_>) + Sync,
     ) -> Result<Self, ArrayError> {
         opts.pinning.check(topo)?;
-        let mut chunks = Self::map_chunks(&layout, opts.huge_pages, |i| opts.mem.home_of(i))?;
+        let (mut arena, mut chunks) =
+            Self::map_chunks(&layout, opts.huge_pages, |i| opts.mem.home_of(i))?;
         for c in &chunks {
-            c.region.place(&c.home)?;
+            arena.place(c.offset, c.len, &c.home)?;
+        }
+        // Disjoint mutable slices of the arena, one per chunk (offsets increase with the id).
+        let mut slices: Vec<&mut [u8]> = Vec::with_capacity(chunks.len());
+        let mut rest: &mut [u8] = arena.as_mut_slice();
+        let mut at = 0;
+        for c in &chunks {
+            let (_, tail) = rest.split_at_mut(c.offset - at);
+            let (mine, tail) = tail.split_at_mut(c.len);
+            slices.push(mine);
+            rest = tail;
+            at = c.offset + c.len;
         }
         let threads = opts.pinning.len();
         let n = chunks.len();
         // Contiguous blocks of chunks per generator thread; each thread gets exclusive `&mut`.
-        let mut blocks: Vec<std::sync::Mutex<Vec<(usize, &mut Chunk)>>> = (0..threads)
+        #[allow(clippy::type_complexity)]
+        let mut blocks: Vec<std::sync::Mutex<Vec<(usize, &mut Chunk, &mut [u8])>>> = (0..threads)
             .map(|_| std::sync::Mutex::new(Vec::new()))
             .collect();
-        for (i, c) in chunks.iter_mut().enumerate() {
+        for (i, (c, bytes)) in chunks.iter_mut().zip(slices).enumerate() {
             let t = i * threads / n.max(1);
-            blocks[t].get_mut().expect("not poisoned").push((i, c));
+            blocks[t]
+                .get_mut()
+                .expect("not poisoned")
+                .push((i, c, bytes));
         }
         let layout_ref = &layout;
         let fill = &fill;
         let blocks_ref = &blocks;
         run_pinned(&opts.pinning, |t| {
             let mine = std::mem::take(&mut *blocks_ref[t].lock().expect("not poisoned"));
-            for (id, c) in mine {
+            for (id, c, bytes) in mine {
                 let touched = loci_place::sys::current_cpu()
                     .ok()
                     .and_then(|cpu| topo.node_of_cpu(cpu));
@@ -151,7 +173,7 @@ impl Array {
                     id,
                     bounds: &c.bounds,
                     layout: layout_ref,
-                    bytes: c.region.as_mut_slice(),
+                    bytes,
                     attr_off: &c.attr_off,
                 };
                 fill(&mut f);
@@ -163,32 +185,52 @@ impl Array {
             }
         })?;
         drop(blocks);
-        Ok(Self { layout, chunks })
+        Ok(Self {
+            layout,
+            arena,
+            chunks,
+        })
     }
 
-    /// Maps (but does not touch) a region for every chunk of `layout`.
+    /// Maps (but does not touch) an arena for every chunk of `layout`, chunks at page-aligned
+    /// offsets in id order.
     pub(crate) fn map_chunks(
         layout: &Layout,
         huge: bool,
         home: impl Fn(usize) -> Home,
-    ) -> Result<Vec<Chunk>, ArrayError> {
-        (0..layout.chunk_count())
+    ) -> Result<(Region, Vec<Chunk>), ArrayError> {
+        let ps = loci_place::sys::page_size();
+        let mut at = 0;
+        let chunks: Vec<Chunk> = (0..layout.chunk_count())
             .map(|i| {
                 let bounds = layout.chunk_box(i);
                 let cells = bounds.iter().map(|r| r.end - r.start).product();
                 let (attr_off, bytes) = layout.attr_offsets(cells);
-                Ok(Chunk {
+                let c = Chunk {
                     home: home(i),
                     bounds,
-                    region: Region::map(bytes, huge)?,
+                    offset: at,
+                    len: bytes,
                     attr_off,
-                })
+                };
+                at += bytes.next_multiple_of(ps);
+                c
             })
-            .collect()
+            .collect();
+        Ok((Region::map(at, huge)?, chunks))
     }
 
-    pub(crate) fn from_parts(layout: Layout, chunks: Vec<Chunk>) -> Self {
-        Self { layout, chunks }
+    pub(crate) fn from_parts(layout: Layout, arena: Region, chunks: Vec<Chunk>) -> Self {
+        Self {
+            layout,
+            arena,
+            chunks,
+        }
+    }
+
+    /// The mapping that holds every chunk.
+    pub fn arena(&self) -> &Region {
+        &self.arena
     }
 
     /// Builds an array cell by cell from `f(attr, cell)` on one unpinned thread, first touch.
@@ -220,7 +262,7 @@ impl Array {
     pub fn attr_bytes(&self, c: usize, a: usize) -> &[u8] {
         let ch = &self.chunks[c];
         let n = ch.cells() * self.layout.attrs[a].dtype.size();
-        &ch.region.as_slice()[ch.attr_off[a]..ch.attr_off[a] + n]
+        &self.arena.as_slice()[ch.offset + ch.attr_off[a]..ch.offset + ch.attr_off[a] + n]
     }
 
     /// The raw bytes of one cell of attribute `a`. `cell` must be inside the array.
@@ -276,10 +318,9 @@ impl Array {
         self.chunks
             .iter()
             .map(|c| {
-                let len = c.region.len();
                 let k = samples.max(1);
-                let offs: Vec<usize> = (0..k).map(|i| i * len / k).collect();
-                c.region.nodes_at(&offs)
+                let offs: Vec<usize> = (0..k).map(|i| c.offset + i * c.len / k).collect();
+                self.arena.nodes_at(&offs)
             })
             .collect()
     }

@@ -165,19 +165,26 @@ impl Region {
         })
     }
 
-    /// Sets the policy of the whole mapping to `home` (before any page is touched).
-    pub fn place(&self, home: &Home) -> Result<(), ArrayError> {
+    /// Sets the policy of the bytes `offset..offset+len` (widened to whole pages; `offset` must
+    /// be page aligned) to `home`, before any of them is touched.
+    pub fn place(&self, offset: usize, len: usize, home: &Home) -> Result<(), ArrayError> {
         use loci_place::sys::mode;
-        if self.mapped == 0 {
+        let ps = loci_place::sys::page_size();
+        if len == 0 || self.mapped == 0 {
             return Ok(());
         }
+        assert!(
+            offset % ps == 0 && offset < self.mapped,
+            "page-aligned offset inside the mapping"
+        );
+        let len = len.next_multiple_of(ps).min(self.mapped - offset);
         let (m, nodes) = match home {
             Home::Node(n) => (mode::MPOL_BIND, NodeSet::single(*n)),
             Home::Interleave(s) => (mode::MPOL_INTERLEAVE, s.clone()),
             Home::Unknown => return Ok(()),
         };
-        // SAFETY: the range is exactly this Region's own mapping.
-        unsafe { loci_place::sys::mbind(self.ptr.as_ptr(), self.mapped, m, &nodes, 0) }
+        // SAFETY: offset..offset+len is inside this Region's own mapping (checked above).
+        unsafe { loci_place::sys::mbind(self.ptr.as_ptr().add(offset), len, m, &nodes, 0) }
             .map_err(|e| ArrayError::Memory(format!("mbind of a chunk to {home} failed: {e}")))
     }
 
@@ -243,7 +250,7 @@ mod tests {
     #[test]
     fn region_maps_places_and_reads_back() {
         let mut r = Region::map(3 * 4096 + 5, false).unwrap();
-        r.place(&Home::Node(0)).unwrap();
+        r.place(0, r.len(), &Home::Node(0)).unwrap();
         r.as_mut_slice().fill(7);
         assert!(r.as_slice().iter().all(|&b| b == 7));
         let nodes = r.nodes_at(&[0, 4096, 3 * 4096]).unwrap();
@@ -254,7 +261,7 @@ mod tests {
     #[test]
     fn binding_to_a_missing_node_fails_clearly() {
         let r = Region::map(4096, false).unwrap();
-        let e = r.place(&Home::Node(1000)).unwrap_err().to_string();
+        let e = r.place(0, 4096, &Home::Node(1000)).unwrap_err().to_string();
         assert!(e.contains("node 1000"), "{e}");
     }
 }

@@ -254,10 +254,17 @@ pub fn subarray(
     let threads = pinning.len();
     let out_layout = layout.sub_layout(b);
     let parts = plan_parts(layout, b, threads, opts.part_bytes);
-    let mut out_chunks = Array::map_chunks(&out_layout, opts.huge_pages, |_| Home::Unknown)?;
+    let (arena, mut out_chunks) =
+        Array::map_chunks(&out_layout, opts.huge_pages, |_| Home::Unknown)?;
     let dst: Vec<(DstPtr, Vec<usize>)> = out_chunks
         .iter()
-        .map(|c| (DstPtr(c.region().as_mut_ptr()), c.attr_off.clone()))
+        // SAFETY: the chunk's offset is inside the arena (map_chunks sized it).
+        .map(|c| {
+            (
+                DstPtr(unsafe { arena.as_mut_ptr().add(c.offset) }),
+                c.attr_off.clone(),
+            )
+        })
         .collect();
     let next = AtomicUsize::new(0);
     let parts_ref = &parts;
@@ -310,7 +317,7 @@ pub fn subarray(
     if opts.sample_locality {
         stats.local_access_ratio = local_access_ratio(src, &parts, &stats.part_thread, topo)?;
     }
-    Ok((Array::from_parts(out_layout, out_chunks), stats))
+    Ok((Array::from_parts(out_layout, arena, out_chunks), stats))
 }
 
 /// Local-access ratio of a finished run: for every part, up to 4 pages of its source runs are
@@ -334,8 +341,8 @@ fn local_access_ratio(
         let sz0 = layout.attrs[0].dtype.size();
         let mut offs = Vec::new();
         for_each_run(&chunk.bounds, &p.cells, |off, n| {
-            offs.push(chunk.attr_off[0] + off * sz0);
-            offs.push(chunk.attr_off[0] + (off + n - 1) * sz0);
+            offs.push(chunk.offset + chunk.attr_off[0] + off * sz0);
+            offs.push(chunk.offset + chunk.attr_off[0] + (off + n - 1) * sz0);
         });
         let k = offs.len();
         let pick: Vec<usize> = if k <= 4 {
@@ -343,7 +350,7 @@ fn local_access_ratio(
         } else {
             (0..4).map(|i| offs[i * (k - 1) / 3]).collect()
         };
-        let nodes = chunk.region().nodes_at(&pick)?;
+        let nodes = src.arena().nodes_at(&pick)?;
         let known: Vec<i32> = nodes.into_iter().filter(|&n| n >= 0).collect();
         if known.is_empty() {
             continue;
