@@ -3,6 +3,9 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod os_cmd;
+mod plan_cmd;
+mod run_cmd;
 mod topo;
 pub mod topo_args;
 
@@ -24,6 +27,10 @@ enum Cmd {
     /// Run a workload and compare it with peers in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    Plan(plan_cmd::PlanCmd),
+    Run(run_cmd::RunCmd),
+    #[command(subcommand)]
+    Os(os_cmd::OsCmd),
 }
 
 /// The topology of the machine loci runs on, read from /sys, with the cpus and nodes this process
@@ -37,5 +44,8 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Topo(t) => topo::run(t),
         Cmd::Bench(b) => bench::run(b),
+        Cmd::Plan(c) => plan_cmd::run(c),
+        Cmd::Run(c) => run_cmd::run(c),
+        Cmd::Os(c) => os_cmd::run(c),
     }
 }

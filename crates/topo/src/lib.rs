@@ -10,6 +10,7 @@ pub mod preset;
 pub mod source;
 pub mod synthetic;
 pub mod sysfs;
+pub mod xml;
 
 pub use idset::{CpuSet, IdSet, ListError, NodeSet};
 pub use json::TopologyJson;

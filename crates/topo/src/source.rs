@@ -98,12 +98,7 @@ pub fn load(source: &Source) -> Result<Topology, TopoError> {
     let topo = match source {
         Source::Live { root } => crate::sysfs::read(root, true)?,
         Source::Sysfs(dir) => crate::sysfs::read(dir, false)?,
-        Source::HwlocXml(path) => {
-            return Err(TopoError::Xml {
-                path: path.clone(),
-                msg: "the hwloc XML reader is not built yet".into(),
-            })
-        }
+        Source::HwlocXml(path) => crate::xml::read_file(path)?,
         Source::Preset(name) => crate::preset::build(name)?,
         Source::Synthetic(spec) => crate::synthetic::build(spec)?,
     };

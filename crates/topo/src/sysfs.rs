@@ -9,11 +9,12 @@
 //! - nodes: `sys/devices/system/node/nodeN/{cpulist,meminfo,distance}` (ids may be sparse, nodes
 //!   may be CPU-less or memoryless). Without `node/` (kernel without NUMA): one node 0 holding
 //!   every cpu, memory from `proc/meminfo`.
-//! - caches: `cpuN/cache/indexM/{level,type,size,shared_cpu_list}`, one entry per instance.
-//! - devices: `sys/class/net/*` and `sys/class/block/*` that have a `device` link (virtual
-//!   interfaces, loop and ram disks have none; partitions are skipped). The home node is the
-//!   first `numa_node` found walking up from the device (NVMe namespaces sit below their PCI
-//!   function); -1 means no affinity.
+//! - caches: `cpuN/cache/indexM/{level,type,size,shared_cpu_map}` (`shared_cpu_list` where there
+//!   is no map), one entry per instance.
+//! - devices: `sys/class/net/*` and `sys/class/block/*` that are not below
+//!   `sys/devices/virtual` (virtual interfaces, loop, ram and zram disks are; partitions are
+//!   skipped too). The home node is `device/numa_node`, else the first `numa_node` walking up
+//!   from the device (NVMe namespaces sit below their PCI function); -1 means no affinity.
 //! - allowed (live only): `sched_getaffinity` when the root is `/` (else `Cpus_allowed_list` of
 //!   `proc/self/status`), intersected with the cgroup cpuset (`cpuset.cpus.effective` on v2,
 //!   `cpuset.effective_cpus` on v1) found through `proc/self/cgroup` and `proc/self/mountinfo`;
@@ -318,7 +319,18 @@ pub fn read(root: &Path, live: bool) -> Result<Topology, TopoError> {
     let mut nodes = Vec::new();
     let mut distances = Vec::new();
     for (id, dir) in &node_entries {
-        let cpus = read_list_opt(&dir.join("cpulist"))?.unwrap_or_default();
+        // `cpulist` since Linux 2.6.2x; older kernels have only the `cpumap` mask.
+        let cpus = match read_list_opt(&dir.join("cpulist"))? {
+            Some(c) => c,
+            None => match read_opt(&dir.join("cpumap"))? {
+                Some(t) => CpuSet::parse_mask(&t)
+                    .map_err(|e| TopoError::parse(&dir.join("cpumap"), e.to_string()))?,
+                None => numbered_entries(dir, "cpu")?
+                    .into_iter()
+                    .map(|(c, _)| c)
+                    .collect(),
+            },
+        };
         let (total, free) = match read_opt(&dir.join("meminfo"))? {
             Some(t) => parse_meminfo(&t).map_err(|m| TopoError::parse(&dir.join("meminfo"), m))?,
             None => (None, None),
@@ -432,7 +444,7 @@ pub fn read(root: &Path, live: bool) -> Result<Topology, TopoError> {
     }
 
     // --- caches
-    let mut caches: BTreeMap<(u8, u8, Vec<u32>), Cache> = BTreeMap::new();
+    let mut entries = Vec::new();
     for (id, dir) in &cpu_entries {
         for (_, idx) in numbered_entries(&dir.join("cache"), "index")? {
             let Some(level) = read_int_opt(&idx.join("level"))? else {
@@ -449,29 +461,27 @@ pub fn read(root: &Path, live: bool) -> Result<Topology, TopoError> {
                 }
                 None => 0,
             };
-            let shared = match read_list_opt(&idx.join("shared_cpu_list"))? {
-                Some(s) => s,
-                None => match read_opt(&idx.join("shared_cpu_map"))? {
-                    Some(t) => CpuSet::parse_mask(&t).map_err(|e| {
-                        TopoError::parse(&idx.join("shared_cpu_map"), e.to_string())
-                    })?,
-                    None => CpuSet::single(*id),
-                },
-            };
+            let map = read_opt(&idx.join("shared_cpu_map"))?
+                .map(|t| {
+                    CpuSet::parse_mask(&t)
+                        .map_err(|e| TopoError::parse(&idx.join("shared_cpu_map"), e.to_string()))
+                })
+                .transpose()?;
+            let list = read_list_opt(&idx.join("shared_cpu_list"))?;
             let level = u8::try_from(level).map_err(|_| {
                 TopoError::parse(&idx.join("level"), format!("cache level {level}"))
             })?;
-            let key = (level, kind as u8, shared.iter().collect());
-            caches.entry(key).or_insert(Cache {
+            entries.push(CacheEntry {
+                cpu: *id,
                 level,
                 kind,
-                size_bytes: size,
-                cpus: shared,
+                size,
+                map,
+                list,
             });
         }
     }
-    let mut caches: Vec<Cache> = caches.into_values().collect();
-    caches.sort_by_key(|c| (c.level, c.kind as u8, c.cpus.first()));
+    let caches = resolve_caches(&entries);
 
     // --- devices
     let node_ids: NodeSet = nodes.iter().map(|n| n.id).collect();
@@ -486,10 +496,25 @@ pub fn read(root: &Path, live: bool) -> Result<Topology, TopoError> {
         names.sort();
         for name in names {
             let d = dir.join(&name);
-            if !d.join("device").exists() || d.join("partition").exists() {
+            if d.join("partition").exists() {
                 continue;
             }
-            let node = device_node(&sys, &d.join("device"))?
+            // Physical devices live below sys/devices/<bus>; loop, ram, zram, bridges, tunnels
+            // below sys/devices/virtual. Very old trees have real directories in sys/class:
+            // there a `device` link marks hardware.
+            match (fs::canonicalize(&d), fs::canonicalize(sys.join("devices"))) {
+                (Ok(c), Ok(top)) if c.starts_with(&top) => {
+                    if c.starts_with(top.join("virtual")) {
+                        continue;
+                    }
+                }
+                _ => {
+                    if !d.join("device").exists() {
+                        continue;
+                    }
+                }
+            }
+            let node = device_node(&sys, &d)?
                 .filter(|n| *n >= 0)
                 .map(|n| n as u32)
                 .filter(|n| node_ids.contains(*n));
@@ -511,13 +536,77 @@ pub fn read(root: &Path, live: bool) -> Result<Topology, TopoError> {
     Ok(topo)
 }
 
-/// The `numa_node` of a device: the first one found from the device up towards `sys/devices`.
-fn device_node(sys: &Path, device: &Path) -> Result<Option<i64>, TopoError> {
-    if let Some(v) = read_int_opt(&device.join("numa_node"))? {
+/// One `cpuN/cache/indexM` directory as read.
+#[derive(Debug, Clone)]
+pub struct CacheEntry {
+    pub cpu: u32,
+    pub level: u8,
+    pub kind: CacheKind,
+    pub size: u64,
+    /// `shared_cpu_map`, parsed.
+    pub map: Option<CpuSet>,
+    /// `shared_cpu_list`, parsed.
+    pub list: Option<CpuSet>,
+}
+
+/// Turns per-cpu cache entries into cache instances, each once.
+///
+/// The kernel prints the sharing twice (`shared_cpu_map`, `shared_cpu_list`) and old kernels got
+/// one of them wrong now and then: AMD family 15h lists only the cpu itself next to a right
+/// map; other captures have a map that overlaps a neighbour's instance. An instance must hold
+/// its own cpu and, per level and kind, instances must be equal or disjoint. The map is tried
+/// first (as hwloc does), then the list; an entry neither of which fits is dropped (its cpu
+/// then has no cache of that level, as in hwloc's view of such a machine).
+pub fn resolve_caches(entries: &[CacheEntry]) -> Vec<Cache> {
+    let first = |e: &CacheEntry| -> Option<CpuSet> {
+        e.map
+            .clone()
+            .or_else(|| e.list.clone())
+            .or_else(|| Some(CpuSet::single(e.cpu)))
+    };
+    let candidates: HashMap<(u32, u8, u8), [Option<CpuSet>; 2]> = entries
+        .iter()
+        .map(|e| ((e.cpu, e.level, e.kind as u8), [first(e), e.list.clone()]))
+        .collect();
+    // `set` is agreed when it holds the entry's cpu and every member cpu that has an entry of
+    // the same level and kind names the very same set (in its map or its list).
+    let agreed = |e: &CacheEntry, set: &CpuSet| -> bool {
+        set.contains(e.cpu)
+            && set.iter().all(|d| {
+                candidates
+                    .get(&(d, e.level, e.kind as u8))
+                    .map_or(true, |c| c.iter().any(|f| f.as_ref() == Some(set)))
+            })
+    };
+    let mut out: BTreeMap<(u8, u8, Vec<u32>), Cache> = BTreeMap::new();
+    for e in entries {
+        let chosen = [first(e), e.list.clone()]
+            .into_iter()
+            .flatten()
+            .find(|s| agreed(e, s));
+        let Some(cpus) = chosen else { continue };
+        out.entry((e.level, e.kind as u8, cpus.iter().collect()))
+            .or_insert(Cache {
+                level: e.level,
+                kind: e.kind,
+                size_bytes: e.size,
+                cpus,
+            });
+    }
+    let mut caches: Vec<Cache> = out.into_values().collect();
+    caches.sort_by_key(|c| (c.level, c.kind as u8, c.cpus.first()));
+    caches
+}
+
+/// The `numa_node` of a device (`entry` is its `sys/class/CLASS/NAME`): `device/numa_node`, else
+/// the first `numa_node` found walking up from the entry towards `sys/devices` (an NVMe namespace
+/// sits below its PCI function).
+fn device_node(sys: &Path, entry: &Path) -> Result<Option<i64>, TopoError> {
+    if let Some(v) = read_int_opt(&entry.join("device/numa_node"))? {
         return Ok(Some(v));
     }
     let (Ok(mut p), Ok(top)) = (
-        fs::canonicalize(device),
+        fs::canonicalize(entry),
         fs::canonicalize(sys.join("devices")),
     ) else {
         return Ok(None);
@@ -715,6 +804,64 @@ mod tests {
         );
         assert_eq!(parse_cache_type("Unified").unwrap(), CacheKind::Unified);
         assert!(parse_cache_type("Trace").unwrap_err().contains("valid"));
+    }
+
+    fn entry(cpu: u32, map: &str, list: &str) -> CacheEntry {
+        CacheEntry {
+            cpu,
+            level: 3,
+            kind: CacheKind::Unified,
+            size: 1 << 20,
+            map: (!map.is_empty()).then(|| CpuSet::parse_mask(map).unwrap()),
+            list: (!list.is_empty()).then(|| CpuSet::parse(list).unwrap()),
+        }
+    }
+
+    #[test]
+    fn caches_deduplicated_and_repaired() {
+        // Two instances of 2 cpus each, seen from each cpu: two caches.
+        let e = [
+            entry(0, "3", "0-1"),
+            entry(1, "3", "0-1"),
+            entry(2, "c", "2-3"),
+            entry(3, "c", "2-3"),
+        ];
+        let c = resolve_caches(&e);
+        let got: Vec<String> = c.iter().map(|c| c.cpus.to_string()).collect();
+        assert_eq!(got, ["0-1", "2-3"]);
+        // AMD family 15h: the list names only the cpu, the map is right.
+        let e = [entry(0, "3", "0"), entry(1, "3", "1")];
+        let got: Vec<String> = resolve_caches(&e)
+            .iter()
+            .map(|c| c.cpus.to_string())
+            .collect();
+        assert_eq!(got, ["0-1"]);
+        // A wrong map overlapping the neighbours' instance: cpu 2's list is used.
+        let e = [
+            entry(0, "5", "0,2"),
+            entry(2, "3", "0,2"),
+            entry(1, "a", "1,3"),
+            entry(3, "a", "1,3"),
+        ];
+        let got: Vec<String> = resolve_caches(&e)
+            .iter()
+            .map(|c| c.cpus.to_string())
+            .collect();
+        assert_eq!(got, ["0,2", "1,3"]);
+        // Neither fits (and the set lacks the cpu itself): dropped.
+        let e = [entry(0, "2", "1"), entry(1, "2", "1")];
+        let got: Vec<String> = resolve_caches(&e)
+            .iter()
+            .map(|c| c.cpus.to_string())
+            .collect();
+        assert_eq!(got, ["1"]);
+        // Only a list, or nothing: the list, or the cpu alone.
+        let e = [entry(5, "", "5"), entry(6, "", "")];
+        let got: Vec<String> = resolve_caches(&e)
+            .iter()
+            .map(|c| c.cpus.to_string())
+            .collect();
+        assert_eq!(got, ["5", "6"]);
     }
 
     #[test]

@@ -8,12 +8,18 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use loci_report::Report;
 
+mod alloc;
 mod memcpy;
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
     /// Single-thread memory copy bandwidth: the ceiling other copy workloads are compared to.
     Memcpy(memcpy::MemcpyArgs),
+    /// Allocators compared (glibc, jemalloc, tcmalloc, tbbmalloc, mimalloc, loci): seed 002's
+    /// microbenchmark (`general`) and seed 003's buffer passing between threads
+    /// (`buffer-passing`); time, peak RSS and bytes requested. Each allocator runs in a child
+    /// of this binary with its Debian library in LD_PRELOAD.
+    Alloc(alloc::AllocArgs),
 }
 
 /// Flags every benchmark takes.
@@ -39,6 +45,22 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             let common = a.common.clone();
             let rep = memcpy::run(a)?;
             finish(&rep, &common, |r| r.system == "loci")
+        }
+        BenchCmd::Alloc(a) => {
+            let common = a.common.clone();
+            let rep = alloc::run(a)?;
+            // ratios against the fastest peer of each case
+            let best: Vec<(Option<String>, String)> = ["general", "buffer-passing"]
+                .iter()
+                .filter_map(|c| {
+                    alloc::best_peer(&rep, c).map(|r| (r.case.clone(), r.system.clone()))
+                })
+                .collect();
+            finish(&rep, &common, |r| {
+                best.iter().any(|(c, s)| *c == r.case && *s == r.system)
+            })?;
+            print!("{}", alloc::goals(&rep));
+            Ok(())
         }
     }
 }
