@@ -21,6 +21,7 @@ pub mod pin;
 pub mod query;
 pub mod search;
 pub mod seismic;
+pub mod strategy;
 pub mod subarray;
 
 pub use array::{Array, BuildOptions, Chunk, ChunkFill};
@@ -33,4 +34,5 @@ pub use pin::{run_pinned, Pinning};
 pub use query::{Query, Span};
 pub use search::{search, Evaluator, ModelEval, SearchCache, SearchConfig, SearchOutcome, Trial};
 pub use seismic::{seismic_layout, Seismic};
+pub use strategy::{choose, Choice, RunInfo, ThreadStrategy};
 pub use subarray::{plan_parts, subarray, Part, RunStats, Schedule, SubarrayOptions};

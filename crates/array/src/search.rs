@@ -139,10 +139,29 @@ fn nodes_by_distance(topo: &Topology, from: u32) -> Vec<u32> {
     v
 }
 
-/// Data-aware placement: every thread on the node that holds most of the bytes it copies
-/// (`bytes_by_node[t]`), filling each node in compact order and spilling to the nearest node
-/// with a free cpu; threads with no known bytes go where there is most room.
+/// Data-aware placement: threads in order of their bytes (biggest first) each take a free cpu
+/// of the node with the lowest distance-weighted read cost `sum(bytes on n * distance(node, n))`
+/// (ties: the node with more free cpus, then the lower id), filling a node in compact order;
+/// threads with no known bytes go where there is most room.
 pub fn home_pinning(topo: &Topology, bytes_by_node: &[Vec<(u32, f64)>]) -> Pinning {
+    home_pinning_weighted(topo, bytes_by_node, 0.0)
+}
+
+/// Like [`home_pinning`], plus `alpha` x the bytes each node's memory already serves (source
+/// bytes read from it and result bytes written by the threads placed there so far) in a node's
+/// score, so that writers spread away from busy memory. `alpha = 10` weighs a byte of node load
+/// like a byte read locally (distance 10).
+pub fn home_pinning_weighted(
+    topo: &Topology,
+    bytes_by_node: &[Vec<(u32, f64)>],
+    alpha: f64,
+) -> Pinning {
+    let mut load: BTreeMap<u32, f64> = BTreeMap::new();
+    for row in bytes_by_node {
+        for &(n, b) in row {
+            *load.entry(n).or_default() += b;
+        }
+    }
     let mut free: BTreeMap<u32, Vec<u32>> = topo
         .nodes
         .iter()
@@ -153,24 +172,43 @@ pub fn home_pinning(topo: &Topology, bytes_by_node: &[Vec<(u32, f64)>]) -> Pinni
         })
         .collect();
     let all: Vec<u32> = topo.allowed_cpus().iter().collect();
-    let mut out = Vec::with_capacity(bytes_by_node.len());
-    for (t, row) in bytes_by_node.iter().enumerate() {
-        let want = row
+    let total = |t: usize| -> f64 { bytes_by_node[t].iter().map(|e| e.1).sum() };
+    let mut order: Vec<usize> = (0..bytes_by_node.len()).collect();
+    order.sort_by(|&a, &b| total(b).total_cmp(&total(a)).then(a.cmp(&b)));
+    let mut out = vec![0u32; bytes_by_node.len()];
+    let mut busy: std::collections::HashSet<(u32, u32)> = std::collections::HashSet::new();
+    for t in order {
+        let row = &bytes_by_node[t];
+        let score = |n: u32| -> f64 {
+            row.iter()
+                .map(|&(m, b)| b * topo.distance(n, m).unwrap_or(10) as f64)
+                .sum::<f64>()
+                + alpha * (load.get(&n).copied().unwrap_or(0.0) + total(t))
+        };
+        // The next cpu of a node sharing a core already in use costs like a second copy.
+        let smt = |v: &Vec<u32>| -> f64 {
+            match v.last() {
+                Some(&c) if alpha > 0.0 && busy.contains(&core_of(topo, c)) => alpha * total(t),
+                _ => 0.0,
+            }
+        };
+        let best = free
             .iter()
-            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
-            .map(|e| e.0)
-            .unwrap_or_else(|| {
-                free.iter()
-                    .max_by_key(|(n, v)| (v.len(), std::cmp::Reverse(**n)))
-                    .map(|(n, _)| *n)
-                    .unwrap_or(0)
-            });
-        let cpu = nodes_by_distance(topo, want)
-            .into_iter()
-            .find_map(|n| free.get_mut(&n).and_then(|v| v.pop()))
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(&n, v)| (n, score(n) + smt(v), v.len()))
+            .min_by(|a, b| a.1.total_cmp(&b.1).then(b.2.cmp(&a.2)).then(a.0.cmp(&b.0)))
+            .map(|e| e.0);
+        if let Some(n) = best {
+            *load.entry(n).or_default() += total(t);
+        }
+        out[t] = match best.and_then(|n| free.get_mut(&n).and_then(|v| v.pop())) {
+            Some(c) => {
+                busy.insert(core_of(topo, c));
+                c
+            }
             // More threads than cpus: wrap around.
-            .unwrap_or(all[t % all.len()]);
-        out.push(cpu);
+            None => all[t % all.len()],
+        };
     }
     Pinning::on_cpus(&out)
 }
@@ -206,7 +244,7 @@ fn moves(
     cur: &[u32],
     hint: Option<&[Vec<(u32, f64)>]>,
     rng: &mut Rng,
-) -> Vec<(String, Vec<u32>)> {
+) -> Vec<(u8, String, Vec<u32>)> {
     let node = |c: u32| topo.node_of_cpu(c).unwrap_or(0);
     let used: std::collections::HashSet<u32> = cur.iter().copied().collect();
     let free_on = |n: u32| -> Vec<u32> {
@@ -227,7 +265,7 @@ fn moves(
     };
     let mut out = Vec::new();
     let t_count = cur.len();
-    // 1. Onto the node holding most of the thread's bytes, biggest remote share first.
+    // 1. Onto the node holding most of the thread's bytes, most bytes to gain first.
     if let Some(h) = hint {
         let mut order: Vec<(usize, u32, f64)> = (0..t_count)
             .filter_map(|t| {
@@ -239,7 +277,7 @@ fn moves(
                     .filter(|e| e.0 == node(cur[t]))
                     .map(|e| e.1)
                     .sum();
-                (*best != node(cur[t])).then_some((t, *best, (b - here) / total.max(1.0)))
+                (*best != node(cur[t])).then_some((t, *best, b - here + 1e-9 * total))
             })
             .collect();
         order.sort_by(|a, b| b.2.total_cmp(&a.2));
@@ -247,13 +285,59 @@ fn moves(
             if let Some(c) = pick(n) {
                 let mut p = cur.to_vec();
                 p[t] = c;
-                out.push((format!("t{t}->home node {n} (cpu {c})"), p));
-            } else {
-                // Node full: swap with a thread there whose data is elsewhere.
-                if let Some(u) = (0..t_count).find(|&u| node(cur[u]) == n && u != t) {
+                out.push((1, format!("t{t}->home node {n} (cpu {c})"), p));
+            }
+            {
+                // Or trade places with the thread there that has the fewest bytes on that node
+                // (keeps the number of threads per node).
+                let on_n = |u: usize| -> f64 {
+                    h.get(u)
+                        .map(|r| r.iter().filter(|e| e.0 == n).map(|e| e.1).sum())
+                        .unwrap_or(0.0)
+                };
+                if let Some(u) = (0..t_count)
+                    .filter(|&u| node(cur[u]) == n && u != t && on_n(u) < on_n(t))
+                    .min_by(|&a, &b| on_n(a).total_cmp(&on_n(b)))
+                {
                     let mut p = cur.to_vec();
                     p.swap(t, u);
-                    out.push((format!("swap t{t},t{u} (t{t} to home node {n})"), p));
+                    out.push((1, format!("swap t{t},t{u} (t{t} to home node {n})"), p));
+                }
+            }
+        }
+    }
+    // 1b. Unload the busiest memory node (estimated from the hint: bytes read from a node plus
+    // result bytes written by the threads on it): its biggest writers swap with the smallest
+    // threads elsewhere, or move to a free cpu nearby.
+    if let Some(h) = hint {
+        let total =
+            |t: usize| -> f64 { h.get(t).map(|r| r.iter().map(|e| e.1).sum()).unwrap_or(0.0) };
+        let mut load: BTreeMap<u32, f64> = BTreeMap::new();
+        for (t, &c) in cur.iter().enumerate() {
+            *load.entry(node(c)).or_default() += total(t);
+            for &(n, b) in h.get(t).map(Vec::as_slice).unwrap_or(&[]) {
+                *load.entry(n).or_default() += b;
+            }
+        }
+        if let Some((&busy, _)) = load.iter().max_by(|a, b| a.1.total_cmp(b.1)) {
+            let mut on: Vec<usize> = (0..t_count).filter(|&t| node(cur[t]) == busy).collect();
+            let mut off: Vec<usize> = (0..t_count).filter(|&t| node(cur[t]) != busy).collect();
+            on.sort_by(|&a, &b| total(b).total_cmp(&total(a)));
+            off.sort_by(|&a, &b| total(a).total_cmp(&total(b)));
+            for &a in on.iter().take(3) {
+                for &b in off.iter().take(3) {
+                    if total(a) > total(b) {
+                        let mut p = cur.to_vec();
+                        p.swap(a, b);
+                        out.push((2, format!("swap t{a},t{b} (unload node {busy})"), p));
+                    }
+                }
+                for n in nodes_by_distance(topo, busy).into_iter().skip(1).take(2) {
+                    if let Some(c) = pick(n) {
+                        let mut p = cur.to_vec();
+                        p[a] = c;
+                        out.push((2, format!("t{a} off busy node {busy} -> cpu {c}"), p));
+                    }
                 }
             }
         }
@@ -274,7 +358,7 @@ fn moves(
                 {
                     let mut p = cur.to_vec();
                     p[t] = c;
-                    out.push((format!("t{t} off shared core -> cpu {c}"), p));
+                    out.push((3, format!("t{t} off shared core -> cpu {c}"), p));
                     break;
                 }
             }
@@ -290,7 +374,7 @@ fn moves(
             if let Some(c) = pick(n) {
                 let mut p = cur.to_vec();
                 p[t] = c;
-                out.push((format!("t{t} -> node {n} (cpu {c})"), p));
+                out.push((4, format!("t{t} -> node {n} (cpu {c})"), p));
             }
         }
     }
@@ -299,7 +383,7 @@ fn moves(
         if node(cur[a]) != node(cur[b]) {
             let mut p = cur.to_vec();
             p.swap(a, b);
-            out.push((format!("swap t{a},t{b}"), p));
+            out.push((4, format!("swap t{a},t{b}"), p));
         }
     }
     out
@@ -354,9 +438,14 @@ pub fn search(
         .pinning
         .single_cpus()
         .unwrap_or_else(|| modeled_cpus(topo, &best.pinning));
+    // The kind of move that last paid off is tried first in the next round.
+    let mut prefer: Option<u8> = None;
+    let mut flat = 0;
     'climb: while trials.len() < budget {
         let mut improved = false;
-        for (label, cand) in moves(topo, &cur, hint, &mut rng) {
+        let mut ms = moves(topo, &cur, hint, &mut rng);
+        ms.sort_by_key(|m| Some(m.0) != prefer);
+        for (kind, label, cand) in ms {
             if trials.len() >= budget {
                 break 'climb;
             }
@@ -371,9 +460,15 @@ pub fn search(
                 cost,
             };
             trials.push(t.clone());
-            if cost < best.cost * (1.0 - cfg.tolerance) {
+            // Plateaus: with a noiseless cost, an equal move is taken too (a few in a row),
+            // since two moves are often needed where one alone changes nothing (the slowest
+            // thread is still the same).
+            let sideways = cfg.tolerance == 0.0 && cost <= best.cost && flat < 4;
+            if cost < best.cost * (1.0 - cfg.tolerance) || sideways {
+                flat = if cost < best.cost { 0 } else { flat + 1 };
                 best = t;
                 cur = cand;
+                prefer = Some(kind);
                 improved = true;
                 break;
             }
