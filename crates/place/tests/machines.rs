@@ -142,16 +142,24 @@ fn captured_trees() {
         let Some(stem) = name.strip_suffix(".tar.bz2") else {
             continue;
         };
+        // Each tarball unpacks into its own folder: the top directory inside a tarball does not
+        // always carry the tarball's name (32em64t-2n8c+dax+... unpacks to 32em64t-2n8c+1mic).
+        let into = tmp.join(stem);
+        std::fs::create_dir_all(&into).unwrap();
         let st = std::process::Command::new("tar")
             .arg("xjf")
             .arg(&p)
             .arg("-C")
-            .arg(&tmp)
+            .arg(&into)
             .status()
             .unwrap();
         assert!(st.success(), "extracting {name}");
-        let t = loci_topo::load(&Source::Sysfs(tmp.join(stem)))
-            .unwrap_or_else(|e| panic!("{stem}: {e}"));
+        let root = std::fs::read_dir(&into)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.join("sys").is_dir())
+            .unwrap_or_else(|| panic!("{name}: no folder with sys/ inside"));
+        let t = loci_topo::load(&Source::Sysfs(root)).unwrap_or_else(|e| panic!("{stem}: {e}"));
         check_machine(stem, &t);
         checked += 1;
     }
