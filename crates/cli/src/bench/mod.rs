@@ -9,11 +9,15 @@ use clap::{Args, Subcommand};
 use loci_report::Report;
 
 mod memcpy;
+mod sched;
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
     /// Single-thread memory copy bandwidth: the ceiling other copy workloads are compared to.
     Memcpy(memcpy::MemcpyArgs),
+    /// Task scheduling (seed 003): locality-aware LAS vs NLS, unpinned and rayon; tiny tasks,
+    /// 16 concurrent pipeline requests, one request. Prints ratios vs rayon and LAS counters.
+    Sched(sched::SchedArgs),
 }
 
 /// Flags every benchmark takes.
@@ -39,6 +43,17 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             let common = a.common.clone();
             let rep = memcpy::run(a)?;
             finish(&rep, &common, |r| r.system == "loci")
+        }
+        BenchCmd::Sched(a) => {
+            let common = a.common.clone();
+            let check = a.check_locality;
+            let rep = sched::run(a)?;
+            if check {
+                return Ok(());
+            }
+            finish(&rep, &common, |r| r.system == "rayon")?;
+            sched::print_counters(&rep);
+            Ok(())
         }
     }
 }
