@@ -268,7 +268,16 @@ fn morsels_run_on_their_home_node_group() {
         }
     );
     assert!(s.submit_on(9, |_| ()).is_err());
-    assert_eq!(s.submit_on(1, |c| c.node()).unwrap().wait().unwrap(), 1);
+    // Queued on node 1; it runs there unless an idle node-0 worker takes it by rule 4.
+    let before = s.stats();
+    let ran_on = s.submit_on(1, |c| c.node()).unwrap().wait().unwrap();
+    let st = s.stats().since(&before);
+    let rule = if ran_on == 1 {
+        Rule::OwnDeferred
+    } else {
+        Rule::RemoteDeferred
+    };
+    assert_eq!(st.found_by(rule), 1, "ran on node {ran_on}: {st:?}");
 }
 
 #[test]
