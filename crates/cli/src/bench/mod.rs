@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use loci_report::Report;
 
+mod alloc;
 mod memcpy;
 mod sched;
 
@@ -18,6 +19,11 @@ pub enum BenchCmd {
     /// Task scheduling (seed 003): locality-aware LAS vs NLS, unpinned and rayon; tiny tasks,
     /// 16 concurrent pipeline requests, one request. Prints ratios vs rayon and LAS counters.
     Sched(sched::SchedArgs),
+    /// Allocators compared (glibc, jemalloc, tcmalloc, tbbmalloc, mimalloc, loci): seed 002's
+    /// microbenchmark (`general`) and seed 003's buffer passing between threads
+    /// (`buffer-passing`); time, peak RSS and bytes requested. Each allocator runs in a child
+    /// of this binary with its Debian library in LD_PRELOAD.
+    Alloc(alloc::AllocArgs),
 }
 
 /// Flags every benchmark takes.
@@ -53,6 +59,22 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             }
             finish(&rep, &common, |r| r.system == "rayon")?;
             sched::print_counters(&rep);
+            Ok(())
+        }
+        BenchCmd::Alloc(a) => {
+            let common = a.common.clone();
+            let rep = alloc::run(a)?;
+            // ratios against the fastest peer of each case
+            let best: Vec<(Option<String>, String)> = ["general", "buffer-passing"]
+                .iter()
+                .filter_map(|c| {
+                    alloc::best_peer(&rep, c).map(|r| (r.case.clone(), r.system.clone()))
+                })
+                .collect();
+            finish(&rep, &common, |r| {
+                best.iter().any(|(c, s)| *c == r.case && *s == r.system)
+            })?;
+            print!("{}", alloc::goals(&rep));
             Ok(())
         }
     }
