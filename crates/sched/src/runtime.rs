@@ -178,7 +178,7 @@ impl Stats {
             requests: self
                 .requests
                 .iter()
-                .filter(|r| last.map_or(true, |l| r.id > l))
+                .filter(|r| !matches!(last, Some(l) if r.id <= l))
                 .cloned()
                 .collect(),
         }

@@ -175,7 +175,7 @@ pub fn run(a: SchedArgs) -> anyhow::Result<Report> {
         "--chains and --buffers must be positive"
     );
     anyhow::ensure!(
-        spec.buffer_bytes >= 8 && spec.buffer_bytes % 8 == 0,
+        spec.buffer_bytes >= 8 && spec.buffer_bytes & 7 == 0,
         "--buffer-bytes must be a positive multiple of 8, got {}",
         spec.buffer_bytes
     );
