@@ -572,6 +572,13 @@ impl Ctx {
         let r = self.run.get();
         if r.req != Some(req) || r.node != node {
             self.flush();
+            // The first task of a run of `req` on this worker: mark the request started (rule 4
+            // migrates only requests that have not). Here rather than per task: off the fast path.
+            // SAFETY: the caller is about to run or account a task of `req`, which keeps it alive.
+            let started = &unsafe { req.state() }.started;
+            if !started.load(Ordering::Relaxed) {
+                started.store(true, Ordering::Relaxed);
+            }
             self.run.set(Run {
                 req: Some(req),
                 node,
@@ -613,11 +620,6 @@ impl Ctx {
         }
         let node = self.exec_node();
         self.switch_to(req, node);
-        // SAFETY: this task is counted in `pending`.
-        let started = &unsafe { req.state() }.started;
-        if !started.load(Ordering::Relaxed) {
-            started.store(true, Ordering::Relaxed);
-        }
         let prev = self.current.replace(Some(req));
         if let Err(p) = catch_unwind(AssertUnwindSafe(|| job(self))) {
             // SAFETY: this task is still counted in `pending`.
