@@ -73,6 +73,50 @@ impl<T> DeferredQueue<T> {
         t
     }
 
+    /// Rule 4 with request migration. With two or more requests queued: the oldest request after
+    /// the first whose tasks have not started anywhere (`fresh` of its first queued task) moves
+    /// whole: its oldest task is returned with all its other queued tasks. If none is fresh, or
+    /// only one request is queued, this is [`Take::OldestOfSecond`] (one task, nothing moves).
+    pub(crate) fn take_migrating(
+        &self,
+        fresh: impl Fn(&T) -> bool,
+    ) -> Option<(T, u64, VecDeque<T>)> {
+        let mut v = lock(&self.inner);
+        if v.len() >= 2 {
+            if let Some(i) = (1..v.len()).find(|&i| v[i].1.front().is_some_and(&fresh)) {
+                let (id, mut rest) = v.remove(i);
+                self.requests.store(v.len(), Ordering::SeqCst);
+                drop(v);
+                let t = rest.pop_front()?;
+                return Some((t, id, rest));
+            }
+        }
+        let i = usize::from(v.len() >= 2);
+        let (id, q) = v.get_mut(i)?;
+        let id = *id;
+        let t = q.pop_front();
+        if q.is_empty() {
+            v.remove(i);
+            self.requests.store(v.len(), Ordering::SeqCst);
+        }
+        t.map(|t| (t, id, VecDeque::new()))
+    }
+
+    /// Appends tasks of one request (migrated from another group), oldest first.
+    pub(crate) fn push_all(&self, request: u64, tasks: VecDeque<T>) {
+        if tasks.is_empty() {
+            return;
+        }
+        let mut v = lock(&self.inner);
+        let pos = v.partition_point(|(id, _)| *id < request);
+        if pos < v.len() && v[pos].0 == request {
+            v[pos].1.extend(tasks);
+        } else {
+            v.insert(pos, (request, tasks));
+            self.requests.store(v.len(), Ordering::SeqCst);
+        }
+    }
+
     /// Request ids with queued tasks, oldest first (tests and diagnostics).
     #[cfg(test)]
     pub(crate) fn ids(&self) -> Vec<u64> {
@@ -105,5 +149,36 @@ mod tests {
         assert_eq!(q.take(Take::YoungestOfOldest), Some((3, 2)));
         assert_eq!(q.requests(), 0);
         assert_eq!(q.take(Take::OldestOfSecond), None);
+    }
+
+    #[test]
+    fn migration_moves_the_oldest_fresh_request_whole() {
+        let q = DeferredQueue::new();
+        for (r, t) in [(1, 1), (2, 1), (2, 2), (3, 1), (2, 3), (3, 2)] {
+            q.push(r, (r, t));
+        }
+        // Nothing started: the second-oldest request (2) moves whole.
+        let (t, id, rest) = q.take_migrating(|_| true).unwrap();
+        assert_eq!((t, id), ((2, 1), 2));
+        assert_eq!(rest, VecDeque::from([(2, 2), (2, 3)]));
+        assert_eq!(q.ids(), vec![1, 3]);
+        // Request 3 started somewhere already: one task of it, like the seed's rule 4.
+        let (t, _, rest) = q.take_migrating(|t: &(u64, u32)| t.0 != 3).unwrap();
+        assert_eq!((t, rest.len()), ((3, 1), 0));
+        // Request 4 is fresh but request 3 (started) is older: 4 moves.
+        q.push(4, (4, 1));
+        q.push(4, (4, 2));
+        let (t, id, rest) = q.take_migrating(|t: &(u64, u32)| t.0 != 3).unwrap();
+        assert_eq!((t, id, rest.len()), ((4, 1), 4, 1));
+        let other = DeferredQueue::new();
+        other.push(5, (5, 1));
+        other.push_all(id, rest);
+        assert_eq!(other.ids(), vec![4, 5]);
+        // Only one request queued: its oldest task, nothing moves (groups cooperate on it).
+        let (t, _, rest) = q.take_migrating(|_| true).unwrap();
+        assert_eq!((t, rest.len()), ((3, 2), 0));
+        let (t, _, rest) = q.take_migrating(|_| true).unwrap();
+        assert_eq!((t, rest.len()), ((1, 1), 0));
+        assert!(q.take_migrating(|_| true).is_none());
     }
 }

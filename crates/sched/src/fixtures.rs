@@ -2,10 +2,9 @@
 //! that check the scheduling rules without threads and for stress tests that run many core groups
 //! on a small machine (with [`crate::Affinity::None`]).
 //!
-//! loci-topo is getting presets of the same machines; these builders stay as the scheduler's own
-//! fixtures (and cross-check the presets in the tests once they agree).
+//! The seed machines come from loci-topo's presets; `grid` is the scheduler's own.
 
-use loci_topo::{Cache, CacheKind, Cpu, CpuSet, Node, Topology};
+use loci_topo::{preset, Cache, CacheKind, Cpu, CpuSet, Node, Topology};
 
 fn cache(level: u8, size: u64, cpus: impl IntoIterator<Item = u32>) -> Cache {
     Cache {
@@ -60,114 +59,28 @@ fn cpu(id: u32, core: u32, package: u32, node: u32) -> Cpu {
     }
 }
 
-/// 4 x Intel Xeon E7-4820: 4 nodes, 8 cores per node, 2 hardware threads per core (64 cpus).
-/// L1/L2 per core, one 18 MB L3 per package. Cpu numbering as Linux does it on such machines:
-/// node n has cpus `8n..8n+7` and their siblings `32+8n..32+8n+7`. Distances 10 local, 20 remote.
+/// 4 x Intel Xeon E7-4820 (seed 003's NUMA machine): loci-topo's preset `xeon-e7-4820-4s`,
+/// 4 nodes x 8 cores x 2 threads, L3 per node; node n has cpus `8n..8n+7` and siblings `+32`.
 pub fn xeon_e7_4820() -> Topology {
-    let mut cpus = Vec::new();
-    let mut caches = Vec::new();
-    for n in 0..4u32 {
-        for k in 0..8u32 {
-            let core = n * 8 + k;
-            let (a, b) = (core, 32 + core);
-            cpus.push(cpu(a, core, n, n));
-            cpus.push(cpu(b, core, n, n));
-            caches.push(cache(1, 32 << 10, [a, b]));
-            caches.push(cache(2, 256 << 10, [a, b]));
-        }
-        caches.push(cache(
-            3,
-            18 << 20,
-            (0..8).flat_map(|k| [n * 8 + k, 32 + n * 8 + k]),
-        ));
-    }
-    let distances = (0..4)
-        .map(|i| (0..4).map(|j| if i == j { 10 } else { 20 }).collect())
-        .collect();
-    build("fixture:xeon-e7-4820", cpus, caches, distances)
+    preset::build("xeon-e7-4820-4s").expect("preset exists")
 }
 
-/// Hop counts of the 8-socket Opteron "twisted ladder": two rails 0-2-4-6 and 1-3-5-7, rungs
-/// 0-1, 2-3, 4-5, 6-7, and the twist 0-7 across the ends (at most 3 HyperTransport links per
-/// socket, diameter 3).
+/// Hop counts of the 8-socket Opteron twisted ladder (loci-topo's [`preset::TWISTED_LADDER`]).
 pub fn twisted_ladder_hops() -> Vec<Vec<u32>> {
-    let edges = [
-        (0, 2),
-        (2, 4),
-        (4, 6),
-        (1, 3),
-        (3, 5),
-        (5, 7),
-        (0, 1),
-        (2, 3),
-        (4, 5),
-        (6, 7),
-        (0, 7),
-    ];
-    let n = 8;
-    let mut hops = vec![vec![u32::MAX; n]; n];
-    for (s, row) in hops.iter_mut().enumerate() {
-        row[s] = 0;
-        let mut frontier = vec![s];
-        let mut d = 0;
-        while !frontier.is_empty() {
-            d += 1;
-            let mut next = Vec::new();
-            for &u in &frontier {
-                for &(a, b) in &edges {
-                    let v = if a == u {
-                        b
-                    } else if b == u {
-                        a
-                    } else {
-                        continue;
-                    };
-                    if row[v] == u32::MAX {
-                        row[v] = d;
-                        next.push(v);
-                    }
-                }
-            }
-            frontier = next;
-        }
-    }
-    hops
+    preset::hop_matrix(8, &preset::TWISTED_LADDER)
 }
 
-/// 8 x AMD Opteron 8220: 8 nodes of 2 cores, each core with its own 1 MB L2 and no shared cache
-/// (so every core is its own core group), distances 10/12/14/16 for 0/1/2/3 hops on the
-/// twisted ladder ([`twisted_ladder_hops`]).
+/// 8 x AMD Opteron 8220: loci-topo's preset `opteron-8220-8s`, 8 nodes of 2 cores with private
+/// L2 (each core its own core group), SLIT 10/12/14/16 by hops on the twisted ladder.
 pub fn opteron_8220() -> Topology {
-    let mut cpus = Vec::new();
-    let mut caches = Vec::new();
-    for n in 0..8u32 {
-        for k in 0..2u32 {
-            let id = n * 2 + k;
-            cpus.push(cpu(id, id, n, n));
-            caches.push(cache(1, 64 << 10, [id]));
-            caches.push(cache(2, 1 << 20, [id]));
-        }
-    }
-    let distances = twisted_ladder_hops()
-        .iter()
-        .map(|r| r.iter().map(|h| 10 + 2 * h).collect())
-        .collect();
-    build("fixture:opteron-8220", cpus, caches, distances)
+    preset::build("opteron-8220-8s").expect("preset exists")
 }
 
-/// 2 x Intel Xeon E5310: one node (front-side bus), 2 packages x 4 cores, each pair of cores
-/// shares a 4 MB L2: four core groups of 2 cpus (`0-1`, `2-3`, `4-5`, `6-7`).
+/// 2 x Intel Xeon E5310 (seed 003's SMP machine): loci-topo's preset `xeon-e5310-2s`, one node,
+/// 2 packages x 4 cores, pairs of cores share a 4 MB L2; Linux numbers them across sockets, so
+/// the L2 pairs are cpus `0,4`, `1,5`, `2,6`, `3,7`.
 pub fn xeon_e5310() -> Topology {
-    let mut cpus = Vec::new();
-    let mut caches = Vec::new();
-    for id in 0..8u32 {
-        cpus.push(cpu(id, id, id / 4, 0));
-        caches.push(cache(1, 32 << 10, [id]));
-    }
-    for p in 0..4u32 {
-        caches.push(cache(2, 4 << 20, [2 * p, 2 * p + 1]));
-    }
-    build("fixture:xeon-e5310", cpus, caches, vec![vec![10]])
+    preset::build("xeon-e5310-2s").expect("preset exists")
 }
 
 /// A synthetic machine: `nodes` nodes, each with `groups` L3 groups of `cpus` cpus (one per

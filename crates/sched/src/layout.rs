@@ -279,7 +279,7 @@ mod tests {
             // The other core of the own node first (distance 10), then 12, 14, 16.
             assert_eq!(d[0], 10);
         }
-        // Node 1 to node 6 is three hops: 1-0-7-6.
+        // Node 1 to node 6 is three hops: 1-3-4-6.
         assert_eq!(l.distances[1][6], 16);
     }
 
@@ -289,7 +289,7 @@ mod tests {
         let l = Layout::new(&t, None).unwrap();
         assert_eq!(l.cache_level, Some(2));
         let cpus: Vec<String> = l.groups.iter().map(|g| g.cpus.to_string()).collect();
-        assert_eq!(cpus, ["0-1", "2-3", "4-5", "6-7"]);
+        assert_eq!(cpus, ["0,4", "1,5", "2,6", "3,7"]);
         // One node: rule 5 sees the 6 workers of the other groups; every wake order covers all.
         assert_eq!(l.workers[0].same_node.len(), 6);
         assert_eq!(l.groups[1].wake_immediate.len(), 4);

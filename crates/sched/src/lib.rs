@@ -136,6 +136,13 @@ pub struct Config {
     pub max_request_records: usize,
     /// Stack size of each worker thread in bytes.
     pub stack_size: usize,
+    /// LAS rule 4, when the victim group has two or more requests queued: take the oldest
+    /// request after the first that has not started running anywhere, and move all its queued
+    /// tasks to the thief's group, so a request changes node whole instead of chain by chain
+    /// (loci's extension of the seed's intent: "steal a task of a request which is probably not
+    /// being processed yet"). If every such request has started, or only one is queued, one task
+    /// is taken as in the seed, so groups still cooperate. `false`: exactly the seed's rule.
+    pub migrate_requests: bool,
 }
 
 impl Default for Config {
@@ -149,6 +156,7 @@ impl Default for Config {
             on_worker_start: None,
             max_request_records: 4096,
             stack_size: 8 << 20,
+            migrate_requests: true,
         }
     }
 }
@@ -164,6 +172,7 @@ impl std::fmt::Debug for Config {
             .field("on_worker_start", &self.on_worker_start.is_some())
             .field("max_request_records", &self.max_request_records)
             .field("stack_size", &self.stack_size)
+            .field("migrate_requests", &self.migrate_requests)
             .finish()
     }
 }

@@ -281,16 +281,16 @@ mod tests {
         let t = fixtures::opteron_8220();
         let l = layout(&t, None);
         let hops = fixtures::twisted_ladder_hops();
-        // Worker on node 1 (cpu 2). Deferred work on nodes 6 (3 hops: 1-0-7-6), 7 (2 hops:
-        // 1-0-7) and 3 (1 hop): the 1-hop node wins, then the 2-hop, then the 3-hop one.
+        // Worker on node 1 (cpu 2). Deferred work on nodes 6 (3 hops: 1-3-4-6), 2 (2 hops:
+        // 1-0-2) and 3 (1 hop): the 1-hop node wins, then the 2-hop, then the 3-hop one.
         let me = worker_of_cpu(&l, 2);
         assert_eq!(l.workers[me].node, 1);
         let group_on = |node: u32| l.groups_of(node).next().unwrap();
         let mut v = View::empty(&l);
-        for n in [6u32, 7, 3] {
+        for n in [6u32, 2, 3] {
             v.def[group_on(n)] = 1;
         }
-        let order: Vec<u32> = [3u32, 7, 6]
+        let order: Vec<u32> = [3u32, 2, 6]
             .into_iter()
             .map(|n| hops[1][n as usize])
             .collect();
@@ -305,7 +305,7 @@ mod tests {
                 p => panic!("unexpected {p:?}"),
             }
         }
-        assert_eq!(seen, vec![3, 7, 6]);
+        assert_eq!(seen, vec![3, 2, 6]);
         // The other core of the own node is a different group: rule 4 looks there first.
         let sibling_group = l.workers[worker_of_cpu(&l, 3)].group;
         v.def[sibling_group] = 1;
@@ -367,8 +367,8 @@ mod tests {
                 cursor: 2
             })
         );
-        // Rule 2 (the L2 partner) comes before rule 5.
-        let partner = worker_of_cpu(&l, 1);
+        // Rule 2 (the L2 partner, cpu 4) comes before rule 5.
+        let partner = worker_of_cpu(&l, 4);
         v.imm[partner] = true;
         assert_eq!(
             choose_las(&l, me, &v, 0),

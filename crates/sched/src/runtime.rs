@@ -67,6 +67,8 @@ impl ReqRef {
 pub(crate) struct RequestState {
     id: u64,
     pending: CachePadded<AtomicUsize>,
+    /// Some task of the request has started running (rule 4 moves only requests that have not).
+    started: AtomicBool,
     failed: AtomicBool,
     panic_msg: Mutex<Option<String>>,
     done: Mutex<bool>,
@@ -146,6 +148,8 @@ pub struct Stats {
     /// Tasks found by each rule, in [`Rule::ALL`] order.
     pub found: [u64; 8],
     pub steals: Steals,
+    /// Queued tasks that rule 4 moved to the thief's group along with the task it stole.
+    pub migrated: u64,
     /// The most recent finished requests (up to `Config::max_request_records`), oldest first.
     pub requests: Vec<RequestRecord>,
 }
@@ -164,6 +168,7 @@ impl Stats {
         let last = earlier.requests.last().map(|r| r.id);
         Stats {
             tasks: self.tasks - earlier.tasks,
+            migrated: self.migrated - earlier.migrated,
             found,
             steals: Steals {
                 same_group: self.steals.same_group - earlier.steals.same_group,
@@ -173,7 +178,7 @@ impl Stats {
             requests: self
                 .requests
                 .iter()
-                .filter(|r| last.map_or(true, |l| r.id > l))
+                .filter(|r| !matches!(last, Some(l) if r.id <= l))
                 .cloned()
                 .collect(),
         }
@@ -183,6 +188,7 @@ impl Stats {
 #[derive(Default)]
 struct WorkerCounters {
     tasks: AtomicU64,
+    migrated: AtomicU64,
     found: [AtomicU64; 8],
     steals: [AtomicU64; 3],
 }
@@ -202,7 +208,8 @@ struct GroupState {
     deferred: DeferredQueue<Task>,
     sleep: Mutex<SleepState>,
     cv: Condvar,
-    /// Copy of `sleep.sleeping` readable without the lock.
+    /// `sleeping - tokens` (sleepers no wake is on its way to), readable without the lock, so a
+    /// spawner skips groups whose sleepers are all being woken already.
     sleepy: AtomicUsize,
 }
 
@@ -210,6 +217,8 @@ pub(crate) struct Shared {
     pub(crate) layout: Layout,
     las: bool,
     unpinned: bool,
+    /// Rule 4 moves the rest of the stolen request along (Config::migrate_requests).
+    migrate: bool,
     groups: Vec<CachePadded<GroupState>>,
     stealers: Vec<Stealer<Task>>,
     fifo: Fifo<Task>,
@@ -247,6 +256,7 @@ impl Shared {
             let mut st = lock(&gs.sleep);
             if st.sleeping > st.tokens {
                 st.tokens += 1;
+                gs.sleepy.store(st.sleeping - st.tokens, Ordering::Relaxed);
                 gs.cv.notify_one();
                 return;
             }
@@ -481,6 +491,13 @@ impl Ctx {
     /// looks empty.
     fn find(&self) -> Option<Task> {
         let sh = &*self.shared;
+        // Rule 1 (both policies) without building the view: a pop of the own queue is exactly
+        // what the rule functions choose first whenever that queue is nonempty.
+        if let Some(t) = self.local.pop() {
+            let rule = Pick::OwnImmediate.rule(sh.las) as usize;
+            bump(&sh.counters[self.w].found[rule]);
+            return Some(t);
+        }
         loop {
             let view = Live(self);
             let pick = if sh.las {
@@ -501,6 +518,26 @@ impl Ctx {
                     t
                 }
                 Pick::OwnDeferred => sh.groups[self.group].deferred.take(Take::YoungestOfOldest),
+                Pick::RemoteDeferred { group, .. } if sh.migrate => {
+                    // SAFETY (closure): a queued task keeps its request alive.
+                    match sh.groups[group].deferred.take_migrating(|t| {
+                        !unsafe { t.req.state() }.started.load(Ordering::Relaxed)
+                    }) {
+                        Some((t, id, rest)) => {
+                            if !rest.is_empty() {
+                                let c = &sh.counters[self.w].migrated;
+                                c.store(
+                                    c.load(Ordering::Relaxed) + rest.len() as u64,
+                                    Ordering::Relaxed,
+                                );
+                                sh.groups[self.group].deferred.push_all(id, rest);
+                                sh.wake(&sh.layout.groups[self.group].wake_deferred);
+                            }
+                            Some(t)
+                        }
+                        None => None,
+                    }
+                }
                 Pick::RemoteDeferred { group, .. } => {
                     sh.groups[group].deferred.take(Take::OldestOfSecond)
                 }
@@ -535,6 +572,13 @@ impl Ctx {
         let r = self.run.get();
         if r.req != Some(req) || r.node != node {
             self.flush();
+            // The first task of a run of `req` on this worker: mark the request started (rule 4
+            // migrates only requests that have not). Here rather than per task: off the fast path.
+            // SAFETY: the caller is about to run or account a task of `req`, which keeps it alive.
+            let started = &unsafe { req.state() }.started;
+            if !started.load(Ordering::Relaxed) {
+                started.store(true, Ordering::Relaxed);
+            }
             self.run.set(Run {
                 req: Some(req),
                 node,
@@ -857,6 +901,7 @@ impl Scheduler {
         let shared = Arc::new(Shared {
             las: config.policy == Policy::Las,
             unpinned,
+            migrate: config.migrate_requests,
             groups,
             stealers,
             fifo: Fifo::new(),
@@ -1002,6 +1047,7 @@ impl Scheduler {
         let state = Arc::new(RequestState {
             id,
             pending: CachePadded::new(AtomicUsize::new(1)),
+            started: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             panic_msg: Mutex::new(None),
             done: Mutex::new(false),
@@ -1040,6 +1086,7 @@ impl Scheduler {
         let mut s = Stats::default();
         for c in &sh.counters {
             s.tasks += c.tasks.load(Ordering::Relaxed);
+            s.migrated += c.migrated.load(Ordering::Relaxed);
             for (f, x) in s.found.iter_mut().zip(&c.found) {
                 *f += x.load(Ordering::Relaxed);
             }
@@ -1096,7 +1143,7 @@ fn sleep(ctx: &Ctx) {
     {
         let mut st = lock(&gs.sleep);
         st.sleeping += 1;
-        gs.sleepy.store(st.sleeping, Ordering::Relaxed);
+        gs.sleepy.store(st.sleeping - st.tokens, Ordering::Relaxed);
     }
     sh.sleepers.fetch_add(1, Ordering::SeqCst);
     fence(Ordering::SeqCst);
@@ -1112,7 +1159,7 @@ fn sleep(ctx: &Ctx) {
     }
     st.sleeping -= 1;
     st.tokens = st.tokens.min(st.sleeping);
-    gs.sleepy.store(st.sleeping, Ordering::Relaxed);
+    gs.sleepy.store(st.sleeping - st.tokens, Ordering::Relaxed);
     drop(st);
     sh.sleepers.fetch_sub(1, Ordering::SeqCst);
     if let Some(t) = found {

@@ -117,12 +117,14 @@ pub fn pipeline_request(ctx: &Ctx, seed: u64, spec: PipelineSpec) -> Arc<AtomicU
     acc
 }
 
-/// Runs `requests` pipeline requests at once (seeds 0..requests) and checks every checksum.
-/// Returns the records of the finished requests.
+/// Runs `requests` pipeline requests at once (seeds 0..requests) and checks every checksum
+/// against `expected` (computed here with [`pipeline_expected`] when `None`; pass precomputed
+/// values when timing). Returns the records of the finished requests.
 pub fn run_pipelines(
     sched: &Scheduler,
     requests: usize,
     spec: PipelineSpec,
+    expected: Option<&[u64]>,
 ) -> Result<Vec<RequestRecord>, String> {
     let handles: Vec<_> = (0..requests as u64)
         .map(|seed| {
@@ -135,7 +137,12 @@ pub fn run_pipelines(
     let ids: Vec<u64> = handles.iter().map(|(_, h)| h.id()).collect();
     for (seed, h) in handles {
         let got = h.wait().map_err(|e| e.to_string())?.load(Ordering::Relaxed);
-        let want = pipeline_expected(seed, spec);
+        let want = match expected {
+            Some(e) => *e
+                .get(seed as usize)
+                .ok_or_else(|| format!("no expected checksum for request {seed}"))?,
+            None => pipeline_expected(seed, spec),
+        };
         if got != want {
             return Err(format!(
                 "request with seed {seed}: checksum {got:#x}, expected {want:#x}"
@@ -169,21 +176,26 @@ impl LocalityOutcome {
     }
 }
 
-/// Seed 003's claim as a check: with `requests` concurrent pipeline requests, LAS keeps at least
-/// `threshold` of each request's tasks on one node, NLS does not (its mean share is below it).
-/// Needs a topology with at least two nodes that have cpus.
+/// Runs `requests` concurrent pipeline requests under LAS and then NLS on `topo` and reports,
+/// per request, the share of its tasks that ran on its main node. Needs at least two nodes with
+/// cpus. [`LocalityOutcome::check`] applies seed 003's claim to the outcomes.
+///
+/// With [`crate::Affinity::None`] (a synthetic topology on a small machine) the nodes are the
+/// scheduler's logical ones (the node of the group whose worker ran the task): it then measures
+/// the scheduling decisions, not where the OS ran the threads.
 pub fn locality_check(
     topo: &loci_topo::Topology,
+    affinity: crate::Affinity,
     requests: usize,
     spec: PipelineSpec,
-    threshold: f64,
-) -> Result<Vec<LocalityOutcome>, String> {
+) -> Result<[LocalityOutcome; 2], String> {
     let mut out = Vec::new();
     for policy in [Policy::Las, Policy::Nls] {
         let sched = Scheduler::new(
             topo,
             crate::Config {
                 policy,
+                affinity,
                 ..Default::default()
             },
         )
@@ -195,7 +207,7 @@ pub fn locality_check(
                 topo.source
             ));
         }
-        let recs = run_pipelines(&sched, requests, spec)?;
+        let recs = run_pipelines(&sched, requests, spec, None)?;
         if recs.len() != requests {
             return Err(format!(
                 "{} request records for {requests} requests",
@@ -211,21 +223,38 @@ pub fn locality_check(
             .collect();
         out.push(LocalityOutcome { policy, shares });
     }
-    let las = &out[0];
-    let nls = &out[1];
-    if las.min_share() < threshold {
-        return Err(format!(
-            "LAS kept only {:.1}% of some request's tasks on one node (want >= {:.0}%): {:?}",
-            100.0 * las.min_share(),
-            100.0 * threshold,
-            las.shares
-        ));
+    let nls = out.pop().expect("two outcomes");
+    let las = out.pop().expect("two outcomes");
+    Ok([las, nls])
+}
+
+impl LocalityOutcome {
+    /// Requests with at least `threshold` of their tasks on their main node.
+    pub fn at_least(&self, threshold: f64) -> usize {
+        self.shares.iter().filter(|s| s.2 >= threshold).count()
     }
-    if nls.mean_share() >= threshold {
-        return Err(format!(
-            "NLS kept {:.1}% of tasks on one node on average: the check cannot tell LAS from NLS here",
-            100.0 * nls.mean_share()
-        ));
+
+    /// Seed 003's claim (`las`, `nls` from [`locality_check`]): LAS keeps at least `threshold`
+    /// of each request's tasks on one node; NLS does not (its mean share is below `threshold`).
+    pub fn check(
+        las: &LocalityOutcome,
+        nls: &LocalityOutcome,
+        threshold: f64,
+    ) -> Result<(), String> {
+        if las.min_share() < threshold {
+            return Err(format!(
+                "LAS kept only {:.1}% of some request's tasks on one node (want >= {:.0}% for each): {:?}",
+                100.0 * las.min_share(),
+                100.0 * threshold,
+                las.shares
+            ));
+        }
+        if nls.mean_share() >= threshold {
+            return Err(format!(
+                "NLS kept {:.1}% of tasks on one node on average: the check cannot tell LAS from NLS here",
+                100.0 * nls.mean_share()
+            ));
+        }
+        Ok(())
     }
-    Ok(out)
 }

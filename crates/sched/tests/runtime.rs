@@ -112,7 +112,7 @@ fn request_ids_are_sequential_and_results_match_the_sequential_baseline() {
         .unwrap();
         let ids: Vec<u64> = (0..5).map(|_| s.submit(|_| ()).id()).collect();
         assert_eq!(ids, vec![0, 1, 2, 3, 4]);
-        let recs = run_pipelines(&s, 6, spec).unwrap();
+        let recs = run_pipelines(&s, 6, spec, None).unwrap();
         assert_eq!(recs.len(), 6);
         // 1 root + per chain: buffers producers + 2 stages each.
         let per_request = 1 + spec.chains as u64 * spec.buffers as u64 * 3;
@@ -268,7 +268,16 @@ fn morsels_run_on_their_home_node_group() {
         }
     );
     assert!(s.submit_on(9, |_| ()).is_err());
-    assert_eq!(s.submit_on(1, |c| c.node()).unwrap().wait().unwrap(), 1);
+    // Queued on node 1; it runs there unless an idle node-0 worker takes it by rule 4.
+    let before = s.stats();
+    let ran_on = s.submit_on(1, |c| c.node()).unwrap().wait().unwrap();
+    let st = s.stats().since(&before);
+    let rule = if ran_on == 1 {
+        Rule::OwnDeferred
+    } else {
+        Rule::RemoteDeferred
+    };
+    assert_eq!(st.found_by(rule), 1, "ran on node {ran_on}: {st:?}");
 }
 
 #[test]
@@ -402,4 +411,42 @@ fn deeply_nested_scopes_complete() {
         .unwrap();
         assert_eq!(s.submit(|ctx| nest(ctx, 300)).wait().unwrap(), 301);
     }
+}
+
+/// Seed 003's locality claim on the logical nodes of a 4-node layout: 16 concurrent pipeline
+/// requests stay on one node under LAS; under NLS they spread. Here 8 workers share 2 cores, so the
+/// OS starves whole "nodes" for a time slice and the others rightly pick up their work at the
+/// tail; the strict per-request bound (each request >= 90% on one node) is checked on real nodes
+/// by `loci bench sched --check-locality` in the 4-node VM. This test asserts what survives the
+/// oversubscription (seen here: LAS mean share 0.86-0.99 with 11-15 of 16 requests >= 90% on one
+/// node; NLS mean 0.32-0.50 with none): a clear separation, not the strict bound.
+#[test]
+fn las_keeps_requests_on_one_node_nls_does_not() {
+    let spec = PipelineSpec {
+        chains: 4,
+        buffers: 24,
+        buffer_bytes: 16 << 10,
+    };
+    let [las, nls] =
+        loci_sched::workload::locality_check(&fixtures::grid(4, 1, 2), Affinity::None, 16, spec)
+            .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!(
+        "LAS mean share {:.3} ({} of 16 >= 0.9), NLS mean share {:.3} ({} of 16 >= 0.9)",
+        las.mean_share(),
+        las.at_least(0.9),
+        nls.mean_share(),
+        nls.at_least(0.9)
+    );
+    assert!(las.mean_share() >= 0.8, "{:?}", las.shares);
+    assert!(las.at_least(0.9) >= 8, "{:?}", las.shares);
+    assert!(nls.at_least(0.9) <= 2, "{:?}", nls.shares);
+    assert!(
+        las.mean_share() >= nls.mean_share() + 0.25,
+        "LAS {:?} NLS {:?}",
+        las.shares,
+        nls.shares
+    );
+    // The strict check reports failures as errors naming the shares.
+    let strict = loci_sched::workload::LocalityOutcome::check(&nls, &nls, 0.9);
+    assert!(strict.is_err());
 }

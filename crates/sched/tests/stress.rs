@@ -36,7 +36,7 @@ fn children(id: u64, budget: u64) -> (Vec<(u64, u64, u8)>, bool) {
         left -= b;
         out.push((c, b, ((c >> 40) % 3) as u8));
     }
-    (out, (h >> 20) % 16 == 0)
+    (out, (h >> 20) & 15 == 0)
 }
 
 fn expected(id: u64, budget: u64) -> u64 {

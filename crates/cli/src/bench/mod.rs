@@ -11,12 +11,16 @@ use loci_report::Report;
 mod alloc;
 mod engine;
 mod memcpy;
+mod sched;
 mod stream;
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
     /// Single-thread memory copy bandwidth: the ceiling other copy workloads are compared to.
     Memcpy(memcpy::MemcpyArgs),
+    /// Task scheduling (seed 003): locality-aware LAS vs NLS, unpinned and rayon; tiny tasks,
+    /// 16 concurrent pipeline requests, one request. Prints ratios vs rayon and LAS counters.
+    Sched(sched::SchedArgs),
     /// Allocators compared (glibc, jemalloc, tcmalloc, tbbmalloc, mimalloc, loci): seed 002's
     /// microbenchmark (`general`) and seed 003's buffer passing between threads
     /// (`buffer-passing`); time, peak RSS and bytes requested. Each allocator runs in a child
@@ -60,6 +64,17 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             let common = a.common.clone();
             let rep = memcpy::run(a)?;
             finish(&rep, &common, |r| r.system == "loci")
+        }
+        BenchCmd::Sched(a) => {
+            let common = a.common.clone();
+            let check = a.check_locality;
+            let rep = sched::run(a)?;
+            if check {
+                return Ok(());
+            }
+            finish(&rep, &common, |r| r.system == "rayon")?;
+            sched::print_counters(&rep);
+            Ok(())
         }
         BenchCmd::Alloc(a) => {
             let common = a.common.clone();

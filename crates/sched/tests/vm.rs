@@ -1,0 +1,30 @@
+//! Multi-node VM test (runs with LOCI_NUMA_VM=1, as scripts/test sets it): on the `4n` VM
+//! (4 nodes x 1 cpu), 16 concurrent pipeline requests stay on one node under LAS and spread
+//! under NLS (the criteria and why the strict per-request bound is only reported: see
+//! src/bin/loci-sched-vm-check.rs).
+
+use std::time::Duration;
+
+#[test]
+fn las_locality_on_4_nodes() {
+    if !loci_vm::vm_tests_enabled() {
+        return;
+    }
+    let check = env!("CARGO_BIN_EXE_loci-sched-vm-check");
+    let out = loci_vm::NumaVm::new("4n")
+        .timeout(Duration::from_secs(300))
+        .run(check, &[] as &[&str])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let report = out.checks();
+    for line in out.stdout.lines().filter(|l| l.starts_with("LOCI-INFO")) {
+        println!("VM 4n {line}");
+    }
+    for name in ["sched/locality-run", "sched/las-separates-requests"] {
+        assert!(
+            out.stdout.contains(name),
+            "check {name} did not run:\n{}",
+            out.stdout
+        );
+    }
+    report.print_and_assert();
+}
