@@ -145,6 +145,12 @@ pub fn check_all() -> Vec<NodeCheck> {
         .unwrap();
         // alloc_on(k) from a thread pinned to another node (when there is one)
         let has_memory = with_mem >> k & 1 == 1;
+        if !has_memory {
+            let l = Layout::from_size_align(4096, 8).unwrap();
+            let e =
+                loci_alloc::alloc_on(k, l).expect_err("alloc_on of a memoryless node must fail");
+            assert!(e.to_string().contains("has no memory"), "{e}");
+        }
         let other = nodes
             .iter()
             .copied()
