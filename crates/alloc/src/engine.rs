@@ -871,10 +871,6 @@ fn thread_heap_slow() -> *mut Heap {
 #[cold]
 unsafe fn check_node(h: *mut Heap) -> *mut Heap {
     let n = current_node();
-    if n == (*h).node {
-        (*h).mismatch = 0;
-        return h;
-    }
     (*h).mismatch += 1;
     let confined = (*h).mismatch == 1 && os::affinity_node(&nodemap().cpu_node) == Some(n);
     if !confined && (*h).mismatch < 64 {
@@ -901,10 +897,15 @@ fn heap() -> *mut Heap {
     // On a multi-node machine every allocation compares the cpu's node with the heap's (the
     // cpu comes from rseq, a few ns), so a thread that was just pinned elsewhere gets memory
     // of its new node from its very next allocation.
-    // SAFETY: `h` is this thread's heap.
-    if MULTI_NODE.load(Relaxed) && unsafe { current_node() != (*h).node } {
-        // SAFETY: as above.
-        h = unsafe { check_node(h) };
+    if MULTI_NODE.load(Relaxed) {
+        // SAFETY: `h` is this thread's heap.
+        unsafe {
+            if current_node() != (*h).node {
+                h = check_node(h);
+            } else if (*h).mismatch != 0 {
+                (*h).mismatch = 0; // back home: only consecutive checks elsewhere count
+            }
+        }
     }
     h
 }
