@@ -294,6 +294,9 @@ pub struct Config {
     pub small_own: bool,
     /// Nodes the allocator knows (bit n = node n).
     pub nodes: u64,
+    /// Nodes with memory (a thread on a memoryless node gets memory by the kernel's default
+    /// policy, counted in `mbind_failures`; `alloc_on` of such a node is an error).
+    pub mem_nodes: u64,
 }
 
 fn warn(parts: &[&[u8]]) {
@@ -394,6 +397,7 @@ pub fn config() -> Config {
         mpol: MPOL.load(Relaxed),
         small_own: SMALL_OWN.load(Relaxed),
         nodes: nodemap().nodes,
+        mem_nodes: nodemap().mem_nodes,
     }
 }
 
@@ -867,10 +871,6 @@ fn thread_heap_slow() -> *mut Heap {
 #[cold]
 unsafe fn check_node(h: *mut Heap) -> *mut Heap {
     let n = current_node();
-    if n == (*h).node {
-        (*h).mismatch = 0;
-        return h;
-    }
     (*h).mismatch += 1;
     let confined = (*h).mismatch == 1 && os::affinity_node(&nodemap().cpu_node) == Some(n);
     if !confined && (*h).mismatch < 64 {
@@ -897,10 +897,15 @@ fn heap() -> *mut Heap {
     // On a multi-node machine every allocation compares the cpu's node with the heap's (the
     // cpu comes from rseq, a few ns), so a thread that was just pinned elsewhere gets memory
     // of its new node from its very next allocation.
-    // SAFETY: `h` is this thread's heap.
-    if MULTI_NODE.load(Relaxed) && unsafe { current_node() != (*h).node } {
-        // SAFETY: as above.
-        h = unsafe { check_node(h) };
+    if MULTI_NODE.load(Relaxed) {
+        // SAFETY: `h` is this thread's heap.
+        unsafe {
+            if current_node() != (*h).node {
+                h = check_node(h);
+            } else if (*h).mismatch != 0 {
+                (*h).mismatch = 0; // back home: only consecutive checks elsewhere count
+            }
+        }
     }
     h
 }
@@ -1226,6 +1231,8 @@ pub unsafe fn realloc(p: *mut u8, new: usize, align: usize) -> *mut u8 {
 pub enum AllocError {
     /// The node is not one the allocator knows; `valid` has bit n set for each valid node.
     NoSuchNode { node: usize, valid: u64 },
+    /// The node has no memory of its own; `with_memory` has bit n set for each node that has.
+    NoMemory { node: usize, with_memory: u64 },
     /// The OS refused the memory.
     OutOfMemory { size: usize },
     /// The alignment is not a power of two.
@@ -1234,17 +1241,24 @@ pub enum AllocError {
 
 impl core::fmt::Display for AllocError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let list = |f: &mut core::fmt::Formatter<'_>, mask: u64| -> core::fmt::Result {
+            let mut first = true;
+            for n in 0..64 {
+                if mask >> n & 1 == 1 {
+                    write!(f, "{}{n}", if first { "" } else { "," })?;
+                    first = false;
+                }
+            }
+            Ok(())
+        };
         match self {
             AllocError::NoSuchNode { node, valid } => {
                 write!(f, "node {node} does not exist; valid nodes: ")?;
-                let mut first = true;
-                for n in 0..64 {
-                    if valid >> n & 1 == 1 {
-                        write!(f, "{}{n}", if first { "" } else { "," })?;
-                        first = false;
-                    }
-                }
-                Ok(())
+                list(f, *valid)
+            }
+            AllocError::NoMemory { node, with_memory } => {
+                write!(f, "node {node} has no memory; nodes with memory: ")?;
+                list(f, *with_memory)
             }
             AllocError::OutOfMemory { size } => write!(f, "out of memory allocating {size} bytes"),
             AllocError::BadAlign { align } => {
@@ -1266,6 +1280,10 @@ pub unsafe fn alloc_on(node: usize, size: usize, align: usize) -> Result<*mut u8
     let valid = nodemap().nodes;
     if node >= MAX_NODES || valid >> node & 1 == 0 {
         return Err(AllocError::NoSuchNode { node, valid });
+    }
+    let with_memory = nodemap().mem_nodes;
+    if with_memory >> node & 1 == 0 {
+        return Err(AllocError::NoMemory { node, with_memory });
     }
     if !align.is_power_of_two() {
         return Err(AllocError::BadAlign { align });

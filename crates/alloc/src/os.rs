@@ -247,6 +247,8 @@ pub struct NodeMap {
     pub cpu_node: [u8; MAX_CPUS],
     /// Bit n set: node n is online and has been seen.
     pub nodes: u64,
+    /// Bit n set: node n has memory (`has_memory`; all nodes when the file is missing).
+    pub mem_nodes: u64,
 }
 
 impl NodeMap {
@@ -255,6 +257,7 @@ impl NodeMap {
         NodeMap {
             cpu_node: [0; MAX_CPUS],
             nodes: 1,
+            mem_nodes: 1,
         }
     }
 
@@ -321,6 +324,19 @@ impl NodeMap {
         }
         if self.nodes == 0 {
             *self = Self::single();
+            return;
+        }
+        self.mem_nodes = self.nodes;
+        if let Some(n) = read_file(c"/sys/devices/system/node/has_memory", &mut buf) {
+            let mut m = 0u64;
+            if parse_list(&buf[..n], |x| {
+                if x < MAX_NODES {
+                    m |= 1 << x
+                }
+            }) && m != 0
+            {
+                self.mem_nodes = m & self.nodes;
+            }
         }
     }
 }
@@ -377,6 +393,7 @@ mod tests {
     fn node_map_from_literal_text() {
         let mut m = NodeMap::single();
         m.nodes = 0;
+        m.mem_nodes = 0;
         assert!(m.add_node(0, b"0-1,4-5\n"));
         assert!(m.add_node(1, b"2-3,6-7\n"));
         assert!(m.add_node(3, b"\n")); // memory-only node

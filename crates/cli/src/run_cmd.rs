@@ -57,7 +57,7 @@ pub struct RunCmd {
     pub mem: MemPolicy,
     /// Preload this malloc for the program (the Debian package's library): glibc (none),
     /// jemalloc (libjemalloc2), tcmalloc (libtcmalloc-minimal4), tbbmalloc (libtbbmalloc2),
-    /// mimalloc (libmimalloc2.0), loci (libloci_alloc.so next to the loci binary).
+    /// mimalloc (libmimalloc2.0), loci (libloci_malloc.so next to the loci binary).
     #[arg(long, value_enum, default_value_t = Alloc::Glibc)]
     pub alloc: Alloc,
     /// Transparent huge pages for this program: off = prctl(PR_SET_THP_DISABLE) in the child (no
@@ -96,7 +96,8 @@ pub enum Alloc {
     Tcmalloc,
     Tbbmalloc,
     Mimalloc,
-    /// loci's own NUMA-aware allocator (crate loci-alloc), `libloci_alloc.so` next to `loci`.
+    /// loci's own NUMA-aware allocator (crate loci-alloc), `libloci_malloc.so` (crate
+    /// loci-alloc-preload) next to `loci`.
     Loci,
 }
 
@@ -123,7 +124,10 @@ impl Alloc {
                 "libtbbmalloc2",
             )),
             Alloc::Mimalloc => Some(AllocSource::System("libmimalloc.so.2", "libmimalloc2.0")),
-            Alloc::Loci => Some(AllocSource::Bundled("libloci_alloc.so", "loci-alloc")),
+            Alloc::Loci => Some(AllocSource::Bundled(
+                "libloci_malloc.so",
+                "loci-alloc-preload",
+            )),
         }
     }
 
@@ -506,7 +510,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("libloci_alloc.so") && e.contains("loci-alloc"),
+            e.contains("libloci_malloc.so") && e.contains("loci-alloc-preload"),
             "{e}"
         );
         assert_eq!(Alloc::Glibc.library(Path::new("/")).unwrap(), None);
