@@ -10,6 +10,7 @@ use loci_report::Report;
 
 mod alloc;
 mod memcpy;
+mod subarray;
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
@@ -20,6 +21,10 @@ pub enum BenchCmd {
     /// (`buffer-passing`); time, peak RSS and bytes requested. Each allocator runs in a child
     /// of this binary with its Debian library in LD_PRELOAD.
     Alloc(alloc::AllocArgs),
+    /// Seed 000's subarray: copy a box of a chunked seismic volume under thread strategies
+    /// (os, compact, sparse, shared, random:K, elastic, search); GB/s of result, speedup vs
+    /// `os`, local-access ratio; numpy/xarray/TileDB and memcpy on the same bytes.
+    Subarray(subarray::SubarrayArgs),
 }
 
 /// Flags every benchmark takes.
@@ -45,6 +50,13 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             let common = a.common.clone();
             let rep = memcpy::run(a)?;
             finish(&rep, &common, |r| r.system == "loci")
+        }
+        BenchCmd::Subarray(a) => {
+            let common = a.common.clone();
+            let rep = subarray::run(a)?;
+            finish(&rep, &common, |r| {
+                r.system == "loci" && r.config.get("threads").map(String::as_str) == Some("os")
+            })
         }
         BenchCmd::Alloc(a) => {
             let common = a.common.clone();
