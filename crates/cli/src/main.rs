@@ -6,6 +6,7 @@ mod bench;
 mod os_cmd;
 mod plan_cmd;
 mod run_cmd;
+mod stream;
 mod topo;
 pub mod topo_args;
 
@@ -31,6 +32,10 @@ enum Cmd {
     Run(run_cmd::RunCmd),
     #[command(subcommand)]
     Os(os_cmd::OsCmd),
+    /// Stream detector data between machines: compress, send, receive, decompress, each stage
+    /// pinned by a plan (seed 001), with authentication, integrity checks and resume.
+    #[command(subcommand)]
+    Stream(stream::StreamCmd),
 }
 
 /// The topology of the machine loci runs on, read from /sys, with the cpus and nodes this process
@@ -47,5 +52,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Plan(c) => plan_cmd::run(c),
         Cmd::Run(c) => run_cmd::run(c),
         Cmd::Os(c) => os_cmd::run(c),
+        Cmd::Stream(s) => stream::run(s),
     }
 }
