@@ -11,8 +11,8 @@ use loci_report::Report;
 mod alloc;
 mod engine;
 mod memcpy;
-mod subarray;
 mod stream;
+mod subarray;
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
