@@ -489,7 +489,10 @@ mod tests {
     #[test]
     fn bad_boxes_name_the_dimension() {
         let l = vol([10, 7, 3], Chunking::Count(2));
-        let e = l.check_box(&[0..10, 5..2, 0..3]).unwrap_err().to_string();
+        let e = l
+            .check_box(&[0..10, std::ops::Range { start: 5, end: 2 }, 0..3])
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("inline") && e.contains("5..2") && e.contains("0..7"),
             "{e}"
@@ -499,6 +502,7 @@ mod tests {
             e.contains("depth") && e.contains("0..11") && e.contains("0..10"),
             "{e}"
         );
+        #[allow(clippy::single_range_in_vec_init)]
         let e = l.check_box(&[0..1]).unwrap_err().to_string();
         assert!(e.contains("3") && e.contains("crossline"), "{e}");
     }

@@ -174,7 +174,7 @@ impl Region {
             return Ok(());
         }
         assert!(
-            offset % ps == 0 && offset < self.mapped,
+            offset.is_multiple_of(ps) && offset < self.mapped,
             "page-aligned offset inside the mapping"
         );
         let len = len.next_multiple_of(ps).min(self.mapped - offset);

@@ -144,7 +144,7 @@ fn for_each_run(
     let n = chunk_bounds.len();
     let shape: Vec<usize> = chunk_bounds.iter().map(|r| r.end - r.start).collect();
     let ext: Vec<usize> = cells.iter().map(|r| r.end - r.start).collect();
-    if ext.iter().any(|&e| e == 0) {
+    if ext.contains(&0) {
         return;
     }
     let local: Vec<usize> = cells

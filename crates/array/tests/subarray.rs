@@ -115,6 +115,7 @@ fn run(
     out
 }
 
+#[allow(clippy::type_complexity)]
 fn case() -> impl Strategy<
     Value = (
         Vec<usize>,
@@ -181,7 +182,7 @@ fn chunk_boundary_empty_and_full_boxes() {
         vec![4..8, 5..10, 3..6],   // exactly one chunk
         vec![3..5, 4..6, 2..4],    // straddles every boundary by one cell
         vec![4..4, 0..10, 0..9],   // empty along one dimension
-        vec![0..0, 0..0, 0..0],    // empty everywhere
+        vec![0..0; 3],             // empty everywhere
         vec![11..12, 9..10, 8..9], // last cell
         vec![0..12, 0..10, 3..6],  // complete outer dims, one chunk column
     ];
@@ -204,7 +205,7 @@ fn bad_boxes_are_clear_errors() {
     let topo = here();
     let src = array(&[12, 10], &[4, 5], &[DType::F32], &topo);
     let e = src
-        .subarray(&[0..12, 7..3], &topo)
+        .subarray(&[0..12, std::ops::Range { start: 7, end: 3 }], &topo)
         .err()
         .unwrap()
         .to_string();
@@ -221,6 +222,7 @@ fn bad_boxes_are_clear_errors() {
         e.contains("`d0`") && e.contains("5..13") && e.contains("outside") && e.contains("0..12"),
         "{e}"
     );
+    #[allow(clippy::single_range_in_vec_init)]
     let e = src.subarray(&[0..1], &topo).err().unwrap().to_string();
     assert!(e.contains("1 ranges") && e.contains("2 dimensions"), "{e}");
 }

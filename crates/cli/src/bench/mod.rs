@@ -13,6 +13,7 @@ mod engine;
 mod memcpy;
 mod sched;
 mod stream;
+mod subarray;
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
@@ -26,6 +27,10 @@ pub enum BenchCmd {
     /// (`buffer-passing`); time, peak RSS and bytes requested. Each allocator runs in a child
     /// of this binary with its Debian library in LD_PRELOAD.
     Alloc(alloc::AllocArgs),
+    /// Seed 000's subarray: copy a box of a chunked seismic volume under thread strategies
+    /// (os, compact, sparse, shared, random:K, elastic, search); GB/s of result, speedup vs
+    /// `os`, local-access ratio; numpy/xarray/TileDB and memcpy on the same bytes.
+    Subarray(subarray::SubarrayArgs),
     /// Streaming (seed 001): loci's pipeline vs `lz4 | nc` and raw `nc` on loopback, the plan vs
     /// OS placement, and the two LZ4 implementations on one core.
     Stream(stream::StreamArgs),
@@ -75,6 +80,13 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             finish(&rep, &common, |r| r.system == "rayon")?;
             sched::print_counters(&rep);
             Ok(())
+        }
+        BenchCmd::Subarray(a) => {
+            let common = a.common.clone();
+            let rep = subarray::run(a)?;
+            finish(&rep, &common, |r| {
+                r.system == "loci" && r.config.get("threads").map(String::as_str) == Some("os")
+            })
         }
         BenchCmd::Alloc(a) => {
             let common = a.common.clone();

@@ -1,0 +1,376 @@
+//! `loci bench subarray`: seed 000's subarray on a seismic velocity volume, under thread
+//! strategies, against numpy / xarray / TileDB on the same bytes and memcpy of the same bytes.
+//!
+//! Rows: one per case (`c<chunks>/<span>/s<selectivity>`) and system/strategy. Throughput is bytes
+//! of result per second. loci rows carry the local-access ratio (move_pages samples of the source
+//! pages each thread read), the pinning used, and for adaptive strategies the trials it took.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use loci_array::strategy::{choose, RunInfo, ThreadStrategy};
+use loci_array::{
+    seismic_layout, subarray, Array, BuildOptions, ChunkMem, Chunking, DType, Evaluator,
+    ModelWorkload, Pinning, Query, Region, SearchCache, SearchConfig, Seismic, Span,
+    SubarrayOptions,
+};
+use loci_report::{Machine, Report, Row};
+use loci_topo::Topology;
+
+#[derive(Args, Debug)]
+pub struct SubarrayArgs {
+    #[command(flatten)]
+    pub common: super::Common,
+    /// Bytes of the f32 volume (a cube; --quick: 64 MiB).
+    #[arg(long, default_value_t = 512 << 20)]
+    pub size: usize,
+    /// Chunk counts to sweep (chunks are slabs along depth first; the real count is reported).
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000")]
+    pub chunks: Vec<usize>,
+    /// Fractions of the touched chunks' cells the box selects.
+    #[arg(long, value_delimiter = ',', default_value = "0.2,0.7")]
+    pub selectivity: Vec<f64>,
+    /// Which chunks the box touches: one (the middle chunk), fifth (the first fifth), all.
+    #[arg(long, value_delimiter = ',', default_value = "one,fifth,all")]
+    pub span: Vec<String>,
+    /// Thread strategies: os, compact, sparse, shared[:G], random:K (best of K seeded pinnings,
+    /// each one measured run), elastic, search (cached per machine and workload under
+    /// ${XDG_CACHE_HOME:-~/.cache}/loci/search.json), place:SPEC.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "os,compact,sparse,shared,random:20,elastic,search"
+    )]
+    pub threads: Vec<String>,
+    /// Worker threads per query (default: every allowed cpu).
+    #[arg(long)]
+    pub nthreads: Option<usize>,
+    /// Peers on the same volume in the same run: numpy, xarray, tiledb (Python, from
+    /// bench/peers/.venv: run bench/peers/setup-subarray once), memcpy (same bytes, one thread).
+    #[arg(long, value_delimiter = ',', default_value = "numpy,xarray,memcpy")]
+    pub peers: Vec<String>,
+    /// Home nodes of the volume's chunks: first-touch (by a compact generator on every cpu),
+    /// bind[:NODES] (chunk i on the i-th node, round robin), interleave[:NODES].
+    #[arg(long, default_value = "first-touch")]
+    pub mem: String,
+    /// Do not ask for transparent huge pages for the volume and the results.
+    #[arg(long)]
+    pub no_huge_pages: bool,
+    /// Python with numpy/xarray/tiledb (default: bench/peers/.venv/bin/python).
+    #[arg(long)]
+    pub python: Option<PathBuf>,
+}
+
+/// A measured subarray run as an evaluator for the adaptive strategies: one run per trial.
+struct Measure<'a> {
+    src: &'a Array,
+    bounds: &'a [std::ops::Range<usize>],
+    opts: &'a SubarrayOptions,
+    topo: &'a Topology,
+}
+
+impl Evaluator for Measure<'_> {
+    fn eval(&mut self, p: &Pinning) -> Result<f64, loci_array::ArrayError> {
+        let t = Instant::now();
+        let (r, _) = subarray(self.src, self.bounds, p, self.opts, self.topo)?;
+        let s = t.elapsed().as_secs_f64();
+        drop(r);
+        Ok(s)
+    }
+    fn modeled(&self) -> bool {
+        false
+    }
+}
+
+/// Wrapping sum of the little-endian u32 words (the checksum the Python peers compute too).
+fn sum32(b: &[u8]) -> u64 {
+    b.chunks_exact(4)
+        .map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes")) as u64)
+        .fold(0u64, u64::wrapping_add)
+}
+
+fn repo_root() -> PathBuf {
+    // The binary lives in target/<profile>/; the peers live in the source tree.
+    let exe = std::env::current_exe().unwrap_or_default();
+    exe.ancestors()
+        .find(|p| p.join("bench/peers/subarray.py").exists())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::current_dir().unwrap_or_default())
+}
+
+pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
+    let quick = a.common.quick;
+    let reps = a.common.reps.unwrap_or(if quick { 3 } else { 5 });
+    anyhow::ensure!(reps > 0, "--reps must be positive");
+    let size = if quick { a.size.min(64 << 20) } else { a.size };
+    let side = ((size / 4) as f64).cbrt().floor() as usize;
+    anyhow::ensure!(
+        side >= 8,
+        "--size {size} is too small: the volume needs at least 8^3 cells"
+    );
+    let shape = [side, side, side];
+    let topo = crate::this_machine()?;
+    let nthreads = a.nthreads.unwrap_or(topo.allowed_cpus().len()).max(1);
+    let mut strategies: Vec<ThreadStrategy> = a
+        .threads
+        .iter()
+        .map(|s| s.parse())
+        .collect::<Result<_, _>>()?;
+    if quick {
+        for s in &mut strategies {
+            if let ThreadStrategy::Random(k) = s {
+                *k = (*k).min(4);
+            }
+        }
+    }
+    let spans: Vec<Span> = a.span.iter().map(|s| s.parse()).collect::<Result<_, _>>()?;
+    for s in &a.selectivity {
+        anyhow::ensure!(*s > 0.0 && *s <= 1.0, "--selectivity {s} is not in (0, 1]");
+    }
+    for p in &a.peers {
+        if !["numpy", "xarray", "tiledb", "memcpy"].contains(&p.as_str()) {
+            bail!("unknown peer `{p}`; valid: numpy, xarray, tiledb, memcpy");
+        }
+    }
+    let mem = ChunkMem::parse(&a.mem, &topo)?;
+    let huge = !a.no_huge_pages;
+    let cpus: Vec<u32> = topo.allowed_cpus().iter().collect();
+    let gen = BuildOptions {
+        mem: mem.clone(),
+        pinning: Pinning::on_cpus(&cpus),
+        huge_pages: huge,
+    };
+    let opts = SubarrayOptions {
+        huge_pages: huge,
+        ..Default::default()
+    };
+    let mut cache = SearchCache::default_path().map(|p| SearchCache::open(&p));
+    let mut rep = Report::new(
+        "subarray",
+        serde_json::json!({
+            "shape": shape, "dtype": "f32", "bytes": side * side * side * 4,
+            "chunks": a.chunks, "selectivity": a.selectivity, "span": a.span,
+            "threads": nthreads, "mem": mem.to_string(), "huge_pages": huge, "reps": reps,
+            "seed": Seismic::default().seed, "layers": Seismic::default().layers,
+        }),
+        Machine::of(&topo),
+    );
+    let mut queries = Vec::new(); // for the Python peers
+    let mut loci_sums = std::collections::HashMap::new();
+    let mut volume_file: Option<(PathBuf, u64)> = None;
+    for &count in &a.chunks {
+        let layout = seismic_layout(shape, DType::F32, &Chunking::Count(count))?;
+        let t = Instant::now();
+        let src = Array::build(layout, &gen, &topo, |c| Seismic::default().fill(c))?;
+        eprintln!(
+            "volume {side}^3 f32 in {} chunks (asked {count}) generated in {:.2}s",
+            src.chunks().len(),
+            t.elapsed().as_secs_f64()
+        );
+        if volume_file.is_none() && a.peers.iter().any(|p| p != "memcpy") {
+            let dense = src.to_dense(0);
+            let path =
+                std::env::temp_dir().join(format!("loci-subarray-{}.raw", std::process::id()));
+            std::fs::write(&path, &dense).with_context(|| format!("writing {}", path.display()))?;
+            volume_file = Some((path, sum32(&dense)));
+        }
+        let homes: Vec<loci_array::Home> = src.chunks().iter().map(|c| c.home.clone()).collect();
+        for &span in &spans {
+            for &sel in &a.selectivity {
+                let q = Query::new(src.layout(), span, sel)?;
+                let case = format!("c{count}/{span}/s{sel}");
+                let bytes = q.bounds.iter().map(|r| r.end - r.start).product::<usize>() * 4;
+                let w = ModelWorkload::subarray(src.layout(), &q.bounds, nthreads, |c| {
+                    homes[c].clone()
+                });
+                let info = RunInfo {
+                    chunks: q.chunks,
+                    bytes_by_node: Some(w.bytes_by_node()),
+                    workload: format!(
+                        "subarray f32 {shape:?} chunk {:?} box {:?} threads {nthreads} mem {mem}",
+                        src.layout().chunk,
+                        q.bounds
+                    ),
+                };
+                for s in &strategies {
+                    let mut eval = Measure {
+                        src: &src,
+                        bounds: &q.bounds,
+                        opts: &opts,
+                        topo: &topo,
+                    };
+                    let cfg = SearchConfig {
+                        tolerance: 0.03,
+                        ..SearchConfig::default()
+                    };
+                    let cache_ref = if *s == ThreadStrategy::Search {
+                        cache.as_mut()
+                    } else {
+                        None
+                    };
+                    let choice = choose(&topo, s, nthreads, &info, &mut eval, cache_ref, &cfg)?;
+                    for n in &choice.notes {
+                        eprintln!("note: {n}");
+                    }
+                    let mut times = Vec::with_capacity(reps);
+                    let mut last = None;
+                    for _ in 0..reps {
+                        let t = Instant::now();
+                        let (r, _) = subarray(&src, &q.bounds, &choice.pinning, &opts, &topo)?;
+                        times.push(t.elapsed().as_secs_f64());
+                        last = Some(r);
+                    }
+                    let result = last.expect("reps > 0");
+                    let sum = sum32(&result.to_dense(0));
+                    loci_sums.insert(case.clone(), sum);
+                    drop(result);
+                    // Locality from one more run with page sampling (not timed).
+                    let sampled = SubarrayOptions {
+                        sample_locality: true,
+                        ..opts.clone()
+                    };
+                    let (_, stats) = subarray(&src, &q.bounds, &choice.pinning, &sampled, &topo)?;
+                    let mut row = Row::from_times("loci", times)
+                        .case(&case)
+                        .config("threads", s)
+                        .work(bytes as f64, "B/s")
+                        .extra("pinning", choice.pinning.to_string())
+                        .extra("chosen", &choice.label)
+                        .extra("trials", choice.trials.len())
+                        .extra("from_cache", choice.from_cache)
+                        .extra("chunks_touched", q.chunks)
+                        .extra("chunks", src.chunks().len())
+                        .extra("parts", stats.parts)
+                        .extra("result_bytes", bytes)
+                        .extra("selectivity_real", q.selectivity)
+                        .extra("sum32", sum);
+                    if !choice.trials.is_empty() {
+                        row = row.extra(
+                            "trial_times_s",
+                            choice.trials.iter().map(|t| t.cost).collect::<Vec<_>>(),
+                        );
+                    }
+                    row.local_access_ratio = stats.local_access_ratio;
+                    rep.results.push(row);
+                    eprintln!("{case} {s}: done");
+                }
+                if a.peers.iter().any(|p| p == "memcpy") {
+                    let srcbuf = vec![0x5au8; bytes];
+                    let mut pre = vec![0u8; bytes];
+                    let mut fresh = Vec::with_capacity(reps);
+                    let mut warm = Vec::with_capacity(reps);
+                    for _ in 0..reps {
+                        let t = Instant::now();
+                        pre.copy_from_slice(&srcbuf);
+                        warm.push(t.elapsed().as_secs_f64());
+                        std::hint::black_box(&mut pre);
+                        let t = Instant::now();
+                        let r = Region::map(bytes, huge)?;
+                        // SAFETY: `r` is a fresh mapping of `bytes` bytes; `srcbuf` has `bytes`.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(srcbuf.as_ptr(), r.as_mut_ptr(), bytes)
+                        };
+                        fresh.push(t.elapsed().as_secs_f64());
+                        std::hint::black_box(&r);
+                    }
+                    rep.results.push(
+                        Row::from_times("memcpy", warm)
+                            .case(&case)
+                            .config("dst", "prefaulted")
+                            .config("threads", 1)
+                            .work(bytes as f64, "B/s"),
+                    );
+                    rep.results.push(
+                        Row::from_times("memcpy", fresh)
+                            .case(&case)
+                            .config("dst", "new mapping")
+                            .config("threads", 1)
+                            .work(bytes as f64, "B/s"),
+                    );
+                }
+                queries.push(serde_json::json!({
+                    "case": case,
+                    "bounds": q.bounds.iter().map(|r| [r.start, r.end]).collect::<Vec<_>>(),
+                    "tile": src.layout().chunk,
+                    "bytes": bytes,
+                }));
+            }
+        }
+    }
+    let py_peers: Vec<&String> = a.peers.iter().filter(|p| *p != "memcpy").collect();
+    if let (false, Some((path, vsum))) = (py_peers.is_empty(), &volume_file) {
+        let root = repo_root();
+        let python = a
+            .python
+            .clone()
+            .unwrap_or_else(|| root.join("bench/peers/.venv/bin/python"));
+        let tdb = std::env::temp_dir().join(format!("loci-subarray-tiledb-{}", std::process::id()));
+        let job = serde_json::json!({
+            "file": path, "shape": shape, "dtype": "<f4", "sum32": vsum, "reps": reps,
+            "peers": py_peers, "tiledb_dir": tdb, "queries": queries,
+        });
+        let job_path = path.with_extension("json");
+        std::fs::write(&job_path, serde_json::to_string(&job)?)?;
+        eprintln!("peers {py_peers:?} with {}", python.display());
+        let out = Command::new(&python)
+            .arg(root.join("bench/peers/subarray.py"))
+            .arg(&job_path)
+            .output();
+        let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(&job_path);
+        let _ = std::fs::remove_dir_all(&tdb);
+        let out = out.with_context(|| {
+            format!(
+                "cannot run {} (create it with bench/peers/setup-subarray, or pass --python)",
+                python.display()
+            )
+        })?;
+        let bytes_of = |case: &str| -> f64 {
+            queries
+                .iter()
+                .find(|q| q["case"] == case)
+                .and_then(|q| q["bytes"].as_f64())
+                .unwrap_or(0.0)
+        };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .with_context(|| format!("peer output is not JSON: {line}"))?;
+            if let Some(e) = v.get("error") {
+                bail!("peer failed: {e}");
+            }
+            if let Some(why) = v.get("skipped") {
+                eprintln!("note: {} skipped: {why}", v["system"]);
+                continue;
+            }
+            let case = v["case"].as_str().unwrap_or_default().to_string();
+            let sys = v["system"].as_str().unwrap_or_default().to_string();
+            let times: Vec<f64> = serde_json::from_value(v["times_s"].clone())?;
+            let sum = v["sum32"].as_u64();
+            if sum != loci_sums.get(&case).copied() {
+                bail!(
+                    "{sys} result of {case} differs from loci's (sum32 {sum:?} vs {:?})",
+                    loci_sums.get(&case)
+                );
+            }
+            rep.results.push(
+                Row::from_times(&sys, times)
+                    .case(&case)
+                    .config("threads", 1)
+                    .work(bytes_of(&case), "B/s")
+                    .extra("version", v["version"].clone())
+                    .extra("sum32", sum),
+            );
+        }
+        if !out.status.success() {
+            bail!(
+                "peer script failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    Ok(rep)
+}
