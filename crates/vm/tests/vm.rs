@@ -1,7 +1,7 @@
 //! The NUMA VM suite: every topology boots once and runs every placement check inside (see `loci-vm-check`).
 //!
 //! Runs only with `LOCI_NUMA_VM=1` (scripts/test sets it); then a VM that cannot start fails the test. Each test
-//! prints a one-line report per topology: `VM 8n: 91 checks, 91 passed, 0 failed (30.1 s boot+run+power-off)`.
+//! prints a one-line report per topology: `VM 8n: 198 checks, 198 passed, 0 failed (113.3 s boot+run+power-off)`.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
