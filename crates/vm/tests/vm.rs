@@ -1,7 +1,7 @@
 //! The NUMA VM suite: every topology boots once and runs every placement check inside (see `loci-vm-check`).
 //!
 //! Runs only with `LOCI_NUMA_VM=1` (scripts/test sets it); then a VM that cannot start fails the test. Each test
-//! prints a one-line report per topology: `VM 8n: 91 checks, 91 passed, 0 failed (30.1 s boot+run+power-off)`.
+//! prints a one-line report per topology: `VM 8n: 198 checks, 198 passed, 0 failed (113.3 s boot+run+power-off)`.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -57,8 +57,94 @@ fn required_checks(cfg: &VmConfig) -> BTreeSet<String> {
     want
 }
 
+/// How much of loci's placement layer (`loci plan`, `loci run` with `loci-probe`) a topology checks.
+#[derive(Clone, Copy)]
+enum Place<'a> {
+    /// Not at all (syscall layer and `loci topo` only).
+    None,
+    /// Every strategy; loci's own threads for every n; an unmodified child under `loci run` for these n
+    /// (`None` = every n = 1..=cpus).
+    Threads(Option<&'a [usize]>),
+}
+
+const STRATEGIES: &[&str] = &[
+    "os", "compact", "sparse", "shared:2", "random:7", "group", "nodes:", "cpus:all",
+];
+
+fn required_place_checks(cfg: &VmConfig, child_ns: Option<&[usize]>) -> BTreeSet<String> {
+    let mut want = BTreeSet::new();
+    let ncpus = cfg.cpu_count();
+    let cpu_nodes: loci_topo::NodeSet = cfg
+        .nodes
+        .iter()
+        .filter(|n| !cfg.node_cpus(n.id).is_empty())
+        .map(|n| n.id)
+        .collect();
+    // shared:2 only where every node with cpus holds a pair (as loci-vm-check decides).
+    let shared = cpu_nodes.iter().all(|k| cfg.node_cpus(k).len() >= 2);
+    for s in STRATEGIES {
+        if *s == "shared:2" && !shared {
+            continue;
+        }
+        let s = if *s == "nodes:" {
+            format!("nodes:{cpu_nodes}")
+        } else {
+            s.to_string()
+        };
+        want.insert(format!("place/plan-json/{s}/n{ncpus}"));
+        for n in 1..=ncpus {
+            want.insert(format!("place/own-threads/{s}/n{n}"));
+            if !matches!(child_ns, Some(ns) if !ns.contains(&n)) {
+                want.insert(format!("place/child-threads/{s}/n{n}"));
+            }
+        }
+    }
+    let mem: Vec<u32> = cfg
+        .nodes
+        .iter()
+        .filter(|n| n.mem_mib > 0)
+        .map(|n| n.id)
+        .collect();
+    for k in &mem {
+        want.insert(format!("place/run-mem/bind:{k}"));
+        want.insert(format!("place/run-mem/preferred:{k}"));
+    }
+    if mem.len() >= 2 {
+        want.insert("place/run-mem/interleave".to_string());
+    }
+    for k in cpu_nodes.iter() {
+        want.insert(format!("place/run-mem/localalloc/node{k}"));
+        want.insert(format!("place/run-mem/first-touch/node{k}"));
+    }
+    // --verify: threads on the first node with cpus, memory on a memory node that is not its nearest.
+    if let Some(cn) = cpu_nodes.first() {
+        let row = &cfg.distances[cfg.nodes.iter().position(|n| n.id == cn).unwrap()];
+        let near = mem.iter().map(|&m| row[m as usize]).min();
+        if let Some(m) = mem.iter().find(|&&m| Some(row[m as usize]) != near) {
+            want.insert(format!(
+                "place/verify-remote-share/threads-node{cn}-memory-node{m}"
+            ));
+        }
+    }
+    for n in &cfg.nodes {
+        if n.mem_mib == 0 {
+            want.insert(format!("cli-errors/bind-memoryless-node{}", n.id));
+            want.insert(format!("cli-errors/preferred-memoryless-node{}", n.id));
+        }
+        if cfg.node_cpus(n.id).is_empty() {
+            want.insert(format!("cli-errors/threads-cpuless-node{}", n.id));
+        }
+    }
+    let missing = cfg.nodes.len();
+    want.insert(format!("cli-errors/bind-no-such-node{missing}"));
+    want.insert(format!("cli-errors/threads-no-such-node{missing}"));
+    want.insert("cli-errors/no-such-cpu".to_string());
+    want.insert("cli-errors/more-threads-than-cpus".to_string());
+    want
+}
+
 /// Boots `topology` once, runs every check group, prints the report, fails on any failed or missing check.
-fn suite(topology: VmTopology) {
+fn suite(topology: VmTopology, place: Place) {
     if !vm_tests_enabled() {
         return;
     }
@@ -67,12 +153,37 @@ fn suite(topology: VmTopology) {
     let expect = serde_json::to_string(&cfg).unwrap();
     let loci = loci_vm::target_bin("loci").unwrap_or_else(|e| panic!("{e}"));
     let loci = loci.to_str().expect("utf-8 path");
-    let out = vm
-        .run(CHECK, &["--expect", &expect, "--loci", loci])
-        .unwrap_or_else(|e| panic!("{e}"));
+    let probe = loci_vm::target_bin("loci-probe").unwrap_or_else(|e| panic!("{e}"));
+    let probe = probe.to_str().expect("utf-8 path");
+    let mut args = vec!["--expect", &expect, "--loci", loci];
+    let mut want = required_checks(&cfg);
+    let ns_arg;
+    match place {
+        Place::None => args.extend(["sysfs", "mem", "threads", "errors", "cli", "cli-errors"]),
+        Place::Threads(ns) => {
+            args.extend(["--probe", probe]);
+            if let Some(ns) = ns {
+                ns_arg = ns
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",");
+                args.extend(["--child-ns", &ns_arg]);
+            }
+            want.extend(required_place_checks(&cfg, ns));
+        }
+    }
+    if matches!(place, Place::None) {
+        want.extend(
+            required_place_checks(&cfg, Some(&[]))
+                .into_iter()
+                .filter(|n| n.starts_with("cli-errors/")),
+        );
+    }
+    let out = vm.run(CHECK, &args).unwrap_or_else(|e| panic!("{e}"));
     let report = out.checks();
     let ran: BTreeSet<&str> = report.names().into_iter().collect();
-    let missing: Vec<String> = required_checks(&cfg)
+    let missing: Vec<String> = want
         .into_iter()
         .filter(|n| !ran.contains(n.as_str()))
         .collect();
@@ -86,42 +197,45 @@ fn suite(topology: VmTopology) {
 
 #[test]
 fn vm_2n() {
-    suite("2n".into());
+    suite("2n".into(), Place::Threads(None));
 }
 
 #[test]
 fn vm_4n() {
-    suite("4n".into());
+    suite("4n".into(), Place::Threads(Some(&[4])));
 }
 
 #[test]
 fn vm_8n() {
-    suite("8n".into());
+    suite("8n".into(), Place::Threads(Some(&[8])));
 }
 
 #[test]
 fn vm_asym() {
-    suite("asym".into());
+    suite("asym".into(), Place::Threads(Some(&[4])));
 }
 
 #[test]
 fn vm_cpuless() {
-    suite("cpuless".into());
+    suite("cpuless".into(), Place::Threads(Some(&[4])));
 }
 
 #[test]
 fn vm_memless() {
-    suite("memless".into());
+    suite("memless".into(), Place::Threads(Some(&[4])));
 }
 
 #[test]
 fn vm_custom_chain_of_3() {
     // Three nodes in a chain (0-1-2), different cpu counts and memory sizes.
-    suite(VmTopology::Custom {
-        cpus: vec![1, 2, 1],
-        mem: vec!["384M".into(), "256M".into(), "320M".into()],
-        dist: Some("10,16,22/16,10,16/22,16,10".into()),
-    });
+    suite(
+        VmTopology::Custom {
+            cpus: vec![1, 2, 1],
+            mem: vec!["384M".into(), "256M".into(), "320M".into()],
+            dist: Some("10,16,22/16,10,16/22,16,10".into()),
+        },
+        Place::None,
+    );
 }
 
 /// The harness itself: arguments arrive intact, stdout/stderr/status come back separately and faithfully, the

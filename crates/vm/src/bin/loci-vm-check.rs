@@ -14,6 +14,9 @@ use loci_place::sys::{self, mode};
 use loci_topo::{CpuSet, NodeSet};
 use loci_vm::{Checker, VmConfig};
 
+#[path = "loci-vm-check/place.rs"]
+mod place;
+
 /// Placement checks to run inside a NUMA VM (see the loci-vm crate). Prints one `LOCI-CHECK ok|FAIL NAME` line per
 /// fact; exits 0 when all passed.
 #[derive(Parser, Debug)]
@@ -25,9 +28,23 @@ struct Args {
     /// Size of each test region in MiB.
     #[arg(long, default_value_t = 64)]
     region_mib: usize,
-    /// The `loci` binary, for the cli group.
+    /// The `loci` binary, for the cli, place and cli-errors groups.
     #[arg(long)]
     loci: Option<PathBuf>,
+    /// The `loci-probe` binary (the unmodified child that `loci run` places), for the place group.
+    #[arg(long)]
+    probe: Option<PathBuf>,
+    /// Thread counts for which the place group runs an unmodified child under `loci run` (comma list; default every
+    /// n = 1..=cpus). loci's own threads are always checked for every n.
+    #[arg(long, value_delimiter = ',')]
+    child_ns: Option<Vec<usize>>,
+    /// Child mode for the `loci run --verify` check: bind a region of --region-mib MiB to this node, touch it,
+    /// print its own numa_maps reading as JSON, and keep running for --hold-ms so loci samples it.
+    #[arg(long, hide = true)]
+    hold_remote: Option<u32>,
+    /// Child mode: how long to stay alive after printing.
+    #[arg(long, hide = true, default_value_t = 1500)]
+    hold_ms: u64,
     /// Which groups to run (default: sysfs mem threads errors, plus cli when --loci is given).
     groups: Vec<Group>,
 }
@@ -44,6 +61,11 @@ enum Group {
     Errors,
     /// The `loci` binary reports the same machine.
     Cli,
+    /// `loci plan` / `loci run` place threads (loci's own and an unmodified child's) and memory where they say,
+    /// and `loci run --verify` reports the remote share that numa_maps shows.
+    Place,
+    /// `loci` rejects impossible placements with a clear error, not a crash.
+    CliErrors,
 }
 
 /// A node as the kernel reports it in sysfs.
@@ -530,7 +552,14 @@ fn error_checks(c: &mut Checker, nodes: &[SysNode]) {
         let k = n.id;
         c.check(format!("errors/cpuless-node{k}/affinity"), || {
             on_thread(None, || {
-                expect_einval("sched_setaffinity(empty)", sys::set_affinity(0, &n.cpus))
+                // EINVAL from the kernel, or loci_place::sys refusing the empty set before the syscall.
+                match sys::set_affinity(0, &n.cpus) {
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+                    Err(e) if e.kind() == io::ErrorKind::InvalidInput => Ok(()),
+                    other => Err(format!(
+                        "sched_setaffinity(empty): want EINVAL or InvalidInput, got {other:?}"
+                    )),
+                }
             })
         });
     }
@@ -636,11 +665,24 @@ fn cli_checks(c: &mut Checker, loci: &std::path::Path, expect: &VmConfig, nodes:
 
 fn main() {
     let args = Args::parse();
+    if let Some(node) = args.hold_remote {
+        // Returns only on failure: on success the child exits with its region still mapped.
+        match place::hold_remote(node, args.region_mib << 20, args.hold_ms) {
+            Ok(never) => match never {},
+            Err(e) => {
+                eprintln!("loci-vm-check --hold-remote: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
     let mut groups = args.groups.clone();
     if groups.is_empty() {
         groups = vec![Group::Sysfs, Group::Mem, Group::Threads, Group::Errors];
         if args.loci.is_some() {
-            groups.push(Group::Cli);
+            groups.extend([Group::Cli, Group::CliErrors]);
+            if args.probe.is_some() {
+                groups.push(Group::Place);
+            }
         }
     }
     let expect: Option<VmConfig> = match args.expect.as_deref().map(serde_json::from_str) {
@@ -673,6 +715,18 @@ fn main() {
                 (Some(l), Some(x)) => cli_checks(&mut c, l, x, &nodes),
                 _ => c.check("cli", || {
                     Err("the cli group needs --loci and --expect".into())
+                }),
+            },
+            Group::Place => match (&args.loci, &args.probe) {
+                (Some(l), Some(p)) => place::checks(&mut c, l, p, &nodes, args.child_ns.as_deref()),
+                _ => c.check("place", || {
+                    Err("the place group needs --loci and --probe".into())
+                }),
+            },
+            Group::CliErrors => match &args.loci {
+                Some(l) => place::error_checks(&mut c, l, &nodes),
+                None => c.check("cli-errors", || {
+                    Err("the cli-errors group needs --loci".into())
                 }),
             },
         }
