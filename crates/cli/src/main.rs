@@ -3,7 +3,12 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod os_cmd;
+mod plan_cmd;
+mod run_cmd;
 mod stream;
+mod topo;
+pub mod topo_args;
 
 /// loci places threads and memory on purpose on NUMA machines, and proves where they ended up.
 #[derive(Parser)]
@@ -15,8 +20,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Show the machine: nodes, cpus, caches, memory, distances, devices.
-    Topo,
+    /// Show a machine: nodes, cpus, cores and SMT siblings, caches and which cpus share them,
+    /// memory per node, the distance matrix, devices with their home node, and which cpus and
+    /// nodes this process may use (allowed) next to what is present. Without a source flag it
+    /// reads this machine's /sys; --json prints the schema documented in README.md.
+    Topo(topo::TopoCmd),
     /// Run a workload and compare it with peers in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -24,45 +32,26 @@ enum Cmd {
     /// pinned by a plan (seed 001), with authentication, integrity checks and resume.
     #[command(subcommand)]
     Stream(stream::StreamCmd),
+    Plan(plan_cmd::PlanCmd),
+    Run(run_cmd::RunCmd),
+    #[command(subcommand)]
+    Os(os_cmd::OsCmd),
 }
 
-/// The topology of the machine loci runs on.
+/// The topology of the machine loci runs on, read from /sys, with the cpus and nodes this process
+/// may use marked allowed (affinity mask and cgroup cpuset).
 pub fn this_machine() -> anyhow::Result<loci_topo::Topology> {
-    let cpus = loci_place::sys::get_affinity(0)?;
-    Ok(loci_topo::Topology {
-        source: "affinity".into(),
-        nodes: vec![loci_topo::Node {
-            id: 0,
-            cpus: cpus.clone(),
-            memory_bytes: None,
-            free_bytes: None,
-            allowed: true,
-        }],
-        cpus: cpus
-            .iter()
-            .map(|id| loci_topo::Cpu {
-                id,
-                core: id,
-                package: 0,
-                node: Some(0),
-                online: true,
-                allowed: true,
-            })
-            .collect(),
-        caches: vec![],
-        devices: vec![],
-        distances: vec![vec![10]],
-    })
+    Ok(loci_topo::load(&loci_topo::Source::live())?)
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Topo => {
-            println!("{}", serde_json::to_string_pretty(&this_machine()?)?);
-            Ok(())
-        }
+        Cmd::Topo(t) => topo::run(t),
         Cmd::Bench(b) => bench::run(b),
         Cmd::Stream(s) => stream::run(s),
+        Cmd::Plan(c) => plan_cmd::run(c),
+        Cmd::Run(c) => run_cmd::run(c),
+        Cmd::Os(c) => os_cmd::run(c),
     }
 }

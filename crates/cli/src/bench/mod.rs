@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use loci_report::Report;
 
+mod alloc;
 mod memcpy;
 mod stream;
 
@@ -18,6 +19,11 @@ pub enum BenchCmd {
     /// Streaming (seed 001): loci's pipeline vs `lz4 | nc` and raw `nc` on loopback, the plan vs
     /// OS placement, and the two LZ4 implementations on one core.
     Stream(stream::StreamArgs),
+    /// Allocators compared (glibc, jemalloc, tcmalloc, tbbmalloc, mimalloc, loci): seed 002's
+    /// microbenchmark (`general`) and seed 003's buffer passing between threads
+    /// (`buffer-passing`); time, peak RSS and bytes requested. Each allocator runs in a child
+    /// of this binary with its Debian library in LD_PRELOAD.
+    Alloc(alloc::AllocArgs),
 }
 
 /// Flags every benchmark takes.
@@ -51,6 +57,22 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             finish(&rep, &common, |r| {
                 r.system == "lz4-nc" || r.system == "lz4-c"
             })
+        }
+        BenchCmd::Alloc(a) => {
+            let common = a.common.clone();
+            let rep = alloc::run(a)?;
+            // ratios against the fastest peer of each case
+            let best: Vec<(Option<String>, String)> = ["general", "buffer-passing"]
+                .iter()
+                .filter_map(|c| {
+                    alloc::best_peer(&rep, c).map(|r| (r.case.clone(), r.system.clone()))
+                })
+                .collect();
+            finish(&rep, &common, |r| {
+                best.iter().any(|(c, s)| *c == r.case && *s == r.system)
+            })?;
+            print!("{}", alloc::goals(&rep));
+            Ok(())
         }
     }
 }

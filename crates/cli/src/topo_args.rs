@@ -1,0 +1,106 @@
+//! The topology-source flags every command that needs a machine shares (`loci topo`, `loci plan`,
+//! ...): flatten [`TopoArgs`] into the command's clap struct and call [`TopoArgs::load`].
+
+use std::path::PathBuf;
+
+use clap::Args;
+use loci_topo::{Source, Topology};
+
+/// Which machine to describe. Without a flag: the machine loci runs on, as this process sees it
+/// (its affinity mask and cgroup cpuset decide which cpus and nodes are allowed).
+#[derive(Args, Clone, Debug, Default)]
+#[group(id = "topology-source", multiple = false)]
+pub struct TopoArgs {
+    /// Read a captured sysfs tree instead of this machine: DIR holds `sys/` (and optionally
+    /// `proc/`), e.g. a copy of another machine's /sys. Every cpu and node counts as allowed.
+    #[arg(long, value_name = "DIR", help_heading = "Topology source")]
+    pub sysfs_root: Option<PathBuf>,
+    /// Read an hwloc v2 XML export (`lstopo --of xml > FILE.xml`).
+    #[arg(long, value_name = "FILE.xml", help_heading = "Topology source")]
+    pub topology: Option<PathBuf>,
+    /// Use a built-in machine from the papers loci follows: xeon-silver-4114-2s, xeon-gold-6346-2s,
+    /// opteron-8220-8s, xeon-e7520-4s, xeon-e7-4850v4-4s, xeon-e7-4820-4s, xeon-e5310-2s,
+    /// xeon-e5-4660v4-4s, xeon-platinum-8275cl-2s.
+    #[arg(long, value_name = "NAME", help_heading = "Topology source")]
+    pub preset: Option<String>,
+    /// Make up a machine: comma-separated key=value, e.g. `nodes=4,cores=8,smt=2,llc=node,dist=10:21`.
+    /// Keys: nodes, cores (per node), smt, packages, llc (node|package|core|N), l2 (core|N), mem
+    /// (per node, e.g. 64G), dist (LOCAL:REMOTE or rows `10:21/21:10`), cpuless, memless
+    /// (node lists), siblings (apart|adjacent).
+    #[arg(long, value_name = "SPEC", help_heading = "Topology source")]
+    pub synthetic: Option<String>,
+}
+
+impl TopoArgs {
+    /// The source these flags name.
+    pub fn source(&self) -> Source {
+        if let Some(d) = &self.sysfs_root {
+            Source::Sysfs(d.clone())
+        } else if let Some(f) = &self.topology {
+            Source::HwlocXml(f.clone())
+        } else if let Some(p) = &self.preset {
+            Source::Preset(p.clone())
+        } else if let Some(s) = &self.synthetic {
+            Source::Synthetic(s.clone())
+        } else {
+            Source::live()
+        }
+    }
+
+    /// Loads the topology these flags name.
+    pub fn load(&self) -> anyhow::Result<Topology> {
+        Ok(loci_topo::load(&self.source())?)
+    }
+
+    /// Whether the topology is the machine this process runs on (placement can be applied and
+    /// verified) rather than a description of another one (plans only).
+    pub fn is_live(&self) -> bool {
+        matches!(self.source(), Source::Live { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        topo: TopoArgs,
+    }
+
+    #[test]
+    fn default_is_this_machine() {
+        let t = T::try_parse_from(["x"]).unwrap();
+        assert!(t.topo.is_live());
+        assert_eq!(t.topo.source(), Source::live());
+    }
+
+    #[test]
+    fn flags_pick_sources() {
+        let t = T::try_parse_from(["x", "--preset", "opteron-8220-8s"]).unwrap();
+        assert_eq!(t.topo.source(), Source::Preset("opteron-8220-8s".into()));
+        assert_eq!(t.topo.load().unwrap().nodes.len(), 8);
+        let t = T::try_parse_from(["x", "--synthetic", "nodes=2"]).unwrap();
+        assert_eq!(t.topo.load().unwrap().nodes.len(), 2);
+        let t = T::try_parse_from(["x", "--sysfs-root", "/tmp/x"]).unwrap();
+        assert_eq!(t.topo.source(), Source::Sysfs("/tmp/x".into()));
+    }
+
+    #[test]
+    fn sources_are_exclusive() {
+        let e = T::try_parse_from(["x", "--preset", "a", "--synthetic", "nodes=2"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("cannot be used with"), "{e}");
+    }
+
+    #[test]
+    fn bad_preset_names_choices() {
+        let t = T::try_parse_from(["x", "--preset", "nope"]).unwrap();
+        let e = t.topo.load().unwrap_err().to_string();
+        assert!(e.contains("`nope`") && e.contains("opteron-8220-8s"), "{e}");
+    }
+}
