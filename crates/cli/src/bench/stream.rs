@@ -64,46 +64,50 @@ pub fn run(a: StreamArgs) -> anyhow::Result<Report> {
         return Ok(rep);
     }
     let p = plan(&topo, &topo, &PlanOptions::default())?;
-    let mut runs: Vec<(&str, bool)> = vec![("plan", true)];
+    // Every system once per round, rounds repeated: load on a shared machine drifts, and
+    // interleaving spreads it over all systems alike.
+    let mut systems: Vec<String> = vec!["loci plan".into()];
     if !a.no_os {
-        runs.push(("os", false));
+        systems.push("loci os".into());
     }
-    for (name, pinned) in runs {
-        let mut times = Vec::new();
-        let mut last = None;
-        for _ in 0..reps {
-            let (t, r) = loci_once(&data, &p, pinned)?;
-            times.push(t);
-            last = Some(r);
+    systems.extend(a.peers.iter().cloned());
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
+    let mut last: Vec<Option<loci_stream::StreamReport>> = vec![None; systems.len()];
+    for round in 0..reps {
+        for (i, sys) in systems.iter().enumerate() {
+            let t = match sys.as_str() {
+                "loci plan" | "loci os" => {
+                    let (t, r) = loci_once(&data, &p, sys == "loci plan")?;
+                    last[i] = Some(r);
+                    t
+                }
+                peer => peer_once(peer, &data)?,
+            };
+            eprintln!("round {round}: {sys} {:.1} MB/s", bytes as f64 / t / 1e6);
+            times[i].push(t);
         }
-        let r = last.expect("reps > 0");
-        rep.results.push(
-            Row::from_times("loci", times)
-                .case("end-to-end")
-                .config("placement", name)
-                .work(bytes as f64, "B/s")
-                .extra("compression_ratio", r.compression_ratio)
-                .extra("network_bytes_per_s", r.network_bytes_per_s)
-                .extra("bottleneck", &r.bottleneck)
-                .extra(
-                    "busy_share",
-                    r.stages
-                        .iter()
-                        .map(|s| (s.name.clone(), s.busy_share))
-                        .collect::<std::collections::BTreeMap<_, _>>(),
-                ),
-        );
     }
-    for peer in &a.peers {
-        let mut times = Vec::new();
-        for _ in 0..reps {
-            times.push(peer_once(peer, &data)?);
-        }
-        rep.results.push(
-            Row::from_times(peer, times)
-                .case("end-to-end")
-                .work(bytes as f64, "B/s"),
-        );
+    for ((sys, t), r) in systems.iter().zip(times).zip(last) {
+        let row = match sys.strip_prefix("loci ") {
+            Some(placement) => {
+                let r = r.expect("loci ran");
+                Row::from_times("loci", t)
+                    .config("placement", placement)
+                    .extra("compression_ratio", r.compression_ratio)
+                    .extra("network_bytes_per_s", r.network_bytes_per_s)
+                    .extra("bottleneck", &r.bottleneck)
+                    .extra(
+                        "busy_share",
+                        r.stages
+                            .iter()
+                            .map(|s| (s.name.clone(), s.busy_share))
+                            .collect::<std::collections::BTreeMap<_, _>>(),
+                    )
+            }
+            None => Row::from_times(sys, t),
+        };
+        rep.results
+            .push(row.case("end-to-end").work(bytes as f64, "B/s"));
     }
     Ok(rep)
 }
