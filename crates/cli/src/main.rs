@@ -28,14 +28,14 @@ enum Cmd {
     /// Run a workload and compare it with peers in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
-    /// Stream detector data between machines: compress, send, receive, decompress, each stage
-    /// pinned by a plan (seed 001), with authentication, integrity checks and resume.
-    #[command(subcommand)]
-    Stream(stream::StreamCmd),
     Plan(plan_cmd::PlanCmd),
     Run(run_cmd::RunCmd),
     #[command(subcommand)]
     Os(os_cmd::OsCmd),
+    /// Stream detector data between machines: compress, send, receive, decompress, each stage
+    /// pinned by a plan (seed 001), with authentication, integrity checks and resume.
+    #[command(subcommand)]
+    Stream(stream::StreamCmd),
 }
 
 /// The topology of the machine loci runs on, read from /sys, with the cpus and nodes this process
@@ -49,9 +49,9 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Topo(t) => topo::run(t),
         Cmd::Bench(b) => bench::run(b),
-        Cmd::Stream(s) => stream::run(s),
         Cmd::Plan(c) => plan_cmd::run(c),
         Cmd::Run(c) => run_cmd::run(c),
         Cmd::Os(c) => os_cmd::run(c),
+        Cmd::Stream(s) => stream::run(s),
     }
 }

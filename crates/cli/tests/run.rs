@@ -491,3 +491,32 @@ fn plan_for_another_machine_from_a_preset() {
     let e = text(&o.stderr);
     assert!(e.contains("15") && e.contains("may not run on here"), "{e}");
 }
+
+#[test]
+fn verify_waits_a_bounded_time_for_missing_threads() {
+    built();
+    if allowed().len() < 2 {
+        eprintln!("note: needs 2 cpus");
+        return;
+    }
+    let o = run(&[
+        "run",
+        "--threads",
+        "compact",
+        "-n",
+        "2",
+        "--verify",
+        "--verify-wait",
+        "0.2",
+        "--",
+        "sleep",
+        "0.6",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let e = text(&o.stderr);
+    assert!(
+        e.contains("after 0.2s only 1 of 2 planned threads exist"),
+        "{e}"
+    );
+    assert!(e.contains("loci verify: at exit"), "{e}");
+}

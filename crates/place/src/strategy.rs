@@ -282,7 +282,7 @@ pub fn place_threads(
         pool,
         anchors,
         notes,
-    } = anchors(topo, strategy, n, pool)?;
+    } = anchors(topo, strategy, n, pool, oversubscribe)?;
     let bind = strategy.bind();
     let groups = llc_groups(topo, &pool);
     let out = anchors
@@ -306,7 +306,8 @@ fn pool_of(topo: &Topology, kind: &Kind, allowed: &CpuSet) -> Result<CpuSet, Str
     match kind {
         Kind::Cpus(list) => {
             let present = topo.cpu_ids();
-            let set = CpuSet::parse_in(list, &present)
+            // `all` and `!LIST` mean the allowed cpus; explicitly named cpus are checked below.
+            let set = CpuSet::parse_in(list, allowed)
                 .map_err(|e| StrategyError::Syntax(e.to_string()))?;
             if let Some(bad) = set.iter().find(|c| !present.contains(*c)) {
                 return Err(StrategyError::Placement(format!(
@@ -328,7 +329,12 @@ fn pool_of(topo: &Topology, kind: &Kind, allowed: &CpuSet) -> Result<CpuSet, Str
         }
         Kind::Nodes(list) => {
             let present = topo.node_ids();
-            let set = NodeSet::parse_in(list, &present)
+            // `all` and `!LIST` mean the nodes with allowed cpus; named nodes are checked below.
+            let usable: NodeSet = present
+                .iter()
+                .filter(|&n| !topo.allowed_cpus_of(n).is_empty())
+                .collect();
+            let set = NodeSet::parse_in(list, &usable)
                 .map_err(|e| StrategyError::Syntax(e.to_string()))?;
             if let Some(bad) = set.iter().find(|n| !present.contains(*n)) {
                 return Err(StrategyError::Placement(format!(
@@ -461,6 +467,7 @@ fn anchors(
     strategy: &Strategy,
     n: usize,
     pool: CpuSet,
+    oversubscribe: bool,
 ) -> Result<Anchors, StrategyError> {
     let mut notes = Vec::new();
     let anchors: Vec<u32> = match &strategy.kind {
@@ -503,7 +510,7 @@ fn anchors(
                 .map(|(b, s)| groups[order[b]].1[s])
                 .collect()
         }
-        Kind::Shared(g) => shared(topo, &pool, *g, n, &mut notes)?,
+        Kind::Shared(g) => shared(topo, &pool, *g, n, oversubscribe, &mut notes)?,
     };
     Ok(Anchors {
         pool,
@@ -520,11 +527,12 @@ fn shared(
     pool: &CpuSet,
     g: usize,
     n: usize,
+    oversubscribe: bool,
     notes: &mut Vec<String>,
 ) -> Result<Vec<u32>, StrategyError> {
     let nodes = per_node(topo, pool);
     let biggest = nodes.iter().map(|v| v.len()).max().unwrap_or(0);
-    if g > biggest {
+    if g.min(n) > biggest {
         return Err(StrategyError::Placement(format!(
             "shared:{g}: a group of {g} threads cannot share one node: the largest node has {biggest} allowed cpus"
         )));
@@ -544,20 +552,23 @@ fn shared(
         // Find a node with `size` free cpus, starting at next_node.
         let count_free =
             |free: &Vec<bool>, v: &Vec<u32>| v.iter().filter(|&&c| free[idx(c)]).count();
-        let mut chosen = None;
-        for t in 0..nodes.len() {
-            let b = (next_node + t) % nodes.len();
-            if count_free(&free, &nodes[b]) >= size {
-                chosen = Some(b);
-                break;
-            }
-        }
-        let b = match chosen {
+        let find = |free: &Vec<bool>| {
+            (0..nodes.len())
+                .map(|t| (next_node + t) % nodes.len())
+                .find(|&b| count_free(free, &nodes[b]) >= size)
+        };
+        let b = match find(&free) {
             Some(b) => b,
-            None => {
-                // Only reachable with oversubscription: start over.
+            None if oversubscribe => {
+                // Every node is too full for a whole group: start over (cpus get shared).
                 reset(&mut free);
-                next_node % nodes.len()
+                find(&free).expect("a node holds a whole group (checked above)")
+            }
+            None => {
+                return Err(StrategyError::Placement(format!(
+                    "shared:{g}: {n} threads do not fit in groups of {g} that each stay on one node (allowed cpus per node: {}); use fewer threads or --oversubscribe",
+                    nodes.iter().map(|v| v.len().to_string()).collect::<Vec<_>>().join(", ")
+                )))
             }
         };
         next_node = b + 1;

@@ -208,6 +208,45 @@ pub fn remote_share(per_node: &BTreeMap<u32, u64>, expected: &NodeSet) -> f64 {
     remote as f64 / total as f64
 }
 
+/// Where the pages of one of this process's own buffers are: pages per node, and pages not yet
+/// faulted in (move_pages(2) in query mode; exact, unlike numa_maps which sums whole mappings).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct BufferPages {
+    pub per_node: BTreeMap<u32, usize>,
+    pub not_present: usize,
+}
+
+impl BufferPages {
+    /// Share of present pages not on `expected` nodes.
+    pub fn remote_share(&self, expected: &NodeSet) -> f64 {
+        let total: usize = self.per_node.values().sum();
+        if total == 0 {
+            return 0.0;
+        }
+        let remote: usize = self
+            .per_node
+            .iter()
+            .filter(|(n, _)| !expected.contains(**n))
+            .map(|(_, p)| p)
+            .sum();
+        remote as f64 / total as f64
+    }
+}
+
+/// Pages per node of `buf`, a buffer of this process.
+pub fn buffer_pages(buf: &[u8]) -> io::Result<BufferPages> {
+    let st = crate::sys::buffer_pages_nodes(buf.as_ptr(), buf.len())?;
+    let mut out = BufferPages::default();
+    for s in st {
+        if s >= 0 {
+            *out.per_node.entry(s as u32).or_insert(0) += 1;
+        } else {
+            out.not_present += 1;
+        }
+    }
+    Ok(out)
+}
+
 /// One thread as read back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TaskSample {
@@ -476,6 +515,27 @@ mod tests {
         assert_eq!(remote_share(&BTreeMap::new(), &NodeSet::single(0)), 0.0);
         assert!(parse_numa_maps("zz default N0=1\n").is_err());
         assert!(parse_numa_maps("1000 default N0=x\n").is_err());
+    }
+
+    #[test]
+    fn own_buffer_pages() {
+        let ps = crate::sys::page_size();
+        // Page-aligned 16 pages; touch only the first 8.
+        let mut v = vec![0u8; 17 * ps];
+        let off = v.as_ptr().align_offset(ps);
+        let buf = &mut v[off..off + 16 * ps];
+        // SAFETY: madvise(DONTNEED) on a private anonymous page range we own: pages read as zero
+        // afterwards and are not present until touched again.
+        unsafe { libc::madvise(buf.as_mut_ptr().cast(), buf.len(), libc::MADV_DONTNEED) };
+        for p in 0..8 {
+            buf[p * ps] = 1;
+        }
+        let b = buffer_pages(buf).unwrap();
+        assert_eq!(b.per_node.values().sum::<usize>(), 8, "{b:?}");
+        assert_eq!(b.not_present, 8, "{b:?}");
+        let here: NodeSet = b.per_node.keys().copied().collect();
+        assert_eq!(b.remote_share(&here), 0.0);
+        assert_eq!(b.remote_share(&NodeSet::new()), 1.0);
     }
 
     #[test]

@@ -286,6 +286,7 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
         for (al, lib) in &chosen {
             let mut times = Vec::new();
             let mut results = Vec::new();
+            let mut cpus = Vec::new();
             for r in 0..reps {
                 let mut cmd = Command::new(&exe);
                 cmd.args(["bench", "alloc", "--child", case])
@@ -303,7 +304,9 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
                 }
                 eprint!("alloc: {case} {} rep {}/{reps} ... ", al.name, r + 1);
                 std::io::stderr().flush().ok();
+                let cpu0 = children_cpu();
                 let out = cmd.output().context("cannot start the benchmark child")?;
+                cpus.push(children_cpu() - cpu0);
                 if !out.status.success() {
                     eprintln!("failed");
                     bail!(
@@ -333,6 +336,7 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
                 .config("threads", threads)
                 .work(work, unit)
                 .extra("rss_over_requested", rss as f64 / req.max(1) as f64)
+                .extra("cpu_s_median", median(&mut cpus))
                 .extra(
                     "max_rss_bytes",
                     results.iter().map(|r| r.max_rss_bytes).max(),
@@ -382,7 +386,12 @@ pub fn goals(rep: &Report) -> String {
             out += " (goal: within 1.3x of the best, i.e. >= 0.77x throughput)";
             speed >= 1.0 / 1.3
         };
-        out += if met { ": met\n" } else { ": NOT met\n" };
+        out += if met { ": met" } else { ": NOT met" };
+        let cpu = |r: &Row| r.extra.get("cpu_s_median").and_then(|v| v.as_f64());
+        if let (Some(b), Some(l)) = (cpu(best), cpu(loci)) {
+            out += &format!(" [CPU seconds: loci {l:.2}, {} {b:.2}]", best.system);
+        }
+        out += "\n";
     }
     for case in CASES {
         let rows: Vec<String> = rep
@@ -428,6 +437,29 @@ impl Rng {
                 return half + 1 + (x >> 40) as usize % half;
             }
         }
+    }
+}
+
+/// User + system seconds of all waited-for children so far (the bench waits for one child at a
+/// time, so a difference is one child's CPU time: steadier than wall time on a shared machine).
+fn children_cpu() -> f64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 * 1e-6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
 }
 

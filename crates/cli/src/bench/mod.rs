@@ -16,14 +16,14 @@ mod stream;
 pub enum BenchCmd {
     /// Single-thread memory copy bandwidth: the ceiling other copy workloads are compared to.
     Memcpy(memcpy::MemcpyArgs),
-    /// Streaming (seed 001): loci's pipeline vs `lz4 | nc` and raw `nc` on loopback, the plan vs
-    /// OS placement, and the two LZ4 implementations on one core.
-    Stream(stream::StreamArgs),
     /// Allocators compared (glibc, jemalloc, tcmalloc, tbbmalloc, mimalloc, loci): seed 002's
     /// microbenchmark (`general`) and seed 003's buffer passing between threads
     /// (`buffer-passing`); time, peak RSS and bytes requested. Each allocator runs in a child
     /// of this binary with its Debian library in LD_PRELOAD.
     Alloc(alloc::AllocArgs),
+    /// Streaming (seed 001): loci's pipeline vs `lz4 | nc` and raw `nc` on loopback, the plan vs
+    /// OS placement, and the two LZ4 implementations on one core.
+    Stream(stream::StreamArgs),
 }
 
 /// Flags every benchmark takes.
@@ -50,14 +50,6 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             let rep = memcpy::run(a)?;
             finish(&rep, &common, |r| r.system == "loci")
         }
-        BenchCmd::Stream(a) => {
-            let common = a.common.clone();
-            let rep = stream::run(a)?;
-            // Ratios against the lz4 | nc pipeline (end to end) and the C library (codecs).
-            finish(&rep, &common, |r| {
-                r.system == "lz4-nc" || r.system == "lz4-c"
-            })
-        }
         BenchCmd::Alloc(a) => {
             let common = a.common.clone();
             let rep = alloc::run(a)?;
@@ -73,6 +65,14 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             })?;
             print!("{}", alloc::goals(&rep));
             Ok(())
+        }
+        BenchCmd::Stream(a) => {
+            let common = a.common.clone();
+            let rep = stream::run(a)?;
+            // Ratios against the lz4 | nc pipeline (end to end) and the C library (codecs).
+            finish(&rep, &common, |r| {
+                r.system == "lz4-nc" || r.system == "lz4-c"
+            })
         }
     }
 }
