@@ -1,4 +1,6 @@
-//! VM test (issue 8, item 8): inside the `2n` NUMA VM, `loci stream plan` plans a stream for the
+//! NUMA VM tests of the `loci` binary (run by the VM step of scripts/test).
+//!
+//! Streaming (issue 8, item 8): inside the `2n` NUMA VM, `loci stream plan` plans a stream for the
 //! VM itself with the NIC on node 1, then a receiver and a sender run that plan over loopback. The
 //! reports of both sides carry what the kernel says about every stage thread (affinity,
 //! sched_getcpu samples) and its buffers (move_pages); each must match the plan: receiving threads
