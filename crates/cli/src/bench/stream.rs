@@ -112,38 +112,41 @@ pub fn run(a: StreamArgs) -> anyhow::Result<Report> {
     Ok(rep)
 }
 
-/// One core each: compress then decompress every chunk of the file with both implementations.
+/// One core each: compress then decompress every chunk of the file with both implementations,
+/// alternating between them every repetition (load on a shared machine drifts).
 fn codec_rows(rep: &mut Report, data: &Path, chunk: usize, reps: usize) -> anyhow::Result<()> {
     let raw = std::fs::read(data)?;
     let raw = &raw[..raw.len().min(8 * chunk)];
-    for codec in Codec::ALL {
-        let mut comp: Vec<Vec<u8>> = raw
-            .chunks(chunk)
-            .map(|_| vec![0u8; Codec::bound(chunk)])
-            .collect();
-        let mut sizes = vec![0usize; comp.len()];
-        let (mut ct, mut dt) = (Vec::new(), Vec::new());
-        let mut out = vec![0u8; chunk];
-        for _ in 0..reps {
+    let n = raw.chunks(chunk).count();
+    let mut comp: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; Codec::bound(chunk)]).collect();
+    let mut sizes = vec![0usize; n];
+    let mut out = vec![0u8; chunk];
+    let mut ct = vec![Vec::new(); Codec::ALL.len()];
+    let mut dt = vec![Vec::new(); Codec::ALL.len()];
+    let mut ratio = vec![0f64; Codec::ALL.len()];
+    for _ in 0..reps {
+        for (k, codec) in Codec::ALL.into_iter().enumerate() {
             let t = Instant::now();
             for ((c, s), r) in comp.iter_mut().zip(&mut sizes).zip(raw.chunks(chunk)) {
                 *s = codec.compress(r, c)?;
             }
-            ct.push(t.elapsed().as_secs_f64());
+            ct[k].push(t.elapsed().as_secs_f64());
             let t = Instant::now();
             for ((c, s), r) in comp.iter().zip(&sizes).zip(raw.chunks(chunk)) {
                 codec.decompress(&c[..*s], &mut out[..r.len()])?;
             }
-            dt.push(t.elapsed().as_secs_f64());
+            dt[k].push(t.elapsed().as_secs_f64());
+            ratio[k] = raw.len() as f64 / sizes.iter().sum::<usize>() as f64;
         }
-        let ratio = raw.len() as f64 / sizes.iter().sum::<usize>() as f64;
-        for (case, times) in [("lz4-compress", ct), ("lz4-decompress", dt)] {
+    }
+    for (case, times) in [("lz4-compress", ct), ("lz4-decompress", dt)] {
+        for (k, codec) in Codec::ALL.into_iter().enumerate() {
             rep.results.push(
-                Row::from_times(codec.name(), times)
+                Row::from_times(codec.name(), times[k].clone())
                     .case(case)
                     .config("threads", 1)
                     .work(raw.len() as f64, "B/s")
-                    .extra("compression_ratio", ratio),
+                    .extra("compression_ratio", ratio[k]),
             );
         }
     }
