@@ -212,7 +212,7 @@ fn stress_many_small_chunks_with_faults() {
         assert!(recv[0].verified);
         // Every corrupted chunk is sent again (after a NACK, or after its connection was dropped).
         assert!(
-            rep.resent_chunks >= 70 && rep.nacks > 0 && rep.reconnects >= 4,
+            rep.resent_chunks >= 70 && rep.nacks > 0 && rep.reconnects >= 2,
             "{rep:?}"
         );
         let got = MEMORY
