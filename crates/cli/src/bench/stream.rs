@@ -73,8 +73,11 @@ pub fn run(a: StreamArgs) -> anyhow::Result<Report> {
     systems.extend(a.peers.iter().cloned());
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
     let mut last: Vec<Option<loci_stream::StreamReport>> = vec![None; systems.len()];
+    // CPU seconds (user + system) per run: loci's in this process, the peers' in their children.
+    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
     for round in 0..reps {
         for (i, sys) in systems.iter().enumerate() {
+            let c0 = cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN);
             let t = match sys.as_str() {
                 "loci plan" | "loci os" => {
                     let (t, r) = loci_once(&data, &p, sys == "loci plan")?;
@@ -83,11 +86,15 @@ pub fn run(a: StreamArgs) -> anyhow::Result<Report> {
                 }
                 peer => peer_once(peer, &data)?,
             };
+            cpu[i].push(cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN) - c0);
             eprintln!("round {round}: {sys} {:.1} MB/s", bytes as f64 / t / 1e6);
             times[i].push(t);
         }
     }
-    for ((sys, t), r) in systems.iter().zip(times).zip(last) {
+    for (((sys, t), r), c) in systems.iter().zip(times).zip(last).zip(cpu) {
+        let mut c = c;
+        c.sort_by(f64::total_cmp);
+        let cpu_median = c[c.len() / 2];
         let row = match sys.strip_prefix("loci ") {
             Some(placement) => {
                 let r = r.expect("loci ran");
@@ -106,8 +113,13 @@ pub fn run(a: StreamArgs) -> anyhow::Result<Report> {
             }
             None => Row::from_times(sys, t),
         };
-        rep.results
-            .push(row.case("end-to-end").work(bytes as f64, "B/s"));
+        rep.results.push(
+            row.case("end-to-end")
+                .work(bytes as f64, "B/s")
+                .extra("cpu_s", cpu_median)
+                .extra("cpu_ns_per_byte", cpu_median * 1e9 / bytes as f64),
+        );
+        eprintln!("{sys}: {cpu_median:.2} cpu-s per run (median)");
     }
     Ok(rep)
 }
@@ -198,6 +210,18 @@ fn loci_once(
     let secs = t.elapsed().as_secs_f64();
     h.join().expect("receiver thread")?;
     Ok((secs, rep))
+}
+
+/// User + system CPU seconds of this process (`RUSAGE_SELF`) or of its waited-for children.
+fn cpu_seconds(who: i32) -> f64 {
+    // SAFETY: rusage is plain data and getrusage only writes it.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a rusage.
+    if unsafe { libc::getrusage(who, &mut u) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 fn free_port() -> anyhow::Result<u16> {
