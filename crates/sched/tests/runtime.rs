@@ -218,7 +218,7 @@ fn scopes_borrow_nest_and_reraise_panics() {
         })
         .wait()
         .unwrap();
-    assert_eq!(r, (0..256u64).sum());
+    assert_eq!(r, (0..256u64).sum::<u64>());
 
     let e = s
         .submit(|ctx| {

@@ -9,6 +9,7 @@ use clap::{Args, Subcommand};
 use loci_report::Report;
 
 mod alloc;
+mod engine;
 mod memcpy;
 mod stream;
 
@@ -24,6 +25,16 @@ pub enum BenchCmd {
     /// Streaming (seed 001): loci's pipeline vs `lz4 | nc` and raw `nc` on loopback, the plan vs
     /// OS placement, and the two LZ4 implementations on one core.
     Stream(stream::StreamArgs),
+    /// W1 holistic aggregation: exact median of v by key (seed 002), over the matrix
+    /// threads x memory policy x allocator; --peers duckdb,polars on the same rows.
+    W1(engine::EngineArgs),
+    /// W2 distributive aggregation: count, sum, min, max, avg of v by key (seed 002).
+    W2(engine::EngineArgs),
+    /// W3 hash join R (S/16 rows) with S on key: shared table and per-node partitioned variants.
+    W3(engine::EngineArgs),
+    /// W4 index nested-loop join over a sorted array, B-tree, skip list or ART built on R;
+    /// build and probe timed apart.
+    W4(engine::EngineArgs),
 }
 
 /// Flags every benchmark takes.
@@ -74,7 +85,33 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
                 r.system == "lz4-nc" || r.system == "lz4-c"
             })
         }
+        BenchCmd::W1(a) => run_engine(engine::Workload::W1, a),
+        BenchCmd::W2(a) => run_engine(engine::Workload::W2, a),
+        BenchCmd::W3(a) => run_engine(engine::Workload::W3, a),
+        BenchCmd::W4(a) => run_engine(engine::Workload::W4, a),
     }
+}
+
+fn run_engine(w: engine::Workload, a: engine::EngineArgs) -> anyhow::Result<()> {
+    let common = a.common.clone();
+    let child = std::env::var_os("LOCI_BENCH_ALLOC_CHILD").is_some();
+    let rep = engine::run(w, a)?;
+    if child {
+        if let Some(p) = &common.json {
+            rep.write_json(p)?;
+        }
+        return Ok(());
+    }
+    finish(&rep, &common, |r| {
+        r.system == "loci"
+            && r.config.get("threads").map(String::as_str) == Some("os")
+            && r.config.get("mem").map(String::as_str) == Some("first-touch")
+            && r.config.get("alloc").map(String::as_str) == Some("glibc")
+    })?;
+    for line in engine::peer_ratios(&rep) {
+        println!("{line}");
+    }
+    Ok(())
 }
 
 /// Prints the table (ratios against the first row that `is_baseline` picks) and writes the

@@ -1,0 +1,146 @@
+//! Placement check for multi-node machines (run inside the NUMA VMs of loci-vm, or on real
+//! hardware): prints one `LOCI-CHECK ok NAME` / `LOCI-CHECK FAIL NAME -- DETAIL` line per fact and
+//! the measured local-access ratios; exits 1 if any check failed.
+//!
+//! 1. bind-per-node morsels, read by node-local pinned workers that do not steal across nodes:
+//!    every morsel's pages sit on its home node, and the local-access ratio of W2 is >= 0.95;
+//! 2. first touch by one generating thread, read by workers spread over all k nodes (stealing on,
+//!    so work spreads evenly): every page sits on the generator's node and the ratio is about 1/k;
+//! 3. both give the single-thread reference answer.
+//!
+//! Usage: loci-engine-vm-check [ROWS]   (default 1M rows, 10K groups, zipf)
+
+use loci_engine::agg::w2;
+use loci_engine::storage::local_access_ratio;
+use loci_engine::{
+    generate_agg, reference, AggSpec, Dist, Executor, MemPolicy, PinnedPool, Threads,
+};
+
+fn line(name: &str, r: Result<String, String>, failed: &mut bool) {
+    match r {
+        Ok(note) if note.is_empty() => println!("LOCI-CHECK ok {name}"),
+        Ok(note) => println!("LOCI-CHECK ok {name}\n# {name}: {note}"),
+        Err(e) => {
+            *failed = true;
+            println!("LOCI-CHECK FAIL {name} -- {e}");
+        }
+    }
+}
+
+fn main() {
+    let rows: usize = std::env::args()
+        .nth(1)
+        .map(|s| s.parse().expect("ROWS must be a number"))
+        .unwrap_or(1 << 20);
+    let topo = match loci_topo::load(&loci_topo::Source::live()) {
+        Ok(t) => t,
+        Err(e) => {
+            println!("LOCI-CHECK FAIL engine/topology -- {e}");
+            std::process::exit(1);
+        }
+    };
+    let cpu_nodes: Vec<u32> = topo
+        .nodes
+        .iter()
+        .filter(|n| !topo.allowed_cpus_of(n.id).is_empty())
+        .map(|n| n.id)
+        .collect();
+    let k = cpu_nodes.len();
+    let workers = topo.allowed_cpus().len();
+    println!("# {k} nodes with cpus, {workers} workers, {rows} rows");
+    let mut failed = false;
+    let spec = AggSpec {
+        rows,
+        groups: 10_000,
+        dist: Dist::Zipf,
+        seed: 42,
+    };
+    let morsel = 1 << 14;
+
+    // 1. bind-per-node, node-local workers.
+    let pool = PinnedPool::new(&topo, Threads::Sparse, workers)
+        .expect("pool")
+        .with_steal(false);
+    let t = generate_agg(&pool, spec, morsel, &MemPolicy::BindPerNode).expect("generate");
+    let place = t.placement(8).expect("move_pages");
+    line(
+        "engine/bind-per-node/pages-on-home",
+        (|| {
+            for (i, (m, p)) in t.morsels.iter().zip(&place).enumerate() {
+                let home = m.home.ok_or(format!("morsel {i} has no home"))?;
+                if p.iter().any(|(n, _)| *n != home) {
+                    return Err(format!("morsel {i} homed on {home} has pages on {p:?}"));
+                }
+            }
+            let homes: std::collections::BTreeSet<u32> =
+                t.morsels.iter().filter_map(|m| m.home).collect();
+            Ok(format!("morsels on nodes {homes:?}"))
+        })(),
+        &mut failed,
+    );
+    let (got, run) = w2(&pool, &t).expect("w2");
+    let lar = local_access_ratio(&t, &place, &run.trace.touched).unwrap_or(0.0);
+    line(
+        "engine/bind-per-node/local-access>=0.95",
+        if lar >= 0.95 {
+            Ok(format!("local-access ratio {lar:.3}"))
+        } else {
+            Err(format!("local-access ratio {lar:.3}"))
+        },
+        &mut failed,
+    );
+    let (k1, v1) = t.to_vecs();
+    let want = reference::w2(&k1, &v1);
+    line(
+        "engine/bind-per-node/answer",
+        if got == want {
+            Ok(String::new())
+        } else {
+            Err("differs from the reference".into())
+        },
+        &mut failed,
+    );
+    drop(t);
+
+    // 2. first touch by one thread, read by workers spread over all nodes.
+    let pool = PinnedPool::new(&topo, Threads::Sparse, workers).expect("pool");
+    let t = generate_agg(&pool, spec, morsel, &MemPolicy::FirstTouchSingle).expect("generate");
+    let place = t.placement(8).expect("move_pages");
+    let gen_node = pool.workers()[0].node;
+    line(
+        "engine/first-touch-1/pages-on-generator-node",
+        (|| {
+            for (i, p) in place.iter().enumerate() {
+                if p.iter().any(|(n, _)| Some(*n) != gen_node) {
+                    return Err(format!("morsel {i}: {p:?}, generator on {gen_node:?}"));
+                }
+            }
+            Ok(String::new())
+        })(),
+        &mut failed,
+    );
+    let (got, run) = w2(&pool, &t).expect("w2");
+    let lar = local_access_ratio(&t, &place, &run.trace.touched).unwrap_or(0.0);
+    let expect = 1.0 / k.max(1) as f64;
+    line(
+        "engine/first-touch-1/local-access-about-1/k",
+        if (lar - expect).abs() <= 0.15 {
+            Ok(format!("local-access ratio {lar:.3}, 1/k = {expect:.3}"))
+        } else {
+            Err(format!(
+                "local-access ratio {lar:.3}, expected about {expect:.3}"
+            ))
+        },
+        &mut failed,
+    );
+    line(
+        "engine/first-touch-1/answer",
+        if got == want {
+            Ok(String::new())
+        } else {
+            Err("differs from the reference".into())
+        },
+        &mut failed,
+    );
+    std::process::exit(if failed { 1 } else { 0 });
+}

@@ -1,0 +1,433 @@
+//! Node-homed storage: tables of `(key: u32, val: u32)` rows split into morsels, each morsel in
+//! its own anonymous mapping whose pages are placed by a [`MemPolicy`] before they are touched.
+//!
+//! Why one mapping per morsel: `mbind(2)` works on page ranges, so giving every morsel its own
+//! mapping lets any morsel size carry its own policy (bind-per-node homes morsel `i` on its
+//! node's share) without rounding morsel sizes to pages. Columns of one morsel share the mapping:
+//! keys first, values at the next page boundary.
+
+use std::fmt;
+use std::io;
+use std::str::FromStr;
+
+use loci_place::sys;
+use loci_topo::NodeSet;
+
+use crate::EngineError;
+
+/// Where the pages of a table go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemPolicy {
+    /// No policy: pages land on the node of the worker that writes them first (the generator).
+    FirstTouch,
+    /// First touch, but a single thread generates the whole table (the classic accident: every
+    /// page on that thread's node).
+    FirstTouchSingle,
+    /// `MPOL_INTERLEAVE` over all allowed nodes, page by page.
+    Interleave,
+    /// `MPOL_BIND` to one node.
+    Node(u32),
+    /// Morsel `i` of `m` is bound (`MPOL_BIND`) to node `nodes[i * k / m]`: each of the `k` nodes
+    /// holds a contiguous share (seed 004's WIN layout inside one process).
+    BindPerNode,
+}
+
+impl MemPolicy {
+    /// Names accepted by [`FromStr`].
+    pub const CHOICES: &'static str =
+        "first-touch, first-touch-1, interleave, node:N, bind-per-node";
+}
+
+impl fmt::Display for MemPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemPolicy::FirstTouch => write!(f, "first-touch"),
+            MemPolicy::FirstTouchSingle => write!(f, "first-touch-1"),
+            MemPolicy::Interleave => write!(f, "interleave"),
+            MemPolicy::Node(n) => write!(f, "node:{n}"),
+            MemPolicy::BindPerNode => write!(f, "bind-per-node"),
+        }
+    }
+}
+
+impl FromStr for MemPolicy {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || EngineError::BadChoice {
+            what: "memory policy",
+            given: s.to_string(),
+            valid: Self::CHOICES,
+        };
+        Ok(match s {
+            "first-touch" | "ft" => MemPolicy::FirstTouch,
+            "first-touch-1" | "ft1" => MemPolicy::FirstTouchSingle,
+            "interleave" | "il" => MemPolicy::Interleave,
+            "bind-per-node" | "bpn" | "win" => MemPolicy::BindPerNode,
+            _ => match s.strip_prefix("node:") {
+                Some(n) => MemPolicy::Node(n.parse().map_err(|_| bad())?),
+                None => return Err(bad()),
+            },
+        })
+    }
+}
+
+/// An anonymous private mapping, unmapped on drop.
+pub struct Region {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a Region is plain memory owned by this value; sharing it is as safe as sharing a
+// `Box<[u8]>`. Concurrent writers go through `Morsel`/`Partitioned` APIs that give each writer a
+// disjoint range.
+unsafe impl Send for Region {}
+// SAFETY: see above.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Maps `len` bytes (rounded up to pages; at least one page), asks for transparent huge pages
+    /// (a hint), and applies `mode`/`nodes` with `mbind` before any page is touched.
+    /// `mode` = None leaves the pages to first touch.
+    pub fn map(len: usize, policy: Option<(i32, &NodeSet)>) -> Result<Region, EngineError> {
+        let ps = sys::page_size();
+        let len = len.max(1).div_ceil(ps) * ps;
+        // SAFETY: anonymous private mapping; no file, no fixed address.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(EngineError::Io {
+                what: format!("mmap of {len} bytes"),
+                source: io::Error::last_os_error(),
+            });
+        }
+        let r = Region {
+            ptr: ptr as *mut u8,
+            len,
+        };
+        if len >= 2 << 20 {
+            // SAFETY: the range is our own fresh mapping. A failed hint is harmless (THP off).
+            unsafe { libc::madvise(ptr, len, libc::MADV_HUGEPAGE) };
+        }
+        if let Some((mode, nodes)) = policy {
+            // SAFETY: the range is our own mapping, page aligned, nothing touched yet.
+            unsafe { sys::mbind(r.ptr, len, mode, nodes, 0) }.map_err(|source| {
+                EngineError::Io {
+                    what: format!("mbind(mode {mode}, nodes {nodes}) of {len} bytes"),
+                    source,
+                }
+            })?;
+        }
+        Ok(r)
+    }
+
+    /// Start of the mapping.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Length in bytes (a whole number of pages).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true: a region has at least one page.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Share of the sampled pages of `[off, off+len)` on each node: `samples` pages evenly spread.
+    /// Pages not yet touched are left out; an all-untouched range gives an empty list.
+    pub fn sample_nodes(
+        &self,
+        off: usize,
+        len: usize,
+        samples: usize,
+    ) -> io::Result<Vec<(u32, f64)>> {
+        let ps = sys::page_size();
+        let first = off / ps;
+        let last = (off + len.max(1)).div_ceil(ps).min(self.len / ps);
+        let n = last.saturating_sub(first);
+        if n == 0 {
+            return Ok(vec![]);
+        }
+        let k = samples.clamp(1, n);
+        let pages: Vec<*const u8> = (0..k)
+            .map(|i| {
+                let p = first + i * n / k;
+                // SAFETY: p < self.len / ps, inside the mapping.
+                unsafe { self.ptr.add(p * ps) as *const u8 }
+            })
+            .collect();
+        let st = sys::pages_nodes(0, &pages)?;
+        let mut count: Vec<(u32, usize)> = Vec::new();
+        let mut total = 0usize;
+        for s in st.into_iter().filter(|&s| s >= 0) {
+            total += 1;
+            match count.iter_mut().find(|(n, _)| *n == s as u32) {
+                Some(c) => c.1 += 1,
+                None => count.push((s as u32, 1)),
+            }
+        }
+        Ok(count
+            .into_iter()
+            .map(|(n, c)| (n, c as f64 / total as f64))
+            .collect())
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: we own the mapping and nothing borrows it past self.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// A slice of a table: `rows` keys and values in one mapping, with a home node.
+pub struct Morsel {
+    region: Region,
+    rows: usize,
+    vals_off: usize,
+    /// The node the policy meant this morsel to live on (None: interleaved, or first touch by an
+    /// unpinned thread). Where it really is comes from [`Morsel::actual_nodes`].
+    pub home: Option<u32>,
+}
+
+impl Morsel {
+    fn new(
+        rows: usize,
+        home: Option<u32>,
+        policy: Option<(i32, &NodeSet)>,
+    ) -> Result<Self, EngineError> {
+        let ps = sys::page_size();
+        let vals_off = (rows * 4).div_ceil(ps) * ps;
+        let region = Region::map(vals_off + rows * 4, policy)?;
+        Ok(Morsel {
+            region,
+            rows,
+            vals_off,
+            home,
+        })
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The key column.
+    pub fn keys(&self) -> &[u32] {
+        // SAFETY: the region holds `rows` u32 at offset 0 (zero-filled or written), page aligned.
+        unsafe { std::slice::from_raw_parts(self.region.as_ptr() as *const u32, self.rows) }
+    }
+
+    /// The value (payload) column.
+    pub fn vals(&self) -> &[u32] {
+        // SAFETY: the region holds `rows` u32 at `vals_off`, page aligned.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.region.as_ptr().add(self.vals_off) as *const u32,
+                self.rows,
+            )
+        }
+    }
+
+    /// Both columns, writable.
+    pub fn cols_mut(&mut self) -> (&mut [u32], &mut [u32]) {
+        // SAFETY: the two ranges are disjoint (vals_off >= rows*4) and inside the region;
+        // `&mut self` guarantees exclusive access.
+        unsafe {
+            (
+                std::slice::from_raw_parts_mut(self.region.as_ptr() as *mut u32, self.rows),
+                std::slice::from_raw_parts_mut(
+                    self.region.as_ptr().add(self.vals_off) as *mut u32,
+                    self.rows,
+                ),
+            )
+        }
+    }
+
+    /// Bytes of both columns.
+    pub fn bytes(&self) -> usize {
+        self.rows * 8
+    }
+
+    /// Where the morsel's pages really are: share of sampled pages per node.
+    pub fn actual_nodes(&self, samples: usize) -> io::Result<Vec<(u32, f64)>> {
+        let ps = sys::page_size();
+        let mut a = self
+            .region
+            .sample_nodes(0, self.rows * 4, samples.div_ceil(2))?;
+        let b = self
+            .region
+            .sample_nodes(self.vals_off, self.rows * 4, samples.div_ceil(2))?;
+        let _ = ps;
+        // Both columns have the same size: average the two shares.
+        for (n, f) in b {
+            match a.iter_mut().find(|(m, _)| *m == n) {
+                Some(x) => x.1 += f,
+                None => a.push((n, f)),
+            }
+        }
+        let total: f64 = a.iter().map(|x| x.1).sum();
+        if total > 0.0 {
+            for x in &mut a {
+                x.1 /= total;
+            }
+        }
+        Ok(a)
+    }
+}
+
+/// A table of `(key, val)` rows in morsels. Row order is morsel order, then row order inside.
+pub struct Table {
+    /// The morsels, in row order.
+    pub morsels: Vec<Morsel>,
+    /// Smallest and largest key (zone map of the whole table); None when empty.
+    pub key_range: Option<(u32, u32)>,
+}
+
+impl Table {
+    /// Allocates (does not fill) a table of `rows` rows in morsels of `morsel_rows`, placing each
+    /// morsel by `policy` over the allowed memory nodes `nodes` (ascending). For first touch the
+    /// homes are left for the generator to set.
+    pub fn alloc(
+        rows: usize,
+        morsel_rows: usize,
+        policy: &MemPolicy,
+        nodes: &[u32],
+    ) -> Result<Table, EngineError> {
+        if morsel_rows == 0 {
+            return Err(EngineError::Invalid(
+                "morsel size must be at least one row".into(),
+            ));
+        }
+        if nodes.is_empty() {
+            return Err(EngineError::Invalid("no memory node is allowed".into()));
+        }
+        if let MemPolicy::Node(n) = policy {
+            if !nodes.contains(n) {
+                return Err(EngineError::BadNode {
+                    node: *n,
+                    valid: NodeSet::from_iter(nodes.iter().copied()).to_string(),
+                });
+            }
+        }
+        let m = rows.div_ceil(morsel_rows);
+        let all: NodeSet = nodes.iter().copied().collect();
+        let mut morsels = Vec::with_capacity(m);
+        for i in 0..m {
+            let r = morsel_rows.min(rows - i * morsel_rows);
+            let (home, pol) = match policy {
+                MemPolicy::FirstTouch | MemPolicy::FirstTouchSingle => (None, None),
+                MemPolicy::Interleave => (None, Some((sys::mode::MPOL_INTERLEAVE, all.clone()))),
+                MemPolicy::Node(n) => (Some(*n), Some((sys::mode::MPOL_BIND, NodeSet::single(*n)))),
+                MemPolicy::BindPerNode => {
+                    let n = nodes[i * nodes.len() / m];
+                    (Some(n), Some((sys::mode::MPOL_BIND, NodeSet::single(n))))
+                }
+            };
+            morsels.push(Morsel::new(
+                r,
+                home,
+                pol.as_ref().map(|(md, ns)| (*md, ns)),
+            )?);
+        }
+        Ok(Table {
+            morsels,
+            key_range: None,
+        })
+    }
+
+    /// Builds a table from plain vectors (tests, small inputs): first touch by the caller.
+    pub fn from_rows(keys: &[u32], vals: &[u32], morsel_rows: usize) -> Result<Table, EngineError> {
+        if keys.len() != vals.len() {
+            return Err(EngineError::Invalid(format!(
+                "{} keys but {} values",
+                keys.len(),
+                vals.len()
+            )));
+        }
+        let mut t = Table::alloc(keys.len(), morsel_rows, &MemPolicy::FirstTouch, &[0])?;
+        let mut at = 0;
+        for m in &mut t.morsels {
+            let n = m.rows;
+            let (k, v) = m.cols_mut();
+            k.copy_from_slice(&keys[at..at + n]);
+            v.copy_from_slice(&vals[at..at + n]);
+            at += n;
+        }
+        t.update_key_range();
+        Ok(t)
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.morsels.iter().map(|m| m.rows).sum()
+    }
+
+    /// Recomputes [`Table::key_range`] from the data.
+    pub fn update_key_range(&mut self) {
+        let mut r: Option<(u32, u32)> = None;
+        for m in &self.morsels {
+            for &k in m.keys() {
+                r = Some(match r {
+                    None => (k, k),
+                    Some((a, b)) => (a.min(k), b.max(k)),
+                });
+            }
+        }
+        self.key_range = r;
+    }
+
+    /// All keys and values, in row order (tests, export).
+    pub fn to_vecs(&self) -> (Vec<u32>, Vec<u32>) {
+        let mut k = Vec::with_capacity(self.rows());
+        let mut v = Vec::with_capacity(self.rows());
+        for m in &self.morsels {
+            k.extend_from_slice(m.keys());
+            v.extend_from_slice(m.vals());
+        }
+        (k, v)
+    }
+
+    /// Sampled page placement of every morsel.
+    pub fn placement(&self, samples_per_morsel: usize) -> io::Result<Vec<Vec<(u32, f64)>>> {
+        self.morsels
+            .iter()
+            .map(|m| m.actual_nodes(samples_per_morsel))
+            .collect()
+    }
+}
+
+/// Local-access ratio of one pass over a table: bytes of the morsels each worker read that sit
+/// on that worker's node, over all bytes read. `placement` comes from [`Table::placement`],
+/// `touched[i]` = (morsel, node of the worker that read it; None = unknown).
+pub fn local_access_ratio(
+    table: &Table,
+    placement: &[Vec<(u32, f64)>],
+    touched: &[(usize, Option<u32>)],
+) -> Option<f64> {
+    let mut local = 0.0;
+    let mut total = 0.0;
+    for &(m, node) in touched {
+        let bytes = table.morsels[m].bytes() as f64;
+        total += bytes;
+        if let Some(node) = node {
+            let share = placement[m]
+                .iter()
+                .find(|(n, _)| *n == node)
+                .map(|x| x.1)
+                .unwrap_or(0.0);
+            local += bytes * share;
+        }
+    }
+    (total > 0.0).then(|| local / total)
+}

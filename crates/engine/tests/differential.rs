@@ -1,0 +1,272 @@
+//! Differential tests: every placement, thread strategy, worker count and morsel size gives the
+//! same answer as the single-thread reference, on every dataset and the edge cases (empty input,
+//! one group, all-distinct keys, skew, sparse keys, the all-ones row that packs to the
+//! hash table's empty marker). Allocators: `allocators_agree` re-runs this file's core test
+//! under each Debian allocator library found (LD_PRELOAD), as `loci bench --alloc` does.
+
+use loci_engine::agg::{w1, w1_lists, w2};
+use loci_engine::exec::flat_topology;
+use loci_engine::index::{build, probe, IndexKind};
+use loci_engine::join::{w3_partitioned, w3_shared};
+use loci_engine::{
+    generate, generate_agg, generate_join, reference, AggSpec, Dist, JoinSpec, MemPolicy,
+    PinnedPool, Table, Threads,
+};
+use proptest::prelude::*;
+
+fn pools() -> Vec<PinnedPool> {
+    let t = flat_topology();
+    vec![
+        PinnedPool::new(&t, Threads::Os, 1).unwrap(),
+        PinnedPool::new(&t, Threads::Sparse, 3).unwrap(),
+        PinnedPool::new(&t, Threads::Dense, 2).unwrap(),
+        PinnedPool::new(&t, Threads::Os, 4).unwrap(),
+    ]
+}
+
+fn policies() -> Vec<MemPolicy> {
+    vec![
+        MemPolicy::FirstTouch,
+        MemPolicy::FirstTouchSingle,
+        MemPolicy::Interleave,
+        MemPolicy::Node(0),
+        MemPolicy::BindPerNode,
+    ]
+}
+
+fn check_agg(pool: &PinnedPool, t: &Table, what: &str) {
+    let (k, v) = t.to_vecs();
+    let want2 = reference::w2(&k, &v);
+    assert_eq!(w2(pool, t).unwrap().0, want2, "w2 {what}");
+    let want1 = reference::w1(&k, &v);
+    assert_eq!(w1(pool, t).unwrap().0, want1, "w1 {what}");
+    assert_eq!(w1_lists(pool, t).unwrap().0, want1, "w1 lists {what}");
+}
+
+#[test]
+fn aggregation_matches_reference_on_every_dataset_and_configuration() {
+    for dist in Dist::ALL {
+        for groups in [1u32, 7, 5000, 40_000] {
+            let spec = AggSpec {
+                rows: 30_000,
+                groups,
+                dist,
+                seed: 11,
+            };
+            for (i, pool) in pools().iter().enumerate() {
+                for pol in policies() {
+                    // Vary the morsel size with the configuration: tiny, odd, and one morsel.
+                    let morsel = [1000, 4097, 30_000, 777][i];
+                    let t = generate_agg(pool, spec, morsel, &pol).unwrap();
+                    check_agg(pool, &t, &format!("{dist} g={groups} pool={i} {pol}"));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn aggregation_edge_cases() {
+    let pool = &pools()[1];
+    // Empty input.
+    let t = Table::from_rows(&[], &[], 100).unwrap();
+    assert!(w2(pool, &t).unwrap().0.is_empty());
+    assert!(w1(pool, &t).unwrap().0.is_empty());
+    // All-distinct keys: sequential with more groups than rows.
+    let spec = AggSpec {
+        rows: 20_000,
+        groups: 1_000_000,
+        dist: Dist::Sequential,
+        seed: 1,
+    };
+    let t = generate_agg(pool, spec, 3000, &MemPolicy::FirstTouch).unwrap();
+    assert_eq!(w2(pool, &t).unwrap().0.len(), 20_000);
+    check_agg(pool, &t, "all distinct");
+    // Sparse keys over the whole u32 range (hash-partitioned plans), extremes included.
+    let mut keys: Vec<u32> = (0..20_000u32)
+        .map(|i| loci_engine::gen::perm32(5, i % 3000))
+        .collect();
+    keys[0] = u32::MAX;
+    keys[1] = 0;
+    keys[2] = u32::MAX;
+    let vals: Vec<u32> = (0..20_000u32).map(|i| i.wrapping_mul(2654435761)).collect();
+    let t = Table::from_rows(&keys, &vals, 999).unwrap();
+    assert_eq!(w2(pool, &t).unwrap().1.plan, "hash-partitioned");
+    check_agg(pool, &t, "sparse");
+    // Extreme values.
+    let t = Table::from_rows(&[3, 3, 3, 9], &[u32::MAX, 0, u32::MAX, 5], 2).unwrap();
+    check_agg(pool, &t, "extreme values");
+    let g = w2(pool, &t).unwrap().0;
+    assert_eq!(g[0].sum, 2 * u32::MAX as u64);
+    assert_eq!(w1(pool, &t).unwrap().0[0].twice_median, 2 * u32::MAX as u64);
+}
+
+#[test]
+fn joins_match_reference_on_every_configuration() {
+    for (i, pool) in pools().iter().enumerate() {
+        for pol in policies() {
+            for r_rows in [0usize, 1, 300, 20_000] {
+                let spec = JoinSpec::ratio16(r_rows, 3 + i as u64);
+                let morsel = [1000, 4097, 50_000, 777][i];
+                let (r, s) = generate_join(pool, spec, morsel, &pol).unwrap();
+                let (rk, rv) = r.to_vecs();
+                let (sk, sv) = s.to_vecs();
+                let want = reference::join(&rk, &rv, &sk, &sv);
+                assert_eq!(want.count, spec.s_rows as u64);
+                let what = format!("pool={i} {pol} r={r_rows}");
+                assert_eq!(w3_shared(pool, &r, &s).unwrap().0, want, "shared {what}");
+                assert_eq!(w3_partitioned(pool, &r, &s).unwrap().0, want, "part {what}");
+                for kind in IndexKind::ALL {
+                    let idx = build(pool, &r, kind).unwrap();
+                    assert_eq!(idx.len(), r_rows);
+                    assert_eq!(probe(pool, &idx, &s).0, want, "{kind} {what}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn joins_handle_duplicates_misses_and_the_empty_marker() {
+    let pool = &pools()[1];
+    let rk = [5u32, 5, u32::MAX, 7, u32::MAX];
+    let rv = [1u32, 2, u32::MAX, 3, 4];
+    let sk = [5u32, u32::MAX, 8, 7, 5];
+    let sv = [10u32, u32::MAX, 1, 2, 3];
+    let r = Table::from_rows(&rk, &rv, 2).unwrap();
+    let s = Table::from_rows(&sk, &sv, 3).unwrap();
+    let want = reference::join(&rk, &rv, &sk, &sv);
+    assert_eq!(want.count, 2 + 2 + 1 + 2);
+    assert_eq!(w3_shared(pool, &r, &s).unwrap().0, want);
+    assert_eq!(w3_partitioned(pool, &r, &s).unwrap().0, want);
+    // Index joins need unique R keys and say so.
+    for kind in IndexKind::ALL {
+        let e = build(pool, &r, kind)
+            .err()
+            .expect("duplicates rejected")
+            .to_string();
+        assert!(e.contains("unique"), "{kind}: {e}");
+    }
+}
+
+#[test]
+fn generation_is_independent_of_workers_and_morsels() {
+    let spec = AggSpec {
+        rows: 50_000,
+        groups: 1000,
+        dist: Dist::Zipf,
+        seed: 42,
+    };
+    let ps = pools();
+    let a = generate_agg(&ps[0], spec, 50_000, &MemPolicy::FirstTouch).unwrap();
+    let b = generate_agg(&ps[3], spec, 1234, &MemPolicy::Interleave).unwrap();
+    assert_eq!(a.to_vecs(), b.to_vecs());
+    assert_eq!(a.key_range, b.key_range);
+}
+
+#[test]
+fn first_touch_homes_are_where_the_pages_are() {
+    let pool = &pools()[1];
+    let (t, trace) = generate(pool, 100_000, 8192, &MemPolicy::FirstTouch, &|s, k, v| {
+        for (j, (a, b)) in k.iter_mut().zip(v.iter_mut()).enumerate() {
+            *a = (s as u32).wrapping_add(j as u32);
+            *b = 1;
+        }
+    })
+    .unwrap();
+    assert_eq!(trace.touched.len(), t.morsels.len());
+    let pl = t.placement(8).unwrap();
+    for (m, p) in t.morsels.iter().zip(&pl) {
+        assert_eq!(m.home, Some(0));
+        assert_eq!(p, &vec![(0, 1.0)]);
+    }
+    let ratio = loci_engine::storage::local_access_ratio(&t, &pl, &trace.touched).unwrap();
+    assert!((ratio - 1.0).abs() < 1e-9, "{ratio}");
+}
+
+#[test]
+fn bad_configuration_is_named() {
+    let t = flat_topology();
+    let pool = PinnedPool::new(&t, Threads::Sparse, 2).unwrap();
+    let spec = AggSpec {
+        rows: 10,
+        groups: 0,
+        dist: Dist::Uniform,
+        seed: 1,
+    };
+    let e = generate_agg(&pool, spec, 10, &MemPolicy::FirstTouch)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("--groups"), "{e}");
+    let spec = AggSpec { groups: 3, ..spec };
+    let e = generate_agg(&pool, spec, 10, &MemPolicy::Node(77))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("node 77"), "{e}");
+    let e = "node:x".parse::<MemPolicy>().unwrap_err().to_string();
+    assert!(e.contains("bind-per-node"), "{e}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn random_tables_match_reference(
+        rows in proptest::collection::vec((0u32..50, any::<u32>()), 0..600),
+        sparse in any::<bool>(),
+        morsel in 1usize..200,
+    ) {
+        let pool = &pools()[1];
+        let keys: Vec<u32> = rows.iter().map(|r| if sparse { r.0.wrapping_mul(0x9e37_79b9) } else { r.0 }).collect();
+        let vals: Vec<u32> = rows.iter().map(|r| r.1).collect();
+        let t = Table::from_rows(&keys, &vals, morsel).unwrap();
+        prop_assert_eq!(w2(pool, &t).unwrap().0, reference::w2(&keys, &vals));
+        prop_assert_eq!(w1(pool, &t).unwrap().0, reference::w1(&keys, &vals));
+        let s = Table::from_rows(&vals.iter().map(|v| v % 60).collect::<Vec<_>>(), &keys, morsel).unwrap();
+        let (sk, sv) = s.to_vecs();
+        let want = reference::join(&keys, &vals, &sk, &sv);
+        prop_assert_eq!(w3_shared(pool, &t, &s).unwrap().0, want);
+        prop_assert_eq!(w3_partitioned(pool, &t, &s).unwrap().0, want);
+    }
+}
+
+/// Libraries `loci bench --alloc` preloads (Debian paths).
+const ALLOCATORS: [&str; 4] = [
+    "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+    "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+    "/usr/lib/x86_64-linux-gnu/libtbbmalloc_proxy.so.2",
+    "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2",
+];
+
+#[test]
+fn allocators_agree() {
+    if std::env::var_os("LOCI_ENGINE_ALLOC_CHILD").is_some() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut ran = 0;
+    for lib in ALLOCATORS {
+        if !std::path::Path::new(lib).exists() {
+            eprintln!("allocators_agree: {lib} not installed (scripts/install-deps installs it)");
+            continue;
+        }
+        let out = std::process::Command::new(&exe)
+            .args([
+                "--exact",
+                "joins_handle_duplicates_misses_and_the_empty_marker",
+                "aggregation_edge_cases",
+            ])
+            .env("LD_PRELOAD", lib)
+            .env("LOCI_ENGINE_ALLOC_CHILD", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{lib}: {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("2 passed"), "{lib}: {text}");
+        ran += 1;
+    }
+    eprintln!("allocators_agree: {ran} allocators");
+}
