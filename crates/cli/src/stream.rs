@@ -81,7 +81,9 @@ pub struct SendArgs {
 
 #[derive(Args)]
 pub struct PlanArgs {
-    /// Sender topology: `local`, `json:FILE` (from `loci topo`), or any source `loci topo` takes.
+    /// Sender topology: `local` (this machine), `preset:NAME` (e.g. preset:xeon-gold-6346-2s),
+    /// `synthetic:SPEC` (e.g. synthetic:nodes=2,cores=16,smt=2), `xml:FILE` (hwloc XML),
+    /// `sysfs:DIR` (a captured /sys tree) or `json:FILE` (from `loci topo --json`).
     #[arg(long, value_name = "TOPOLOGY")]
     pub sender: String,
     /// Receiver topology (same forms as --sender).
@@ -143,20 +145,32 @@ fn parse_usize_bytes(s: &str) -> Result<usize, String> {
     parse_bytes(s).map(|v| v as usize)
 }
 
-/// A topology from a one-string source.
+/// A topology from a one-string source, in the form `Topology::source` is printed in:
+/// `local` or `sysfs:/` (this machine), `sysfs:DIR` / `sysfs-dir:DIR` (a captured tree),
+/// `xml:FILE` (hwloc XML), `preset:NAME`, `synthetic:SPEC`, or `json:FILE` (`loci topo --json`).
 pub fn load_topology(s: &str) -> anyhow::Result<Topology> {
-    if s == "local" {
-        return crate::this_machine();
-    }
-    if let Some(p) = s.strip_prefix("json:") {
-        let text = std::fs::read_to_string(p).with_context(|| format!("reading {p}"))?;
-        let t: Topology =
-            serde_json::from_str(&text).with_context(|| format!("{p}: not a loci topology"))?;
-        t.validate()
-            .with_context(|| format!("{p}: inconsistent topology"))?;
-        return Ok(t);
-    }
-    bail!("unknown topology source {s:?} (valid: local, json:FILE)")
+    use loci_topo::Source;
+    let (kind, arg) = s.split_once(':').unwrap_or((s, ""));
+    let src = match (kind, arg) {
+        ("local", "") | ("sysfs", "/") => Source::live(),
+        ("sysfs" | "sysfs-dir", d) if !d.is_empty() => Source::Sysfs(d.into()),
+        ("xml", f) if !f.is_empty() => Source::HwlocXml(f.into()),
+        ("preset", n) if !n.is_empty() => Source::Preset(n.into()),
+        ("synthetic", spec) if !spec.is_empty() => Source::Synthetic(spec.into()),
+        ("json", p) if !p.is_empty() => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {p}"))?;
+            let t: Topology = serde_json::from_str(&text)
+                .with_context(|| format!("{p}: not a loci topology (from `loci topo --json`)"))?;
+            t.validate()
+                .with_context(|| format!("{p}: inconsistent topology"))?;
+            return Ok(t);
+        }
+        _ => bail!(
+            "unknown topology source {s:?} (valid: local, sysfs:DIR, xml:FILE, preset:NAME, \
+             synthetic:SPEC, json:FILE)"
+        ),
+    };
+    Ok(loci_topo::load(&src)?)
 }
 
 pub fn run(cmd: StreamCmd) -> anyhow::Result<()> {
@@ -278,6 +292,15 @@ fn plan_cmd(a: PlanArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn topology_sources() {
+        let t = load_topology("synthetic:nodes=2,cores=4,smt=2").unwrap();
+        assert_eq!(t.nodes.len(), 2);
+        let e = load_topology("bogus:x").unwrap_err().to_string();
+        assert!(e.contains("preset:NAME"), "{e}");
+        assert!(load_topology("preset:no-such-machine").is_err());
+    }
 
     #[test]
     fn sizes() {

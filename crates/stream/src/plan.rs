@@ -516,6 +516,31 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_gold_6346_preset_gives_the_same_plan_as_the_hand_built_machine() {
+        let t = loci_topo::load(&loci_topo::Source::Preset("xeon-gold-6346-2s".into())).unwrap();
+        let p = plan(
+            &t,
+            &t,
+            &PlanOptions {
+                streams: 4,
+                nic: Some("ens5f0np0".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        for part in &p.receiver.streams {
+            assert_eq!(part.recv.count, 4);
+            assert!(nodes_of(&t, &part.recv).iter().all(|&n| n == 1));
+            assert_eq!(part.decompress.count, 4);
+            assert!(nodes_of(&t, &part.decompress).iter().all(|&n| n == 0));
+        }
+        assert!(p
+            .senders
+            .iter()
+            .all(|s| s.compress.count == 32 && s.send.count == 4));
+    }
+
+    #[test]
     fn decompressors_spread_over_every_other_node() {
         let t = machine(4, 4, &[("eth0", Some(2))]);
         let p = plan(&t, &t, &PlanOptions::default()).unwrap();

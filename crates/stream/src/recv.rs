@@ -472,7 +472,7 @@ fn recv_loop(
     let pool = Pool::new(
         Codec::bound(st.t.chunk_bytes as usize),
         st.part.recv.mem_of(i),
-        4,
+        st.part.queue_depth + 2,
     );
     let proto_err = |e: proto::ProtoError| io::Error::other(e.to_string());
     let mut first_buf = true;
@@ -622,7 +622,8 @@ fn decompress_loop(
     let stage = &st.part.decompress;
     pin("decompress", i, stage.cpus_of(i), stage.mem_of(i))?;
     st.dec_stats.saw_affinity(i);
-    let pool = Pool::new(st.t.chunk_bytes as usize, stage.mem_of(i), 4);
+    // Raw chunks wait in the ordered hasher until their turn: keep what comes back.
+    let pool = Pool::new(st.t.chunk_bytes as usize, stage.mem_of(i), 64);
     let mut first = true;
     for job in rx {
         let t0 = Instant::now();

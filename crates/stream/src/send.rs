@@ -280,7 +280,10 @@ pub fn send(opts: SendOptions) -> Result<StreamReport, SendError> {
                 return sh.fail(SendError::Fatal(e));
             }
             sh.read_stats.saw_affinity(0);
-            let pool = Pool::new(chunk as usize, stage.mem_of(0), 8);
+            // Keep every buffer that comes back: at most read queue + compressors are out at once, and
+            // a fresh 11 MB mapping costs thousands of page faults.
+            let keep = sh.opts.config.read_queue_depth + sh.opts.config.compress.count + 2;
+            let pool = Pool::new(chunk as usize, stage.mem_of(0), keep);
             let mut h = Xxh3::new();
             for seq in 0..total_chunks {
                 if sh.finished.load(Relaxed) {
@@ -325,7 +328,12 @@ pub fn send(opts: SendOptions) -> Result<StreamReport, SendError> {
             }
             sh.comp_stats.saw_affinity(i);
             let codec = sh.opts.config.codec;
-            let pool = Pool::new(Codec::bound(chunk as usize), stage.mem_of(i), 4);
+            // Frames live until acknowledged: up to the whole window can be out.
+            let pool = Pool::new(
+                Codec::bound(chunk as usize),
+                stage.mem_of(i),
+                sh.opts.config.window,
+            );
             let mut first = true;
             for (seq, raw) in rx {
                 let t0 = Instant::now();

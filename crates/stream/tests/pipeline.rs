@@ -178,3 +178,133 @@ fn a_sender_without_the_secret_is_refused_clearly() {
         "{e}"
     );
 }
+
+/// Many tiny chunks through many threads and connections, a small window, and faults on a tenth
+/// of the chunks (payload flips) plus dropped connections (header flips): the sink must still
+/// hold every byte exactly once. Repeated to shake out interleavings.
+#[test]
+fn stress_many_small_chunks_with_faults() {
+    for round in 0..3u64 {
+        let chunk = 4096 + 512 * round as usize;
+        let bytes = 700 * chunk as u64 + 77;
+        let (addr, rx) = start_receiver(SinkSpec::Memory, 1, "stress");
+        let cfg = SenderConfig {
+            stream: 100 + round as u32,
+            chunk_bytes: chunk,
+            window: 3 + round as usize,
+            queue_depth: 2,
+            read_queue_depth: 1,
+            compress: Stage::os(4),
+            send: Stage::os(4),
+            ..SenderConfig::default()
+        };
+        let mut o = opts(
+            &addr,
+            cfg,
+            SourceSpec::Synthetic { bytes, seed: round },
+            "stress",
+        );
+        o.faults.corrupt = (0..700).filter(|s| (s * 7 + round) % 10 == 0).collect();
+        o.faults.corrupt_header = [13u64, 250, 251, 699].into_iter().collect();
+        let rep = loci_stream::send(o).unwrap();
+        let recv = rx.join().unwrap().unwrap();
+        assert_eq!(recv[0].stream_xxh3, rep.stream_xxh3);
+        assert!(recv[0].verified);
+        // Every corrupted chunk is sent again (after a NACK, or after its connection was dropped).
+        assert!(
+            rep.resent_chunks >= 70 && rep.nacks > 0 && rep.reconnects >= 2,
+            "{rep:?}"
+        );
+        let got = MEMORY
+            .lock()
+            .unwrap()
+            .remove(&(100 + round as u32))
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("src.raw");
+        loci_stream::source::write_synthetic_file(&p, bytes, round, chunk).unwrap();
+        assert!(
+            got == std::fs::read(p).unwrap(),
+            "round {round}: content differs"
+        );
+    }
+}
+
+fn pinned(cpus: &[u32]) -> Stage {
+    Stage {
+        count: cpus.len(),
+        cpus: cpus.iter().map(|&c| loci_topo::CpuSet::single(c)).collect(),
+        mem: vec![0; cpus.len()],
+    }
+}
+
+/// Every stage thread runs where the config says and its buffers sit on the configured node, as
+/// the kernel reports it (affinity, sched_getcpu, move_pages). On a multi-node machine (the VM
+/// test) the same check covers node placement.
+#[test]
+fn threads_and_buffers_are_where_the_config_puts_them() {
+    let cpus: Vec<u32> = loci_place::sys::get_affinity(0).unwrap().iter().collect();
+    let (a, b) = (cpus[0], *cpus.last().unwrap());
+    let (addr, rx) = start_receiver(SinkSpec::Null, 1, "p");
+    let cfg = SenderConfig {
+        read: pinned(&[a]),
+        compress: pinned(&[a, b]),
+        send: pinned(&[b]),
+        ..sender_cfg(0, 2, 1)
+    };
+    let rep = loci_stream::send(opts(
+        &addr,
+        cfg,
+        SourceSpec::Synthetic {
+            bytes: 6 * CHUNK as u64,
+            seed: 2,
+        },
+        "p",
+    ))
+    .unwrap();
+    rx.join().unwrap().unwrap();
+    for st in &rep.stages {
+        for (i, seen) in st.seen.iter().enumerate() {
+            let plan = st.planned_cpus[i].clone().unwrap();
+            assert_eq!(seen.affinity, plan, "{} thread {i} affinity", st.name);
+            assert!(
+                seen.ran_on.is_subset(&plan),
+                "{} thread {i} ran on {}",
+                st.name,
+                seen.ran_on
+            );
+            if st.name != "send" {
+                assert_eq!(
+                    seen.buffer_nodes,
+                    loci_topo::NodeSet::single(0),
+                    "{} thread {i} buffers",
+                    st.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_cpu_that_does_not_exist_is_a_clear_error() {
+    let (addr, _rx) = start_receiver(SinkSpec::Null, 1, "p");
+    let cfg = SenderConfig {
+        compress: pinned(&[1000]),
+        ..sender_cfg(0, 1, 1)
+    };
+    let e = loci_stream::send(opts(
+        &addr,
+        cfg,
+        SourceSpec::Synthetic {
+            bytes: 1000,
+            seed: 2,
+        },
+        "p",
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("compress thread 0") && e.contains("cpus 1000") && e.contains("allowed"),
+        "{e}"
+    );
+}

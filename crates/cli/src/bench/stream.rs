@@ -64,82 +64,101 @@ pub fn run(a: StreamArgs) -> anyhow::Result<Report> {
         return Ok(rep);
     }
     let p = plan(&topo, &topo, &PlanOptions::default())?;
-    let mut runs: Vec<(&str, bool)> = vec![("plan", true)];
+    // Every system once per round, rounds repeated: load on a shared machine drifts, and
+    // interleaving spreads it over all systems alike.
+    let mut systems: Vec<String> = vec!["loci plan".into()];
     if !a.no_os {
-        runs.push(("os", false));
+        systems.push("loci os".into());
     }
-    for (name, pinned) in runs {
-        let mut times = Vec::new();
-        let mut last = None;
-        for _ in 0..reps {
-            let (t, r) = loci_once(&data, &p, pinned)?;
-            times.push(t);
-            last = Some(r);
+    systems.extend(a.peers.iter().cloned());
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
+    let mut last: Vec<Option<loci_stream::StreamReport>> = vec![None; systems.len()];
+    // CPU seconds (user + system) per run: loci's in this process, the peers' in their children.
+    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
+    for round in 0..reps {
+        for (i, sys) in systems.iter().enumerate() {
+            let c0 = cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN);
+            let t = match sys.as_str() {
+                "loci plan" | "loci os" => {
+                    let (t, r) = loci_once(&data, &p, sys == "loci plan")?;
+                    last[i] = Some(r);
+                    t
+                }
+                peer => peer_once(peer, &data)?,
+            };
+            cpu[i].push(cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN) - c0);
+            eprintln!("round {round}: {sys} {:.1} MB/s", bytes as f64 / t / 1e6);
+            times[i].push(t);
         }
-        let r = last.expect("reps > 0");
+    }
+    for (((sys, t), r), c) in systems.iter().zip(times).zip(last).zip(cpu) {
+        let mut c = c;
+        c.sort_by(f64::total_cmp);
+        let cpu_median = c[c.len() / 2];
+        let row = match sys.strip_prefix("loci ") {
+            Some(placement) => {
+                let r = r.expect("loci ran");
+                Row::from_times("loci", t)
+                    .config("placement", placement)
+                    .extra("compression_ratio", r.compression_ratio)
+                    .extra("network_bytes_per_s", r.network_bytes_per_s)
+                    .extra("bottleneck", &r.bottleneck)
+                    .extra(
+                        "busy_share",
+                        r.stages
+                            .iter()
+                            .map(|s| (s.name.clone(), s.busy_share))
+                            .collect::<std::collections::BTreeMap<_, _>>(),
+                    )
+            }
+            None => Row::from_times(sys, t),
+        };
         rep.results.push(
-            Row::from_times("loci", times)
-                .case("end-to-end")
-                .config("placement", name)
+            row.case("end-to-end")
                 .work(bytes as f64, "B/s")
-                .extra("compression_ratio", r.compression_ratio)
-                .extra("network_bytes_per_s", r.network_bytes_per_s)
-                .extra("bottleneck", &r.bottleneck)
-                .extra(
-                    "busy_share",
-                    r.stages
-                        .iter()
-                        .map(|s| (s.name.clone(), s.busy_share))
-                        .collect::<std::collections::BTreeMap<_, _>>(),
-                ),
+                .extra("cpu_s", cpu_median)
+                .extra("cpu_ns_per_byte", cpu_median * 1e9 / bytes as f64),
         );
-    }
-    for peer in &a.peers {
-        let mut times = Vec::new();
-        for _ in 0..reps {
-            times.push(peer_once(peer, &data)?);
-        }
-        rep.results.push(
-            Row::from_times(peer, times)
-                .case("end-to-end")
-                .work(bytes as f64, "B/s"),
-        );
+        eprintln!("{sys}: {cpu_median:.2} cpu-s per run (median)");
     }
     Ok(rep)
 }
 
-/// One core each: compress then decompress every chunk of the file with both implementations.
+/// One core each: compress then decompress every chunk of the file with both implementations,
+/// alternating between them every repetition (load on a shared machine drifts).
 fn codec_rows(rep: &mut Report, data: &Path, chunk: usize, reps: usize) -> anyhow::Result<()> {
     let raw = std::fs::read(data)?;
     let raw = &raw[..raw.len().min(8 * chunk)];
-    for codec in Codec::ALL {
-        let mut comp: Vec<Vec<u8>> = raw
-            .chunks(chunk)
-            .map(|_| vec![0u8; Codec::bound(chunk)])
-            .collect();
-        let mut sizes = vec![0usize; comp.len()];
-        let (mut ct, mut dt) = (Vec::new(), Vec::new());
-        let mut out = vec![0u8; chunk];
-        for _ in 0..reps {
+    let n = raw.chunks(chunk).count();
+    let mut comp: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; Codec::bound(chunk)]).collect();
+    let mut sizes = vec![0usize; n];
+    let mut out = vec![0u8; chunk];
+    let mut ct = vec![Vec::new(); Codec::ALL.len()];
+    let mut dt = vec![Vec::new(); Codec::ALL.len()];
+    let mut ratio = vec![0f64; Codec::ALL.len()];
+    for _ in 0..reps {
+        for (k, codec) in Codec::ALL.into_iter().enumerate() {
             let t = Instant::now();
             for ((c, s), r) in comp.iter_mut().zip(&mut sizes).zip(raw.chunks(chunk)) {
                 *s = codec.compress(r, c)?;
             }
-            ct.push(t.elapsed().as_secs_f64());
+            ct[k].push(t.elapsed().as_secs_f64());
             let t = Instant::now();
             for ((c, s), r) in comp.iter().zip(&sizes).zip(raw.chunks(chunk)) {
                 codec.decompress(&c[..*s], &mut out[..r.len()])?;
             }
-            dt.push(t.elapsed().as_secs_f64());
+            dt[k].push(t.elapsed().as_secs_f64());
+            ratio[k] = raw.len() as f64 / sizes.iter().sum::<usize>() as f64;
         }
-        let ratio = raw.len() as f64 / sizes.iter().sum::<usize>() as f64;
-        for (case, times) in [("lz4-compress", ct), ("lz4-decompress", dt)] {
+    }
+    for (case, times) in [("lz4-compress", ct), ("lz4-decompress", dt)] {
+        for (k, codec) in Codec::ALL.into_iter().enumerate() {
             rep.results.push(
-                Row::from_times(codec.name(), times)
+                Row::from_times(codec.name(), times[k].clone())
                     .case(case)
                     .config("threads", 1)
                     .work(raw.len() as f64, "B/s")
-                    .extra("compression_ratio", ratio),
+                    .extra("compression_ratio", ratio[k]),
             );
         }
     }
@@ -191,6 +210,18 @@ fn loci_once(
     let secs = t.elapsed().as_secs_f64();
     h.join().expect("receiver thread")?;
     Ok((secs, rep))
+}
+
+/// User + system CPU seconds of this process (`RUSAGE_SELF`) or of its waited-for children.
+fn cpu_seconds(who: i32) -> f64 {
+    // SAFETY: rusage is plain data and getrusage only writes it.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a rusage.
+    if unsafe { libc::getrusage(who, &mut u) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 fn free_port() -> anyhow::Result<u16> {

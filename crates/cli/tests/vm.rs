@@ -1,0 +1,123 @@
+//! NUMA VM tests of the `loci` binary (run by the VM step of scripts/test).
+//!
+//! Streaming (issue 8, item 8): inside the `2n` NUMA VM, `loci stream plan` plans a stream for the
+//! VM itself with the NIC on node 1, then a receiver and a sender run that plan over loopback. The
+//! reports of both sides carry what the kernel says about every stage thread (affinity,
+//! sched_getcpu samples) and its buffers (move_pages); each must match the plan: receiving threads
+//! and their buffers on node 1, decompressors on node 0, and so on.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+const SCRIPT: &str = r#"
+set -e
+L="$LOCI_BIN"
+D=$(mktemp -d)
+export LOCI_STREAM_SECRET=vm-test
+ip link set lo up
+"$L" stream plan --sender local --receiver local --nic-node 1 --sender-nic-node 1 --chunk-bytes 1MiB -o "$D" >&2
+"$L" stream recv --listen 127.0.0.1:7799 --config "$D/recv.toml" --sink null --json > "$D/recv.json" &
+R=$!
+"$L" stream send --to 127.0.0.1:7799 --config "$D/send-0.toml" --synthetic 24MiB --json > "$D/send.json"
+wait $R
+echo "SEND-REPORT $(tr -d '\n' < "$D/send.json")"
+echo "RECV-REPORT $(tr -d '\n' < "$D/recv.json")"
+"#;
+
+fn report(stdout: &str, tag: &str) -> Value {
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(tag))
+        .unwrap_or_else(|| panic!("no {tag} line in the VM's output:\n{stdout}"));
+    serde_json::from_str::<Value>(line.trim()).unwrap()[0].clone()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    loci_topo::IdSet::parse(v.as_str().unwrap_or(""))
+        .unwrap()
+        .iter()
+        .collect()
+}
+
+/// Checks every thread of every stage of one report; returns the stages' names and nodes seen.
+fn check(rep: &Value, node_of: impl Fn(u32) -> u32) -> Vec<(String, Vec<u32>)> {
+    let mut out = Vec::new();
+    for st in rep["stages"].as_array().unwrap() {
+        let name = st["name"].as_str().unwrap().to_string();
+        let planned = st["planned_cpus"].as_array().unwrap();
+        let mems = st["planned_mem"].as_array().unwrap();
+        let mut nodes = Vec::new();
+        for (i, seen) in st["seen"].as_array().unwrap().iter().enumerate() {
+            if planned[i].is_null() {
+                continue; // the committer is not pinned by plans
+            }
+            let plan = ids(&planned[i]);
+            assert_eq!(ids(&seen["affinity"]), plan, "{name} thread {i}: affinity");
+            let ran = ids(&seen["ran_on"]);
+            assert!(
+                !ran.is_empty() && ran.iter().all(|c| plan.contains(c)),
+                "{name} thread {i} ran on {ran:?}, planned {plan:?}"
+            );
+            let node = node_of(plan[0]);
+            assert_eq!(
+                mems[i].as_u64(),
+                Some(node as u64),
+                "{name} thread {i}: planned buffer node"
+            );
+            let bufs = ids(&seen["buffer_nodes"]);
+            if name != "send" {
+                assert_eq!(
+                    bufs,
+                    vec![node],
+                    "{name} thread {i}: its buffers' pages (move_pages)"
+                );
+            }
+            nodes.push(node);
+        }
+        out.push((name, nodes));
+    }
+    out
+}
+
+#[test]
+fn stream_stages_and_buffers_sit_on_their_planned_nodes_in_a_2_node_vm() {
+    if !loci_vm::vm_tests_enabled() {
+        return;
+    }
+    let vm = loci_vm::NumaVm::new("2n")
+        .timeout(Duration::from_secs(300))
+        .env("LOCI_BIN", env!("CARGO_BIN_EXE_loci"));
+    let cfg = vm.config().unwrap();
+    let out = vm
+        .run("/bin/sh", &["-c", SCRIPT])
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        out.success(),
+        "VM run failed ({}):\n{}\n{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    let node_of = |cpu: u32| {
+        (0..cfg.nodes.len() as u32)
+            .find(|&n| cfg.node_cpus(n).contains(cpu))
+            .unwrap()
+    };
+    let send = check(&report(&out.stdout, "SEND-REPORT"), node_of);
+    let recv = check(&report(&out.stdout, "RECV-REPORT"), node_of);
+    let nodes = |v: &[(String, Vec<u32>)], s: &str| v.iter().find(|x| x.0 == s).unwrap().1.clone();
+    // Seed 001's rules on the 2-node VM with the NIC on node 1.
+    assert!(nodes(&recv, "recv").iter().all(|&n| n == 1), "{recv:?}");
+    assert!(
+        nodes(&recv, "decompress").iter().all(|&n| n == 0),
+        "{recv:?}"
+    );
+    assert!(nodes(&send, "send").iter().all(|&n| n == 1), "{send:?}");
+    let comp = nodes(&send, "compress");
+    assert!(
+        comp.contains(&0) && comp.contains(&1),
+        "compression on every core: {comp:?}"
+    );
+    eprintln!("VM 2n: every stream stage thread and buffer on its planned node: send {send:?}, recv {recv:?}");
+}
