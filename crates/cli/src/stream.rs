@@ -149,27 +149,7 @@ fn parse_usize_bytes(s: &str) -> Result<usize, String> {
 /// `local` or `sysfs:/` (this machine), `sysfs:DIR` / `sysfs-dir:DIR` (a captured tree),
 /// `xml:FILE` (hwloc XML), `preset:NAME`, `synthetic:SPEC`, or `json:FILE` (`loci topo --json`).
 pub fn load_topology(s: &str) -> anyhow::Result<Topology> {
-    use loci_topo::Source;
-    let (kind, arg) = s.split_once(':').unwrap_or((s, ""));
-    let src = match (kind, arg) {
-        ("local", "") | ("sysfs", "/") => Source::live(),
-        ("sysfs" | "sysfs-dir", d) if !d.is_empty() => Source::Sysfs(d.into()),
-        ("xml", f) if !f.is_empty() => Source::HwlocXml(f.into()),
-        ("preset", n) if !n.is_empty() => Source::Preset(n.into()),
-        ("synthetic", spec) if !spec.is_empty() => Source::Synthetic(spec.into()),
-        ("json", p) if !p.is_empty() => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("reading {p}"))?;
-            let t: Topology = serde_json::from_str(&text)
-                .with_context(|| format!("{p}: not a loci topology (from `loci topo --json`)"))?;
-            t.validate()
-                .with_context(|| format!("{p}: inconsistent topology"))?;
-            return Ok(t);
-        }
-        _ => bail!(
-            "unknown topology source {s:?} (valid: local, sysfs:DIR, xml:FILE, preset:NAME, \
-             synthetic:SPEC, json:FILE)"
-        ),
-    };
+    let src: loci_topo::Source = s.parse()?;
     Ok(loci_topo::load(&src)?)
 }
 

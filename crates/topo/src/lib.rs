@@ -15,4 +15,4 @@ pub mod xml;
 pub use idset::{CpuSet, IdSet, ListError, NodeSet};
 pub use json::TopologyJson;
 pub use model::{Cache, CacheKind, CoreGroup, Cpu, Device, DeviceKind, ModelError, Node, Topology};
-pub use source::{load, Source, TopoError};
+pub use source::{load, Source, SourceSyntaxError, TopoError};

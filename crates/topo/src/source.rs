@@ -56,6 +56,32 @@ impl fmt::Display for Source {
     }
 }
 
+/// A topology source written as one string, for places that take a machine as a single argument
+/// (`loci stream plan --sender preset:xeon-gold-6346-2s`). Accepts what [`Source`]'s `Display`
+/// prints, plus `local` for this machine and `sysfs:DIR` for a captured tree.
+impl std::str::FromStr for Source {
+    type Err = SourceSyntaxError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (kind, arg) = s.split_once(':').unwrap_or((s, ""));
+        Ok(match (kind, arg) {
+            ("local", "") | ("sysfs", "/") => Source::live(),
+            ("sysfs" | "sysfs-dir", d) if !d.is_empty() => Source::Sysfs(d.into()),
+            ("xml", f) if !f.is_empty() => Source::HwlocXml(f.into()),
+            ("json", f) if !f.is_empty() => Source::Json(f.into()),
+            ("preset", n) if !n.is_empty() => Source::Preset(n.into()),
+            ("synthetic", spec) if !spec.is_empty() => Source::Synthetic(spec.into()),
+            _ => return Err(SourceSyntaxError(s.to_string())),
+        })
+    }
+}
+
+/// A topology source string that is none of the known forms.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown topology source `{0}` (valid: local, sysfs:DIR, xml:FILE, json:FILE, preset:NAME, synthetic:SPEC)"
+)]
+pub struct SourceSyntaxError(pub String);
+
 /// Why a topology could not be loaded. Every variant names the bad part (file, key, name) and,
 /// where there is a fixed set, the valid choices.
 #[derive(Debug, thiserror::Error)]
@@ -131,4 +157,49 @@ pub fn load(source: &Source) -> Result<Topology, TopoError> {
         err,
     })?;
     Ok(topo)
+}
+
+#[cfg(test)]
+mod source_syntax_tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_form_and_names_bad_ones() {
+        assert_eq!("local".parse::<Source>().unwrap(), Source::live());
+        assert_eq!("sysfs:/".parse::<Source>().unwrap(), Source::live());
+        assert_eq!(
+            "sysfs:/tmp/x".parse::<Source>().unwrap(),
+            Source::Sysfs("/tmp/x".into())
+        );
+        assert_eq!(
+            "xml:a.xml".parse::<Source>().unwrap(),
+            Source::HwlocXml("a.xml".into())
+        );
+        assert_eq!(
+            "json:t.json".parse::<Source>().unwrap(),
+            Source::Json("t.json".into())
+        );
+        assert_eq!(
+            "preset:p".parse::<Source>().unwrap(),
+            Source::Preset("p".into())
+        );
+        assert_eq!(
+            "synthetic:nodes=2,cores=2".parse::<Source>().unwrap(),
+            Source::Synthetic("nodes=2,cores=2".into())
+        );
+        // What Display prints parses back to the same source.
+        for s in [
+            Source::Sysfs("/d".into()),
+            Source::Preset("p".into()),
+            Source::Json("j".into()),
+        ] {
+            assert_eq!(s.to_string().parse::<Source>().unwrap(), s);
+        }
+        let e = "preset:".parse::<Source>().unwrap_err().to_string();
+        assert!(
+            e.contains("`preset:`") && e.contains("synthetic:SPEC"),
+            "{e}"
+        );
+        assert!("nonsense".parse::<Source>().is_err());
+    }
 }
