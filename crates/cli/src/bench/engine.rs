@@ -100,6 +100,10 @@ pub struct EngineArgs {
     /// with their hash join of the same tables).
     #[arg(long, value_delimiter = ',')]
     pub peers: Vec<String>,
+    /// Keep each node's morsels on that node's workers (no stealing across nodes): every read
+    /// is local, idle workers wait. Default: workers steal when their node runs dry.
+    #[arg(long)]
+    pub no_steal: bool,
     /// Seed of the data generators.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -254,7 +258,7 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
             "groups": if w.is_join() { None } else { Some(sz.groups) },
             "dists": a.dist, "threads": a.threads, "mem": a.mem, "alloc": a.alloc,
             "workers": nworkers, "reps": sz.reps, "seed": a.seed, "morsel_rows": a.morsel_rows,
-            "sched": a.sched, "variants": vars,
+            "sched": a.sched, "variants": vars, "steal": !a.no_steal,
         }),
         Machine::of(&topo),
     );
@@ -286,7 +290,7 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
         for d in &dist_list {
             for th in &threads {
                 for mem in &mems {
-                    let pool = PinnedPool::new(&topo, *th, nworkers)?;
+                    let pool = PinnedPool::new(&topo, *th, nworkers)?.with_steal(!a.no_steal);
                     pb.set_message(format!(
                         "{} {th}/{mem}/{alloc_name}: generating",
                         d.map(|x| x.to_string()).unwrap_or("join".into())
@@ -520,6 +524,9 @@ fn run_child(w: Workload, a: &EngineArgs, alloc: &str) -> anyhow::Result<Vec<Row
         cmd.arg("--variant").arg(a.variant.join(","));
     }
     cmd.arg("--seed").arg(a.seed.to_string());
+    if a.no_steal {
+        cmd.arg("--no-steal");
+    }
     cmd.arg("--morsel-rows").arg(a.morsel_rows.to_string());
     cmd.arg("--json").arg(&out);
     cmd.env("LD_PRELOAD", lib).env(CHILD_ENV, alloc);
