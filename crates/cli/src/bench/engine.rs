@@ -93,7 +93,7 @@ pub struct EngineArgs {
     #[arg(long, default_value = "pool")]
     pub sched: String,
     /// Operator variants, comma separated (default: all). w1: partition, lists;
-    /// w2: hash; w3: shared, partitioned; w4: sorted, btree, skiplist, art.
+    /// w2: auto (plan from the key zone map); w3: shared, partitioned; w4: sorted, btree, skiplist, art.
     #[arg(long, value_delimiter = ',')]
     pub variant: Vec<String>,
     /// Peer systems run on the same rows in this invocation: duckdb, polars (w4 compares
@@ -189,7 +189,7 @@ fn sizes(w: Workload, a: &EngineArgs) -> anyhow::Result<Sizes> {
 fn variants(w: Workload, a: &EngineArgs) -> anyhow::Result<Vec<String>> {
     let all: &[&str] = match w {
         Workload::W1 => &["partition", "lists"],
-        Workload::W2 => &["hash"],
+        Workload::W2 => &["auto"],
         Workload::W3 => &["shared", "partitioned"],
         Workload::W4 => &["sorted", "btree", "skiplist", "art"],
     };
