@@ -3,12 +3,32 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod os_cmd;
+mod plan_cmd;
+mod run_cmd;
+mod stream;
 mod topo;
 pub mod topo_args;
 
 /// loci places threads and memory on purpose on NUMA machines, and proves where they ended up.
 #[derive(Parser)]
-#[command(name = "loci", version, about, long_about = None)]
+#[command(
+    name = "loci",
+    version,
+    about,
+    long_about = None,
+    after_help = "\
+A first session:
+  loci topo                                  this machine: nodes, cpus, caches, distances, NICs
+  loci plan --preset opteron-8220-8s --threads sparse -n 8
+                                             where 8 threads would go on another machine
+  loci run --threads compact -n 4 --mem interleave --verify -- ./my-program
+                                             run a program placed, then show plan vs actual
+  loci bench w2 --quick --peers duckdb       a workload against a peer, in the same run
+
+Cpu and node lists use the kernel's syntax (0-3,8,10-11), plus `all` and `!LIST`.
+`loci COMMAND --help` explains each command."
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -16,14 +36,24 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Show a machine: nodes, cpus, cores and SMT siblings, caches and which cpus share them,
-    /// memory per node, the distance matrix, devices with their home node, and which cpus and
-    /// nodes this process may use (allowed) next to what is present. Without a source flag it
-    /// reads this machine's /sys; --json prints the schema documented in README.md.
+    /// Show a machine: nodes, cpus, caches, memory, distances, devices (this one or another).
+    ///
+    /// Shows nodes, cpus, cores and SMT siblings, caches and which cpus share them, memory per
+    /// node, the distance matrix, devices with their home node, and which cpus and nodes this
+    /// process may use (allowed) next to what is present. Without a source flag it reads this
+    /// machine's /sys; --json prints the schema documented in README.md.
     Topo(topo::TopoCmd),
+    Plan(plan_cmd::PlanCmd),
+    Run(run_cmd::RunCmd),
     /// Run a workload and compare it with peers in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// Stream detector data between machines: compress, send, receive, decompress, each stage
+    /// pinned by a plan (seed 001), with authentication, integrity checks and resume.
+    #[command(subcommand)]
+    Stream(stream::StreamCmd),
+    #[command(subcommand)]
+    Os(os_cmd::OsCmd),
 }
 
 /// The topology of the machine loci runs on, read from /sys, with the cpus and nodes this process
@@ -32,10 +62,26 @@ pub fn this_machine() -> anyhow::Result<loci_topo::Topology> {
     Ok(loci_topo::load(&loci_topo::Source::live())?)
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    match cli.cmd {
+    // Errors are for users: the message chain only (`error: X: Y`), never a backtrace, even
+    // when RUST_BACKTRACE is set in the environment.
+    match dispatch(cli.cmd) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("loci: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
         Cmd::Topo(t) => topo::run(t),
         Cmd::Bench(b) => bench::run(b),
+        Cmd::Plan(c) => plan_cmd::run(c),
+        Cmd::Run(c) => run_cmd::run(c),
+        Cmd::Os(c) => os_cmd::run(c),
+        Cmd::Stream(s) => stream::run(s),
     }
 }

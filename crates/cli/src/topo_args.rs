@@ -15,8 +15,13 @@ pub struct TopoArgs {
     /// `proc/`), e.g. a copy of another machine's /sys. Every cpu and node counts as allowed.
     #[arg(long, value_name = "DIR", help_heading = "Topology source")]
     pub sysfs_root: Option<PathBuf>,
-    /// Read an hwloc v2 XML export (`lstopo --of xml > FILE.xml`).
-    #[arg(long, value_name = "FILE.xml", help_heading = "Topology source")]
+    /// Read an hwloc v2 XML export (`lstopo --of xml > FILE.xml`), or a machine saved with
+    /// `loci topo --json > FILE.json` (told apart by content).
+    #[arg(
+        long,
+        value_name = "FILE.xml|FILE.json",
+        help_heading = "Topology source"
+    )]
     pub topology: Option<PathBuf>,
     /// Use a built-in machine from the papers loci follows: xeon-silver-4114-2s, xeon-gold-6346-2s,
     /// opteron-8220-8s, xeon-e7520-4s, xeon-e7-4850v4-4s, xeon-e7-4820-4s, xeon-e5310-2s,
@@ -37,7 +42,11 @@ impl TopoArgs {
         if let Some(d) = &self.sysfs_root {
             Source::Sysfs(d.clone())
         } else if let Some(f) = &self.topology {
-            Source::HwlocXml(f.clone())
+            if is_json(f) {
+                Source::Json(f.clone())
+            } else {
+                Source::HwlocXml(f.clone())
+            }
         } else if let Some(p) = &self.preset {
             Source::Preset(p.clone())
         } else if let Some(s) = &self.synthetic {
@@ -57,6 +66,21 @@ impl TopoArgs {
     pub fn is_live(&self) -> bool {
         matches!(self.source(), Source::Live { .. })
     }
+}
+
+/// Whether a file starts (after whitespace) with `{`: a JSON document rather than XML. A file
+/// that cannot be read goes to the XML reader, whose error names it.
+fn is_json(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    let mut buf = [0u8; 256];
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let n = f.read(&mut buf).unwrap_or(0);
+    buf[..n]
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|&b| b == b'{')
 }
 
 #[cfg(test)]
@@ -86,6 +110,32 @@ mod tests {
         assert_eq!(t.topo.load().unwrap().nodes.len(), 2);
         let t = T::try_parse_from(["x", "--sysfs-root", "/tmp/x"]).unwrap();
         assert_eq!(t.topo.source(), Source::Sysfs("/tmp/x".into()));
+    }
+
+    #[test]
+    fn saved_json_is_a_source() {
+        let dir = std::env::temp_dir().join(format!("loci-topo-args-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("m.json");
+        let t = loci_topo::load(&Source::Preset("xeon-e5310-2s".into())).unwrap();
+        std::fs::write(&file, serde_json::to_string(&t.to_json()).unwrap()).unwrap();
+        let a = T::try_parse_from(["x", "--topology", file.to_str().unwrap()]).unwrap();
+        assert_eq!(a.topo.source(), Source::Json(file.clone()));
+        let back = a.topo.load().unwrap();
+        assert_eq!(back.cpus, t.cpus);
+        assert_eq!(back.caches, t.caches);
+        assert!(
+            back.source.contains("preset:xeon-e5310-2s"),
+            "{}",
+            back.source
+        );
+        std::fs::write(&file, "{\"source\": 1}").unwrap();
+        let e = a.topo.load().unwrap_err().to_string();
+        assert!(
+            e.contains("m.json") && e.contains("loci topo --json"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -67,14 +67,7 @@ fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
 
 /// `set_mempolicy(2)` for the calling thread.
 pub fn set_mempolicy(mode: i32, nodes: &NodeSet) -> io::Result<()> {
-    let m = node_mask(nodes)?;
-    let (ptr, max) = if nodes.is_empty() {
-        (std::ptr::null(), 0)
-    } else {
-        (m.as_ptr(), MASK_BITS + 1)
-    };
-    // SAFETY: `ptr` is null or points at MASK_WORDS u64s, matching `max` bits; the kernel only reads it.
-    check(unsafe { libc::syscall(libc::SYS_set_mempolicy, mode, ptr, max) }).map(|_| ())
+    PolicyMask::new(mode, nodes)?.apply()
 }
 
 /// `get_mempolicy(2)` for the calling thread: (mode, nodes).
@@ -147,6 +140,7 @@ pub fn buffer_pages_nodes(addr: *const u8, len: usize) -> io::Result<Vec<i32>> {
     pages_nodes(0, &pages)
 }
 
+/// The system page size in bytes.
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions.
     let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -157,23 +151,100 @@ pub fn page_size() -> usize {
     }
 }
 
-/// Sets the affinity of a thread (`tid` 0 = the calling thread) or of a whole process's main thread.
-pub fn set_affinity(tid: i32, cpus: &CpuSet) -> io::Result<()> {
-    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for c in cpus.iter() {
-        if c as usize >= libc::CPU_SETSIZE as usize {
+/// A cpu set converted to the kernel's `cpu_set_t` ahead of time, so that applying it is a
+/// single syscall with no allocation (safe between `fork` and `exec`).
+#[derive(Clone, Copy)]
+pub struct CpuMask(libc::cpu_set_t);
+
+impl CpuMask {
+    /// Converts; errors on a cpu id beyond `CPU_SETSIZE` or an empty set.
+    pub fn new(cpus: &CpuSet) -> io::Result<Self> {
+        if cpus.is_empty() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("cpu {c} is beyond CPU_SETSIZE"),
+                "empty cpu set: a thread needs at least one cpu",
             ));
         }
-        // SAFETY: c < CPU_SETSIZE was checked above.
-        unsafe { libc::CPU_SET(c as usize, &mut set) };
+        // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        for c in cpus.iter() {
+            if c as usize >= libc::CPU_SETSIZE as usize {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("cpu {c} is beyond CPU_SETSIZE ({})", libc::CPU_SETSIZE),
+                ));
+            }
+            // SAFETY: c < CPU_SETSIZE was checked above.
+            unsafe { libc::CPU_SET(c as usize, &mut set) };
+        }
+        Ok(Self(set))
     }
-    // SAFETY: `set` is a valid cpu_set_t of the size passed.
-    let r = unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+
+    /// `sched_setaffinity(tid, mask)`. Async-signal-safe: one syscall, no allocation
+    /// (the error path only builds an `io::Error` from errno, which does not allocate).
+    pub fn apply(&self, tid: i32) -> io::Result<()> {
+        // SAFETY: `self.0` is a valid cpu_set_t of the size passed.
+        let r = unsafe {
+            libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &self.0)
+        };
+        check(r as libc::c_long).map(|_| ())
+    }
+}
+
+/// A memory policy converted to its kernel arguments ahead of time (see [`CpuMask`]).
+#[derive(Clone, Copy)]
+pub struct PolicyMask {
+    mode: i32,
+    mask: [u64; MASK_WORDS],
+    empty: bool,
+}
+
+impl PolicyMask {
+    /// Converts; errors on a node id beyond the mask size.
+    pub fn new(mode: i32, nodes: &NodeSet) -> io::Result<Self> {
+        Ok(Self {
+            mode,
+            mask: node_mask(nodes)?,
+            empty: nodes.is_empty(),
+        })
+    }
+
+    /// `set_mempolicy` for the calling thread. Async-signal-safe: one syscall, no allocation.
+    pub fn apply(&self) -> io::Result<()> {
+        let (ptr, max) = if self.empty {
+            (std::ptr::null(), 0)
+        } else {
+            (self.mask.as_ptr(), MASK_BITS + 1)
+        };
+        // SAFETY: `ptr` is null or points at MASK_WORDS u64s, matching `max` bits.
+        check(unsafe { libc::syscall(libc::SYS_set_mempolicy, self.mode, ptr, max) }).map(|_| ())
+    }
+}
+
+/// Sets the affinity of a thread (`tid` 0 = the calling thread) or of a whole process's main thread.
+pub fn set_affinity(tid: i32, cpus: &CpuSet) -> io::Result<()> {
+    CpuMask::new(cpus)?.apply(tid)
+}
+
+/// The calling thread's kernel thread id.
+pub fn gettid() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
+/// `prctl(PR_SET_THP_DISABLE)`: `true` turns transparent huge pages off for this process and
+/// everything it forks or execs (inherited); no root needed. Async-signal-safe.
+pub fn set_thp_disable(disable: bool) -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    let r = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, disable as libc::c_ulong, 0, 0, 0) };
     check(r as libc::c_long).map(|_| ())
+}
+
+/// `prctl(PR_GET_THP_DISABLE)`: whether THP is disabled for this process.
+pub fn thp_disabled() -> io::Result<bool> {
+    // SAFETY: prctl with integer arguments only.
+    let r = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
+    check(r as libc::c_long).map(|v| v != 0)
 }
 
 /// Affinity of a thread (`tid` 0 = the calling thread).

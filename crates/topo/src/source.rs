@@ -5,6 +5,7 @@
 //! | [`Source::Live`] | this machine's `/sys` and `/proc` through a root path (default `/`) | the process's affinity mask and cgroup cpuset |
 //! | [`Source::Sysfs`] | a captured `/sys` (+ `/proc`) tree in a directory | everything present |
 //! | [`Source::HwlocXml`] | an `lstopo --of xml` export (hwloc v2) | everything present |
+//! | [`Source::Json`] | a saved `loci topo --json` | as saved |
 //! | [`Source::Preset`] | a machine the seeds measured on, see [`crate::preset`] | everything present |
 //! | [`Source::Synthetic`] | a spec such as `nodes=4,cores=8,smt=2`, see [`crate::synthetic`] | everything present |
 
@@ -25,6 +26,8 @@ pub enum Source {
     Sysfs(PathBuf),
     /// An hwloc v2 XML export (`lstopo --of xml`).
     HwlocXml(PathBuf),
+    /// A saved `loci topo --json` (see [`crate::json`]): plan on one machine for another.
+    Json(PathBuf),
     /// A named preset, see [`crate::preset::NAMES`].
     Preset(String),
     /// A synthetic spec, see [`crate::synthetic`].
@@ -46,6 +49,7 @@ impl fmt::Display for Source {
             Source::Live { root } => write!(f, "sysfs:{}", root.display()),
             Source::Sysfs(dir) => write!(f, "sysfs-dir:{}", dir.display()),
             Source::HwlocXml(p) => write!(f, "xml:{}", p.display()),
+            Source::Json(p) => write!(f, "json:{}", p.display()),
             Source::Preset(n) => write!(f, "preset:{n}"),
             Source::Synthetic(s) => write!(f, "synthetic:{s}"),
         }
@@ -99,6 +103,24 @@ pub fn load(source: &Source) -> Result<Topology, TopoError> {
         Source::Live { root } => crate::sysfs::read(root, true)?,
         Source::Sysfs(dir) => crate::sysfs::read(dir, false)?,
         Source::HwlocXml(path) => crate::xml::read_file(path)?,
+        Source::Json(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| TopoError::io(path, e))?;
+            let doc: crate::json::TopologyJson = serde_json::from_str(&text).map_err(|e| {
+                TopoError::parse(path, format!("not a `loci topo --json` document: {e}"))
+            })?;
+            // The saved source string is kept inside, the file named outside.
+            let inner = doc.source.clone();
+            let mut t = doc.into_topology().map_err(|err| TopoError::Model {
+                source_name: format!("json:{}", path.display()),
+                err,
+            })?;
+            t.source = format!("json:{} ({inner})", path.display());
+            t.validate().map_err(|err| TopoError::Model {
+                source_name: t.source.clone(),
+                err,
+            })?;
+            return Ok(t);
+        }
         Source::Preset(name) => crate::preset::build(name)?,
         Source::Synthetic(spec) => crate::synthetic::build(spec)?,
     };

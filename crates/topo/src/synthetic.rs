@@ -375,7 +375,7 @@ pub(crate) fn parse(spec: &str) -> Result<Shape, TopoError> {
         )));
     }
     let packages = packages.unwrap_or(cpu_nodes);
-    if total_cores % packages != 0 {
+    if total_cores.checked_rem(packages) != Some(0) {
         return Err(err(format!(
             "`packages={packages}` does not divide the {total_cores} cores evenly"
         )));

@@ -3,9 +3,11 @@
 //! Everything is read through a root directory, so a captured tree (`DIR/sys/...`) reads exactly
 //! like the live machine (`/sys/...`). What is read:
 //!
-//! - cpus: `sys/devices/system/cpu/cpuN/topology/{physical_package_id,core_id}`, `cpuN/online`
-//!   or `cpu/online`. The kernel's `core_id` is unique only inside a package; loci renumbers
-//!   cores machine-wide in order of (first cpu of) appearance.
+//! - cpus: `sys/devices/system/cpu/cpuN/topology/{physical_package_id,core_id}` and the thread
+//!   siblings (`core_cpus_list`, `thread_siblings_list` or `thread_siblings`), `cpuN/online` or
+//!   `cpu/online`. The kernel's `core_id` is unique only inside a package (or die); loci numbers
+//!   cores machine-wide in order of (first cpu of) appearance, one per distinct
+//!   (package, siblings, core_id).
 //! - nodes: `sys/devices/system/node/nodeN/{cpulist,meminfo,distance}` (ids may be sparse, nodes
 //!   may be CPU-less or memoryless). Without `node/` (kernel without NUMA): one node 0 holding
 //!   every cpu, memory from `proc/meminfo`.
@@ -379,19 +381,38 @@ pub fn read(root: &Path, live: bool) -> Result<Topology, TopoError> {
 
     // --- cpus
     let mut cpus = Vec::with_capacity(cpu_entries.len());
-    let mut core_ids: HashMap<(i64, i64), u32> = HashMap::new();
+    let mut core_ids: HashMap<(i64, Vec<u32>, i64), u32> = HashMap::new();
     let mut next_core = 0u32;
     for (id, dir) in &cpu_entries {
         let topo = dir.join("topology");
         let package = read_int_opt(&topo.join("physical_package_id"))?;
         let core_id = read_int_opt(&topo.join("core_id"))?;
+        // The hardware threads of this cpu's core. A core is (package, siblings, core_id):
+        // `core_id` repeats across the dies of one package (AMD Opteron 6200), and on AMD
+        // family 15h the kernel lists a compute unit's two cores as siblings while giving
+        // them different core ids; hwloc builds cores the same way.
+        let siblings: Vec<u32> = match read_list_opt(&topo.join("core_cpus_list"))? {
+            Some(s) => s.iter().collect(),
+            None => match read_list_opt(&topo.join("thread_siblings_list"))? {
+                Some(s) => s.iter().collect(),
+                None => match read_opt(&topo.join("thread_siblings"))? {
+                    Some(t) => CpuSet::parse_mask(&t)
+                        .map_err(|e| {
+                            TopoError::parse(&topo.join("thread_siblings"), e.to_string())
+                        })?
+                        .iter()
+                        .collect(),
+                    None => vec![],
+                },
+            },
+        };
         let online = match read_int_opt(&dir.join("online"))? {
             Some(v) => v != 0,
-            None => global_online.as_ref().map_or(true, |s| s.contains(*id)),
+            None => !matches!(&global_online, Some(s) if !s.contains(*id)),
         };
         let core = match core_id {
             Some(c) => *core_ids
-                .entry((package.unwrap_or(0), c))
+                .entry((package.unwrap_or(0), siblings, c))
                 .or_insert_with(|| {
                     next_core += 1;
                     next_core - 1
@@ -573,9 +594,10 @@ pub fn resolve_caches(entries: &[CacheEntry]) -> Vec<Cache> {
     let agreed = |e: &CacheEntry, set: &CpuSet| -> bool {
         set.contains(e.cpu)
             && set.iter().all(|d| {
-                candidates
-                    .get(&(d, e.level, e.kind as u8))
-                    .is_none_or(|c| c.iter().any(|f| f.as_ref() == Some(set)))
+                !matches!(
+                    candidates.get(&(d, e.level, e.kind as u8)),
+                    Some(c) if !c.iter().any(|f| f.as_ref() == Some(set))
+                )
             })
     };
     let mut out: BTreeMap<(u8, u8, Vec<u32>), Cache> = BTreeMap::new();
@@ -741,12 +763,12 @@ fn apply_allowed(root: &Path, topo: &mut Topology) -> Result<(), TopoError> {
         .transpose()?;
     let (cg_cpus, cg_mems) = cgroup_cpuset(root)?;
     for c in &mut topo.cpus {
-        c.allowed = affinity.as_ref().map_or(true, |a| a.contains(c.id))
-            && cg_cpus.as_ref().map_or(true, |a| a.contains(c.id));
+        c.allowed = !matches!(&affinity, Some(a) if !a.contains(c.id))
+            && !matches!(&cg_cpus, Some(a) if !a.contains(c.id));
     }
     for n in &mut topo.nodes {
-        n.allowed = mems_allowed.as_ref().map_or(true, |a| a.contains(n.id))
-            && cg_mems.as_ref().map_or(true, |a| a.contains(n.id));
+        n.allowed = !matches!(&mems_allowed, Some(a) if !a.contains(n.id))
+            && !matches!(&cg_mems, Some(a) if !a.contains(n.id));
     }
     Ok(())
 }

@@ -19,7 +19,8 @@
 //!   bitmask in format 3), DMA channels skipped. The home node is that of the PUs below the
 //!   device's nearest non-I/O ancestor, when they all lie in one node.
 //!
-//! XML sources carry no process state: every cpu and node counts as allowed and online.
+//! Allowed cpus and nodes are the Machine's `allowed_cpuset` / `allowed_nodeset` (what the
+//! exporting process could use) where present, everything otherwise; every cpu counts as online.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -74,6 +75,30 @@ fn cache_type(t: &str) -> Option<(u8, Option<CacheKind>)> {
         "Cache" => Some((level, None)),
         "iCache" => Some((level, Some(CacheKind::Instruction))),
         _ => None,
+    }
+}
+
+/// An hwloc bitmap string: comma-separated 32-bit hex words, most significant first, each with
+/// `0x` (`0x000000ff,0xffffffff`); a leading `0xf...f` word means "and everything above".
+/// `None` for the all-set bitmap (no restriction).
+pub fn parse_hwloc_bitmap(s: &str) -> Result<Option<CpuSet>, String> {
+    let t = s.trim();
+    if t.starts_with("0xf...f") {
+        return Ok(None);
+    }
+    let words: Vec<&str> = t
+        .split(',')
+        .map(|w| w.trim().trim_start_matches("0x"))
+        .collect();
+    CpuSet::parse_mask(&words.join(","))
+        .map(Some)
+        .map_err(|_| format!("`{t}` is not an hwloc bitmap (expected e.g. `0x0000ffff`)"))
+}
+
+fn bitmap_attr(n: &XNode, key: &str) -> Result<Option<CpuSet>, String> {
+    match n.attribute(key) {
+        None => Ok(None),
+        Some(v) => parse_hwloc_bitmap(v).map_err(|m| format!("`{key}`: {m}")),
     }
 }
 
@@ -327,6 +352,18 @@ pub fn parse(text: &str) -> Result<Topology, String> {
         });
     }
 
+    // What the exporting process was allowed to use (hwloc records its cgroup and binding).
+    if let Some(allowed) = bitmap_attr(&machine, "allowed_cpuset")? {
+        for c in &mut cpus {
+            c.allowed = allowed.contains(c.id);
+        }
+    }
+    if let Some(allowed) = bitmap_attr(&machine, "allowed_nodeset")? {
+        for n in &mut nodes {
+            n.allowed = allowed.contains(n.id);
+        }
+    }
+
     Ok(Topology {
         source: String::new(),
         nodes,
@@ -511,6 +548,38 @@ mod tests {
         assert!(parse(&short)
             .unwrap_err()
             .contains("3 values for 3 indexes"));
+    }
+
+    #[test]
+    fn bitmaps_and_allowed_sets() {
+        assert_eq!(
+            parse_hwloc_bitmap("0x0000ffff")
+                .unwrap()
+                .unwrap()
+                .to_string(),
+            "0-15"
+        );
+        assert_eq!(
+            parse_hwloc_bitmap("0x00000001,0x80000000")
+                .unwrap()
+                .unwrap()
+                .to_string(),
+            "31-32"
+        );
+        assert_eq!(parse_hwloc_bitmap("0xf...f").unwrap(), None);
+        assert!(parse_hwloc_bitmap("0xzz").unwrap_err().contains("`0xzz`"));
+        let restricted = SMALL.replace(
+            r#"<object type="Machine" os_index="0">"#,
+            r#"<object type="Machine" os_index="0" allowed_cpuset="0x00000005" allowed_nodeset="0x00000080">"#,
+        );
+        let t = parse(&restricted).unwrap();
+        assert_eq!(t.allowed_cpus().to_string(), "0,2");
+        assert_eq!(t.allowed_mems().to_string(), "7");
+        let bad = SMALL.replace(
+            r#"<object type="Machine" os_index="0">"#,
+            r#"<object type="Machine" os_index="0" allowed_cpuset="nope">"#,
+        );
+        assert!(parse(&bad).unwrap_err().contains("allowed_cpuset"));
     }
 
     #[test]

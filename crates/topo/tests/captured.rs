@@ -1,7 +1,7 @@
 //! The sysfs reader against real machines: hwloc's captured `/sys` trees in
 //! `../shared/topologies/sysfs`, checked against hwloc's own rendering of the same machine (the
 //! `.console` file beside each tarball, or `.expected.xml` where there is no console): node ids,
-//! cpus per node, memory per node, and which cpus share each L2 and L3.
+//! cpus per node, memory per node, the cpus of each core, and which cpus share each L2 and L3.
 //!
 //! The trees are unpacked with the system `tar` (bzip2 is installed by scripts/install-deps).
 //! Without ../shared the test prints a note and passes.
@@ -82,6 +82,8 @@ struct Oracle {
     l3: BTreeSet<CpuSet>,
     /// cpus of each Package object.
     packages: BTreeSet<CpuSet>,
+    /// cpus of each Core object (SMT siblings).
+    cores: BTreeSet<CpuSet>,
 }
 
 /// `8190MiB` -> the byte range hwloc's print stands for (lstopo rounds to the nearest unit).
@@ -168,6 +170,9 @@ fn parse_console(text: &str) -> Oracle {
             "Package" => {
                 o.packages.insert(pus[i].clone());
             }
+            "Core" => {
+                o.cores.insert(pus[i].clone());
+            }
             _ => {}
         }
     }
@@ -179,8 +184,14 @@ fn groups(t: &Topology, level: u8) -> BTreeSet<CpuSet> {
     t.caches_at(level).map(|c| c.cpus.clone()).collect()
 }
 
+/// The cpus of each core (SMT siblings together).
+fn cores(t: &Topology) -> BTreeSet<CpuSet> {
+    t.cpus.iter().map(|c| t.smt_siblings(c.id)).collect()
+}
+
 fn check(name: &str, t: &Topology, o: &Oracle) {
     t.validate().unwrap();
+    assert_eq!(cores(t), o.cores, "{name}: cpus of each core");
     let ids: Vec<u32> = t.nodes.iter().map(|n| n.id).collect();
     let want: Vec<u32> = o.nodes.iter().map(|n| n.0).collect();
     assert_eq!(ids, want, "{name}: node ids");
@@ -286,6 +297,7 @@ fn oracle_from_xml(path: &Path) -> Oracle {
         l2: groups(&t, 2),
         l3: groups(&t, 3),
         packages: BTreeSet::new(),
+        cores: cores(&t),
     }
 }
 

@@ -8,13 +8,23 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use loci_report::Report;
 
+mod alloc;
 mod engine;
 mod memcpy;
+mod stream;
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
     /// Single-thread memory copy bandwidth: the ceiling other copy workloads are compared to.
     Memcpy(memcpy::MemcpyArgs),
+    /// Allocators compared (glibc, jemalloc, tcmalloc, tbbmalloc, mimalloc, loci): seed 002's
+    /// microbenchmark (`general`) and seed 003's buffer passing between threads
+    /// (`buffer-passing`); time, peak RSS and bytes requested. Each allocator runs in a child
+    /// of this binary with its Debian library in LD_PRELOAD.
+    Alloc(alloc::AllocArgs),
+    /// Streaming (seed 001): loci's pipeline vs `lz4 | nc` and raw `nc` on loopback, the plan vs
+    /// OS placement, and the two LZ4 implementations on one core.
+    Stream(stream::StreamArgs),
     /// W1 holistic aggregation: exact median of v by key (seed 002), over the matrix
     /// threads x memory policy x allocator; --peers duckdb,polars on the same rows.
     W1(engine::EngineArgs),
@@ -50,6 +60,30 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             let common = a.common.clone();
             let rep = memcpy::run(a)?;
             finish(&rep, &common, |r| r.system == "loci")
+        }
+        BenchCmd::Alloc(a) => {
+            let common = a.common.clone();
+            let rep = alloc::run(a)?;
+            // ratios against the fastest peer of each case
+            let best: Vec<(Option<String>, String)> = ["general", "buffer-passing"]
+                .iter()
+                .filter_map(|c| {
+                    alloc::best_peer(&rep, c).map(|r| (r.case.clone(), r.system.clone()))
+                })
+                .collect();
+            finish(&rep, &common, |r| {
+                best.iter().any(|(c, s)| *c == r.case && *s == r.system)
+            })?;
+            print!("{}", alloc::goals(&rep));
+            Ok(())
+        }
+        BenchCmd::Stream(a) => {
+            let common = a.common.clone();
+            let rep = stream::run(a)?;
+            // Ratios against the lz4 | nc pipeline (end to end) and the C library (codecs).
+            finish(&rep, &common, |r| {
+                r.system == "lz4-nc" || r.system == "lz4-c"
+            })
         }
         BenchCmd::W1(a) => run_engine(engine::Workload::W1, a),
         BenchCmd::W2(a) => run_engine(engine::Workload::W2, a),

@@ -1,0 +1,183 @@
+//! Placement check for loci-alloc, meant for multi-node machines and the NUMA VMs: for every
+//! node k with cpus, a thread pinned to node k allocates and writes small, medium and large
+//! blocks, and `move_pages` must find at least 99% of their pages on node k; blocks that
+//! `alloc_on(k)` gives to a thread of another node must sit on k as well.
+//!
+//! Prints one JSON object per node and exits 1 if any ratio is below 0.99.
+//! `cargo run --release -p loci-alloc --example placement_check`
+
+use std::alloc::Layout;
+
+use loci_alloc::os::NodeMap;
+use loci_alloc::LociAlloc;
+use loci_topo::CpuSet;
+
+#[global_allocator]
+static ALLOC: LociAlloc = LociAlloc;
+
+/// Result for one node.
+#[derive(Debug)]
+pub struct NodeCheck {
+    pub node: usize,
+    pub pages: usize,
+    pub on_node: usize,
+    pub alloc_on_pages: usize,
+    pub alloc_on_on_node: usize,
+    pub node_of_agrees: bool,
+}
+
+impl NodeCheck {
+    pub fn ratio(&self) -> f64 {
+        self.on_node as f64 / self.pages.max(1) as f64
+    }
+    pub fn alloc_on_ratio(&self) -> f64 {
+        if self.alloc_on_pages == 0 {
+            1.0
+        } else {
+            self.alloc_on_on_node as f64 / self.alloc_on_pages as f64
+        }
+    }
+    pub fn ok(&self) -> bool {
+        self.pages > 0
+            && self.ratio() >= 0.99
+            && self.alloc_on_ratio() >= 0.99
+            && self.node_of_agrees
+    }
+}
+
+fn sizes() -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for i in 0..400 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.push(match i % 10 {
+            0..=5 => 8192 + (x % (504 * 1024)) as usize, // medium classes
+            6..=8 => 64 + (x % 7000) as usize,           // small classes
+            _ => (1 << 20) + (x % (3 << 20)) as usize,   // large mappings
+        });
+    }
+    v
+}
+
+/// Allocates and writes the blocks, then counts their pages on `node`.
+fn count(blocks: &[(usize, usize)], node: usize) -> (usize, usize) {
+    let (mut pages, mut on) = (0, 0);
+    for &(p, n) in blocks {
+        let st = loci_place::sys::buffer_pages_nodes(p as *const u8, n).expect("move_pages");
+        pages += st.len();
+        on += st.iter().filter(|&&s| s == node as i32).count();
+    }
+    (pages, on)
+}
+
+fn alloc_write(n: usize) -> (usize, usize) {
+    let l = Layout::from_size_align(n, 16).unwrap();
+    // SAFETY: non-zero size; written right away.
+    let p = unsafe { std::alloc::alloc(l) };
+    assert!(!p.is_null());
+    // SAFETY: p has n bytes.
+    unsafe { std::ptr::write_bytes(p, 0x5a, n) };
+    (p as usize, n)
+}
+
+fn free_all(blocks: Vec<(usize, usize)>) {
+    for (p, _) in blocks {
+        // SAFETY: live blocks of this allocator.
+        unsafe { loci_alloc::free(p as *mut u8) };
+    }
+}
+
+/// Runs the check on every node with cpus.
+pub fn check_all() -> Vec<NodeCheck> {
+    let mut map = NodeMap::single();
+    map.read_sysfs();
+    let allowed = loci_place::sys::get_affinity(0).expect("sched_getaffinity");
+    let nodes: Vec<usize> = (0..64).filter(|n| map.nodes >> n & 1 == 1).collect();
+    let cpus_of = |n: usize| -> CpuSet {
+        allowed
+            .iter()
+            .filter(|&c| {
+                (c as usize) < map.cpu_node.len() && map.cpu_node[c as usize] as usize == n
+            })
+            .collect()
+    };
+    let mut out = Vec::new();
+    for &k in &nodes {
+        let cpus = cpus_of(k);
+        if cpus.is_empty() {
+            continue; // memory-only node or not allowed here
+        }
+        let (pages, on_node, agrees) = std::thread::spawn(move || {
+            // a heap is created before pinning, as in real programs
+            let warm = alloc_write(100_000);
+            loci_place::sys::set_affinity(0, &cpus).expect("sched_setaffinity");
+            let blocks: Vec<_> = sizes().into_iter().map(alloc_write).collect();
+            let agrees = blocks
+                .iter()
+                .all(|&(p, _)| loci_alloc::node_of(p as *const u8) == Some(k));
+            let (pages, on) = count(&blocks, k);
+            free_all(blocks);
+            free_all(vec![warm]);
+            (pages, on, agrees)
+        })
+        .join()
+        .unwrap();
+        // alloc_on(k) from a thread pinned to another node (when there is one)
+        let other = nodes
+            .iter()
+            .copied()
+            .find(|&m| m != k && !cpus_of(m).is_empty());
+        let (ap, aon, aagrees) = match other {
+            None => (0, 0, true),
+            Some(m) => {
+                let cpus = cpus_of(m);
+                std::thread::spawn(move || {
+                    loci_place::sys::set_affinity(0, &cpus).expect("sched_setaffinity");
+                    let blocks: Vec<(usize, usize)> = sizes()
+                        .into_iter()
+                        .map(|n| {
+                            let l = Layout::from_size_align(n, 64).unwrap();
+                            let p = loci_alloc::alloc_on(k, l).expect("alloc_on").as_ptr();
+                            // SAFETY: p has n bytes.
+                            unsafe { std::ptr::write_bytes(p, 0xa5, n) };
+                            (p as usize, n)
+                        })
+                        .collect();
+                    let agrees = blocks
+                        .iter()
+                        .all(|&(p, _)| loci_alloc::node_of(p as *const u8) == Some(k));
+                    let (pages, on) = count(&blocks, k);
+                    free_all(blocks);
+                    (pages, on, agrees)
+                })
+                .join()
+                .unwrap()
+            }
+        };
+        out.push(NodeCheck {
+            node: k,
+            pages,
+            on_node,
+            alloc_on_pages: ap,
+            alloc_on_on_node: aon,
+            node_of_agrees: agrees && aagrees,
+        });
+    }
+    out
+}
+
+#[allow(dead_code)]
+fn main() {
+    let res = check_all();
+    let mut ok = !res.is_empty();
+    for r in &res {
+        println!(
+            "{{\"node\": {}, \"pages\": {}, \"on_node\": {}, \"ratio\": {:.4}, \"alloc_on_pages\": {}, \"alloc_on_ratio\": {:.4}, \"node_of_agrees\": {}, \"ok\": {}}}",
+            r.node, r.pages, r.on_node, r.ratio(), r.alloc_on_pages, r.alloc_on_ratio(), r.node_of_agrees, r.ok()
+        );
+        ok &= r.ok();
+    }
+    std::process::exit(if ok { 0 } else { 1 });
+}

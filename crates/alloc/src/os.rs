@@ -1,0 +1,411 @@
+//! What the allocator needs from the OS, without ever allocating: anonymous mappings at an
+//! alignment, `mbind`, the region map, the cpu -> node map read once from sysfs, environment.
+//!
+//! `loci_place::sys::mbind` takes a `NodeSet`, which lives on the heap; an allocator cannot
+//! allocate while it allocates, so the syscall is issued here with a mask on the stack.
+
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+
+/// Highest node id + 1 the allocator keeps state for (per-node pools are static arrays).
+pub const MAX_NODES: usize = 64;
+/// Cpus the cpu -> node map covers; cpus beyond it are treated as node 0.
+pub const MAX_CPUS: usize = 4096;
+
+/// Memory policy used to bind superblocks and large mappings to their node.
+pub const MPOL_PREFERRED: i32 = 1;
+/// Strict binding (page faults fail instead of falling back when the node is full).
+pub const MPOL_BIND: i32 = 2;
+
+/// Maps `len` bytes aligned to `align` (a power of two). Null on failure.
+pub fn map_aligned(len: usize, align: usize) -> *mut u8 {
+    let total = len + align;
+    // SAFETY: anonymous private mapping at a kernel-chosen address; no existing memory is touched.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            total,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return core::ptr::null_mut();
+    }
+    let start = p as usize;
+    let aligned = (start + align - 1) & !(align - 1);
+    let head = aligned - start;
+    let tail = total - head - len;
+    // SAFETY: both trimmed ranges lie inside the mapping just made and are not used by anyone.
+    unsafe {
+        if head > 0 {
+            libc::munmap(p, head);
+        }
+        if tail > 0 {
+            libc::munmap((aligned + len) as *mut libc::c_void, tail);
+        }
+    }
+    aligned as *mut u8
+}
+
+/// Unmaps a range made by [`map_aligned`].
+///
+/// # Safety
+/// Nothing may use the range afterwards.
+pub unsafe fn unmap(p: *mut u8, len: usize) {
+    // SAFETY: the caller owns the mapping and gives it up.
+    unsafe { libc::munmap(p as *mut libc::c_void, len) };
+}
+
+/// `mbind(2)` of a range to one node. Returns false when the kernel refused (no NUMA support,
+/// node offline); the memory stays usable, only unbound.
+///
+/// # Safety
+/// The range must be a mapping owned by the allocator.
+pub unsafe fn bind(p: *mut u8, len: usize, node: usize, mode: i32) -> bool {
+    if node >= MAX_NODES {
+        return false;
+    }
+    let mask: [u64; MAX_NODES / 64] = {
+        let mut m = [0u64; MAX_NODES / 64];
+        m[node / 64] |= 1 << (node % 64);
+        m
+    };
+    // SAFETY: the caller owns the range; the mask is valid for MAX_NODES bits (maxnode is
+    // passed as bits + 1, the kernel's convention).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            p,
+            len,
+            mode,
+            mask.as_ptr(),
+            MAX_NODES + 1,
+            0u32,
+        )
+    };
+    r == 0
+}
+
+/// The cpu the calling thread runs on (glibc reads it from rseq: a few ns), or 0.
+#[inline]
+pub fn current_cpu() -> usize {
+    // SAFETY: no preconditions.
+    let c = unsafe { libc::sched_getcpu() };
+    if c < 0 {
+        0
+    } else {
+        c as usize
+    }
+}
+
+/// If the calling thread may run only on cpus of one node, that node.
+pub fn affinity_node(cpu_node: &[u8; MAX_CPUS]) -> Option<usize> {
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    // SAFETY: `set` is writable and sized as passed.
+    let r =
+        unsafe { libc::sched_getaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return None;
+    }
+    let mut node = None;
+    for c in 0..(libc::CPU_SETSIZE as usize).min(MAX_CPUS) {
+        // SAFETY: c < CPU_SETSIZE.
+        if unsafe { libc::CPU_ISSET(c, &set) } {
+            let n = cpu_node[c] as usize;
+            match node {
+                None => node = Some(n),
+                Some(m) if m != n => return None,
+                _ => {}
+            }
+        }
+    }
+    node
+}
+
+// ---------------------------------------------------------------------------------------------
+// Region map: one bit per `align`-sized slot of the 47-bit address space, set where a region
+// (superblock or large mapping) of this allocator starts. `free` of a pointer tests the bit of
+// `ptr & !(align - 1)`; pointers of the system allocator never hit a set bit because they
+// never lie inside our mappings. 4 MiB of zero pages in .bss; only touched words use memory.
+
+const ADDR_BITS: usize = 47;
+/// Smallest region alignment (the map is sized for it).
+pub const MIN_REGION_SHIFT: usize = 22;
+const MAP_WORDS: usize = 1 << (ADDR_BITS - MIN_REGION_SHIFT - 6);
+static REGION_MAP: [AtomicU64; MAP_WORDS] = [const { AtomicU64::new(0) }; MAP_WORDS];
+/// log2 of the region alignment; set once at init.
+pub static REGION_SHIFT: AtomicUsize = AtomicUsize::new(MIN_REGION_SHIFT);
+
+#[inline]
+fn slot(addr: usize) -> Option<(usize, u64)> {
+    if addr >> ADDR_BITS != 0 {
+        return None;
+    }
+    let i = addr >> REGION_SHIFT.load(Relaxed);
+    Some((i / 64, 1u64 << (i % 64)))
+}
+
+/// Marks a region start. False if the address is outside the range the map covers.
+pub fn mark(base: usize, on: bool) -> bool {
+    match slot(base) {
+        Some((w, b)) => {
+            if on {
+                REGION_MAP[w].fetch_or(b, Release);
+            } else {
+                REGION_MAP[w].fetch_and(!b, Release);
+            }
+            true
+        }
+        None => false,
+    }
+}
+
+/// Region start of `p` if it lies in a region of this allocator.
+#[inline]
+pub fn region_of(p: usize) -> Option<usize> {
+    let shift = REGION_SHIFT.load(Relaxed);
+    let base = p >> shift << shift;
+    let (w, b) = slot(base)?;
+    if REGION_MAP[w].load(Acquire) & b != 0 {
+        Some(base)
+    } else {
+        None
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// sysfs, read with raw syscalls into stack buffers.
+
+/// Reads a small file into `buf`; returns the bytes read.
+pub fn read_file(path: &core::ffi::CStr, buf: &mut [u8]) -> Option<usize> {
+    // SAFETY: `path` is NUL-terminated; flags are plain.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    let mut n = 0;
+    while n < buf.len() {
+        // SAFETY: the destination is the unused tail of `buf`.
+        let r = unsafe {
+            libc::read(
+                fd,
+                buf[n..].as_mut_ptr() as *mut libc::c_void,
+                buf.len() - n,
+            )
+        };
+        if r <= 0 {
+            break;
+        }
+        n += r as usize;
+    }
+    // SAFETY: fd was opened above.
+    unsafe { libc::close(fd) };
+    Some(n)
+}
+
+/// Calls `f(id)` for every id of a Linux list (`0-3,8,10-11`). Returns false on malformed text.
+pub fn parse_list(text: &[u8], mut f: impl FnMut(usize)) -> bool {
+    let mut i = 0;
+    let num = |i: &mut usize| -> Option<usize> {
+        let s = *i;
+        let mut v: usize = 0;
+        while *i < text.len() && text[*i].is_ascii_digit() {
+            v = v.checked_mul(10)?.checked_add((text[*i] - b'0') as usize)?;
+            *i += 1;
+        }
+        (*i > s).then_some(v)
+    };
+    while i < text.len() && !text[i].is_ascii_whitespace() {
+        let Some(a) = num(&mut i) else { return false };
+        let mut b = a;
+        if i < text.len() && text[i] == b'-' {
+            i += 1;
+            let Some(v) = num(&mut i) else { return false };
+            b = v;
+        }
+        if b < a {
+            return false;
+        }
+        for x in a..=b {
+            f(x);
+        }
+        if i < text.len() && text[i] == b',' {
+            i += 1;
+        } else if i < text.len() && !text[i].is_ascii_whitespace() {
+            return false;
+        }
+    }
+    true
+}
+
+/// The node map: which node every cpu belongs to, and which nodes are online.
+pub struct NodeMap {
+    /// Node of each cpu (0 where unknown).
+    pub cpu_node: [u8; MAX_CPUS],
+    /// Bit n set: node n is online and has been seen.
+    pub nodes: u64,
+}
+
+impl NodeMap {
+    /// One node holding every cpu (machines without NUMA information).
+    pub const fn single() -> Self {
+        NodeMap {
+            cpu_node: [0; MAX_CPUS],
+            nodes: 1,
+        }
+    }
+
+    /// Adds node `node` with the cpus of `cpulist` (Linux list text). False if malformed.
+    pub fn add_node(&mut self, node: usize, cpulist: &[u8]) -> bool {
+        if node >= MAX_NODES {
+            return false;
+        }
+        self.nodes |= 1 << node;
+        let map = &mut self.cpu_node;
+        parse_list(cpulist, |c| {
+            if c < MAX_CPUS {
+                map[c] = node as u8;
+            }
+        })
+    }
+
+    /// Reads `/sys/devices/system/node` (online nodes and their cpu lists); a single node 0 when
+    /// the directory is missing or unreadable.
+    pub fn read_sysfs(&mut self) {
+        let mut buf = [0u8; 4096];
+        let Some(n) = read_file(c"/sys/devices/system/node/online", &mut buf) else {
+            *self = Self::single();
+            return;
+        };
+        let mut online = 0u64;
+        if !parse_list(&buf[..n], |x| {
+            if x < MAX_NODES {
+                online |= 1 << x
+            }
+        }) || online == 0
+        {
+            *self = Self::single();
+            return;
+        }
+        self.nodes = 0;
+        for node in 0..MAX_NODES {
+            if online >> node & 1 == 0 {
+                continue;
+            }
+            // "/sys/devices/system/node/node<N>/cpulist\0" built on the stack.
+            let mut path = [0u8; 64];
+            let prefix = b"/sys/devices/system/node/node";
+            path[..prefix.len()].copy_from_slice(prefix);
+            let mut k = prefix.len();
+            if node >= 10 {
+                path[k] = b'0' + (node / 10) as u8;
+                k += 1;
+            }
+            path[k] = b'0' + (node % 10) as u8;
+            k += 1;
+            let suffix = b"/cpulist\0";
+            path[k..k + suffix.len()].copy_from_slice(suffix);
+            let Ok(p) = core::ffi::CStr::from_bytes_until_nul(&path) else {
+                continue;
+            };
+            let mut cl = [0u8; 4096];
+            match read_file(p, &mut cl) {
+                Some(m) => {
+                    self.add_node(node, &cl[..m]);
+                }
+                None => self.nodes |= 1 << node,
+            }
+        }
+        if self.nodes == 0 {
+            *self = Self::single();
+        }
+    }
+}
+
+/// Parses a byte size with an optional K/M/G suffix (`10M`, `16777216`).
+pub fn parse_size(s: &[u8]) -> Option<usize> {
+    let (digits, mult) = match s.last()? {
+        b'k' | b'K' => (&s[..s.len() - 1], 1usize << 10),
+        b'm' | b'M' => (&s[..s.len() - 1], 1 << 20),
+        b'g' | b'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    let mut v: usize = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add((d - b'0') as usize)?;
+    }
+    v.checked_mul(mult)
+}
+
+/// The value of an environment variable, without allocating.
+pub fn getenv(name: &core::ffi::CStr) -> Option<&'static [u8]> {
+    // SAFETY: `name` is NUL-terminated; getenv returns null or a NUL-terminated string that
+    // lives as long as the environment is not modified (read once at init).
+    let p = unsafe { libc::getenv(name.as_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: non-null getenv result is a valid C string.
+    Some(unsafe { core::ffi::CStr::from_ptr(p) }.to_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_parse_like_the_kernel_prints_them() {
+        let mut v = Vec::new();
+        assert!(parse_list(b"0-3,8,10-11\n", |x| v.push(x)));
+        assert_eq!(v, [0, 1, 2, 3, 8, 10, 11]);
+        assert!(parse_list(b"\n", |_| panic!()));
+        assert!(!parse_list(b"3-1", |_| {}));
+        assert!(!parse_list(b"1,x", |_| {}));
+        assert!(!parse_list(b"-1", |_| {}));
+    }
+
+    #[test]
+    fn node_map_from_literal_text() {
+        let mut m = NodeMap::single();
+        m.nodes = 0;
+        assert!(m.add_node(0, b"0-1,4-5\n"));
+        assert!(m.add_node(1, b"2-3,6-7\n"));
+        assert!(m.add_node(3, b"\n")); // memory-only node
+        assert_eq!(m.nodes, 0b1011);
+        assert_eq!(&m.cpu_node[..8], &[0, 0, 1, 1, 0, 0, 1, 1]);
+        assert!(!m.add_node(MAX_NODES, b"0"));
+    }
+
+    #[test]
+    fn sizes_parse_with_suffixes() {
+        assert_eq!(parse_size(b"10M"), Some(10 << 20));
+        assert_eq!(parse_size(b"4096"), Some(4096));
+        assert_eq!(parse_size(b"2g"), Some(2 << 30));
+        assert_eq!(parse_size(b"M"), None);
+        assert_eq!(parse_size(b"1x"), None);
+        assert_eq!(parse_size(b"99999999999999999999G"), None);
+    }
+
+    #[test]
+    fn aligned_maps_are_aligned_and_marked() {
+        let a = 1 << 26; // the largest region alignment, valid whatever init chose
+        let p = map_aligned(3 << 20, a);
+        assert!(!p.is_null());
+        assert_eq!(p as usize % a, 0);
+        assert!(mark(p as usize, true));
+        assert_eq!(region_of(p as usize + 12345), Some(p as usize));
+        assert!(mark(p as usize, false));
+        assert_eq!(region_of(p as usize + 12345), None);
+        // SAFETY: mapped above, not used after.
+        unsafe { unmap(p, 3 << 20) };
+    }
+}

@@ -1,0 +1,44 @@
+//! Errors of loci-array: each names the bad part and what would have been valid.
+
+/// Why an array operation cannot be done.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArrayError {
+    /// Bad dimensions, attributes or chunking.
+    #[error("array schema: {0}")]
+    Schema(String),
+    /// A box with the wrong number of ranges.
+    #[error("the box has {got} ranges but the array has {want} dimensions ({dims})")]
+    BoxDims {
+        got: usize,
+        want: usize,
+        dims: String,
+    },
+    /// A range whose start is past its end.
+    #[error("dimension `{dim}`: range {lo}..{hi} is reversed (start after end); valid extent is 0..{len}")]
+    Reversed {
+        dim: String,
+        lo: usize,
+        hi: usize,
+        len: usize,
+    },
+    /// A range that leaves the array.
+    #[error("dimension `{dim}`: range {lo}..{hi} is outside the array; valid extent is 0..{len}")]
+    Outside {
+        dim: String,
+        lo: usize,
+        hi: usize,
+        len: usize,
+    },
+    /// Memory could not be mapped or its policy could not be set.
+    #[error("memory: {0}")]
+    Memory(String),
+    /// A thread could not be pinned as planned.
+    #[error("pinning: {0}")]
+    Pin(String),
+    /// A file could not be read or written.
+    #[error("{0}")]
+    Io(String),
+    /// Text that does not parse (a box, a strategy, a span).
+    #[error("{0}")]
+    Parse(String),
+}

@@ -1,0 +1,532 @@
+//! The shape of a chunked array without its data: dimensions, attributes, and the chunk grid.
+//!
+//! Chunk grid: along dimension `d` with chunk length `c` and phase `p` (`0 <= p < c`), chunk `k`
+//! covers cells `[k*c - p, (k+1)*c - p)` clipped to `[0, len)`. Arrays built from scratch have
+//! phase 0; the result of a subarray keeps the source's chunk boundaries (phase = where the box
+//! starts inside its first chunk), so every result chunk is exactly one source chunk cut by the
+//! box and can be copied as one block from one source chunk.
+//!
+//! Chunks are numbered in C order over the grid; cells inside a chunk are stored in C order over
+//! the chunk's own (clipped) shape, one attribute after the other.
+
+use std::fmt;
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::DType;
+use crate::error::ArrayError;
+
+/// A named dimension with cells `0..len`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Dim {
+    pub name: String,
+    pub len: usize,
+}
+
+impl Dim {
+    pub fn new(name: &str, len: usize) -> Self {
+        Self {
+            name: name.to_string(),
+            len,
+        }
+    }
+}
+
+/// A named attribute: every cell of the array holds one value of each attribute.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Attr {
+    pub name: String,
+    pub dtype: DType,
+}
+
+impl Attr {
+    pub fn new(name: &str, dtype: DType) -> Self {
+        Self {
+            name: name.to_string(),
+            dtype,
+        }
+    }
+}
+
+/// How to split an array into chunks.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Chunking {
+    /// About this many chunks: the grid is made by handing the prime factors of the count, largest
+    /// first, to the outermost dimension that still has room (so a count of 10 on a 3-D volume
+    /// gives 10 slabs along the first dimension). The real count can be lower when a dimension is
+    /// too short; [`Layout::chunk_count`] says what it became.
+    Count(usize),
+    /// This many cells per chunk along each dimension (the last chunk of a dimension may be shorter).
+    Shape(Vec<usize>),
+}
+
+/// Dimensions, attributes and chunk grid of an array.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Layout {
+    pub dims: Vec<Dim>,
+    pub attrs: Vec<Attr>,
+    /// Chunk length along each dimension; each at least 1.
+    pub chunk: Vec<usize>,
+    /// Grid phase along each dimension; `phase[d] < chunk[d]`.
+    pub phase: Vec<usize>,
+}
+
+/// A box: one half-open range per dimension, `lo..hi`.
+pub type Bounds = Vec<Range<usize>>;
+
+/// Prints a box as `depth=0..10, inline=5..7`.
+pub struct ShowBox<'a>(pub &'a Layout, pub &'a [Range<usize>]);
+
+impl fmt::Display for ShowBox<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, r) in self.1.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            let name = self.0.dims.get(i).map(|d| d.name.as_str()).unwrap_or("?");
+            write!(f, "{name}={}..{}", r.start, r.end)?;
+        }
+        Ok(())
+    }
+}
+
+impl Layout {
+    /// Checks names and sizes and resolves the chunking.
+    pub fn new(dims: Vec<Dim>, attrs: Vec<Attr>, chunking: &Chunking) -> Result<Self, ArrayError> {
+        if dims.is_empty() {
+            return Err(ArrayError::Schema(
+                "an array needs at least one dimension".into(),
+            ));
+        }
+        if attrs.is_empty() {
+            return Err(ArrayError::Schema(
+                "an array needs at least one attribute".into(),
+            ));
+        }
+        for (i, d) in dims.iter().enumerate() {
+            if d.name.is_empty() {
+                return Err(ArrayError::Schema(format!(
+                    "dimension {i} has an empty name"
+                )));
+            }
+            if dims[..i].iter().any(|o| o.name == d.name) {
+                return Err(ArrayError::Schema(format!(
+                    "dimension name `{}` is used twice",
+                    d.name
+                )));
+            }
+        }
+        for (i, a) in attrs.iter().enumerate() {
+            if a.name.is_empty() {
+                return Err(ArrayError::Schema(format!(
+                    "attribute {i} has an empty name"
+                )));
+            }
+            if attrs[..i].iter().any(|o| o.name == a.name) {
+                return Err(ArrayError::Schema(format!(
+                    "attribute name `{}` is used twice",
+                    a.name
+                )));
+            }
+        }
+        let chunk = match chunking {
+            Chunking::Shape(s) => {
+                if s.len() != dims.len() {
+                    return Err(ArrayError::Schema(format!(
+                        "chunk shape has {} lengths but the array has {} dimensions ({})",
+                        s.len(),
+                        dims.len(),
+                        dims.iter()
+                            .map(|d| d.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
+                if let Some(i) = s.iter().position(|&c| c == 0) {
+                    return Err(ArrayError::Schema(format!(
+                        "chunk length along `{}` is 0; it must be at least 1",
+                        dims[i].name
+                    )));
+                }
+                s.clone()
+            }
+            Chunking::Count(n) => {
+                if *n == 0 {
+                    return Err(ArrayError::Schema("chunk count must be at least 1".into()));
+                }
+                // Outer dimensions first: give the first dimension as many chunks as it can take
+                // (choosing the chunk length whose real count is nearest the wish), then what is
+                // still wanted to the next one. Uniform chunk lengths cannot hit every count (100
+                // slabs of a 512-cell dimension are 103 slabs of 5), so the result is the nearest.
+                let mut want = *n;
+                dims.iter()
+                    .map(|d| {
+                        if want <= 1 || d.len == 0 {
+                            return d.len.max(1);
+                        }
+                        let g = want.min(d.len);
+                        let real = |c: usize| d.len.div_ceil(c);
+                        let lo = (d.len / g).max(1);
+                        let c = [lo, lo + 1]
+                            .into_iter()
+                            .min_by_key(|&c| real(c).abs_diff(g))
+                            .expect("two candidates");
+                        want = ((want as f64 / real(c) as f64).round() as usize).max(1);
+                        c
+                    })
+                    .collect()
+            }
+        };
+        Ok(Self {
+            phase: vec![0; dims.len()],
+            dims,
+            attrs,
+            chunk,
+        })
+    }
+
+    /// Number of dimensions.
+    pub fn ndim(&self) -> usize {
+        self.dims.len()
+    }
+
+    /// Lengths of the dimensions.
+    pub fn shape(&self) -> Vec<usize> {
+        self.dims.iter().map(|d| d.len).collect()
+    }
+
+    /// Number of cells.
+    pub fn cells(&self) -> usize {
+        self.dims.iter().map(|d| d.len).product()
+    }
+
+    /// Bytes of one cell over all attributes.
+    pub fn cell_bytes(&self) -> usize {
+        self.attrs.iter().map(|a| a.dtype.size()).sum()
+    }
+
+    /// Index of the attribute called `name`.
+    pub fn attr_index(&self, name: &str) -> Result<usize, ArrayError> {
+        self.attrs
+            .iter()
+            .position(|a| a.name == name)
+            .ok_or_else(|| {
+                ArrayError::Schema(format!(
+                    "no attribute `{name}`; attributes: {}",
+                    self.attrs
+                        .iter()
+                        .map(|a| a.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })
+    }
+
+    /// Chunks along each dimension.
+    pub fn grid(&self) -> Vec<usize> {
+        self.dims
+            .iter()
+            .enumerate()
+            .map(|(d, dim)| {
+                if dim.len == 0 {
+                    0
+                } else {
+                    (dim.len + self.phase[d]).div_ceil(self.chunk[d])
+                }
+            })
+            .collect()
+    }
+
+    /// Number of chunks.
+    pub fn chunk_count(&self) -> usize {
+        self.grid().iter().product()
+    }
+
+    /// Cells `lo..hi` of chunk `k` along dimension `d`.
+    pub fn chunk_range(&self, d: usize, k: usize) -> Range<usize> {
+        let c = self.chunk[d];
+        let lo = (k * c).saturating_sub(self.phase[d]);
+        let hi = ((k + 1) * c - self.phase[d]).min(self.dims[d].len);
+        lo..hi
+    }
+
+    /// Grid coordinates of chunk `id`.
+    pub fn chunk_coords(&self, id: usize) -> Vec<usize> {
+        let grid = self.grid();
+        let mut rest = id;
+        let mut out = vec![0; grid.len()];
+        for d in (0..grid.len()).rev() {
+            out[d] = rest % grid[d];
+            rest /= grid[d];
+        }
+        out
+    }
+
+    /// Chunk id of grid coordinates.
+    pub fn chunk_id(&self, coords: &[usize]) -> usize {
+        let grid = self.grid();
+        coords
+            .iter()
+            .zip(&grid)
+            .fold(0, |acc, (&c, &g)| acc * g + c)
+    }
+
+    /// The cells of chunk `id`.
+    pub fn chunk_box(&self, id: usize) -> Bounds {
+        self.chunk_coords(id)
+            .iter()
+            .enumerate()
+            .map(|(d, &k)| self.chunk_range(d, k))
+            .collect()
+    }
+
+    /// Chunk holding a cell, and the cell's coordinates inside that chunk.
+    pub fn locate(&self, cell: &[usize]) -> (usize, Vec<usize>) {
+        let coords: Vec<usize> = cell
+            .iter()
+            .enumerate()
+            .map(|(d, &x)| (x + self.phase[d]) / self.chunk[d])
+            .collect();
+        let local = cell
+            .iter()
+            .enumerate()
+            .map(|(d, &x)| x - self.chunk_range(d, coords[d]).start)
+            .collect();
+        (self.chunk_id(&coords), local)
+    }
+
+    /// Byte offset of each attribute inside a chunk of `cells` cells (64-byte aligned), and the
+    /// chunk's total bytes.
+    pub fn attr_offsets(&self, cells: usize) -> (Vec<usize>, usize) {
+        let mut off = 0;
+        let mut out = Vec::with_capacity(self.attrs.len());
+        for a in &self.attrs {
+            out.push(off);
+            off += (cells * a.dtype.size()).next_multiple_of(64);
+        }
+        (out, off)
+    }
+
+    /// Checks a box against the array: one range per dimension, not reversed, inside the extent.
+    pub fn check_box(&self, b: &[Range<usize>]) -> Result<(), ArrayError> {
+        if b.len() != self.ndim() {
+            return Err(ArrayError::BoxDims {
+                got: b.len(),
+                want: self.ndim(),
+                dims: self
+                    .dims
+                    .iter()
+                    .map(|d| d.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        for (d, r) in b.iter().enumerate() {
+            let dim = &self.dims[d];
+            if r.start > r.end {
+                return Err(ArrayError::Reversed {
+                    dim: dim.name.clone(),
+                    lo: r.start,
+                    hi: r.end,
+                    len: dim.len,
+                });
+            }
+            if r.end > dim.len {
+                return Err(ArrayError::Outside {
+                    dim: dim.name.clone(),
+                    lo: r.start,
+                    hi: r.end,
+                    len: dim.len,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The layout of `subarray(b)`: same names and attributes, lengths of the box, chunk
+    /// boundaries kept where the source had them. `b` must have passed [`Layout::check_box`].
+    pub fn sub_layout(&self, b: &[Range<usize>]) -> Layout {
+        Layout {
+            dims: self
+                .dims
+                .iter()
+                .zip(b)
+                .map(|(d, r)| Dim::new(&d.name, r.end - r.start))
+                .collect(),
+            attrs: self.attrs.clone(),
+            chunk: self.chunk.clone(),
+            phase: b
+                .iter()
+                .enumerate()
+                .map(|(d, r)| (r.start + self.phase[d]) % self.chunk[d])
+                .collect(),
+        }
+    }
+
+    /// Range of chunk grid coordinates along each dimension that a (checked, non-empty) box meets.
+    pub fn grid_span(&self, b: &[Range<usize>]) -> Vec<Range<usize>> {
+        b.iter()
+            .enumerate()
+            .map(|(d, r)| {
+                if r.start >= r.end {
+                    0..0
+                } else {
+                    (r.start + self.phase[d]) / self.chunk[d]
+                        ..(r.end - 1 + self.phase[d]) / self.chunk[d] + 1
+                }
+            })
+            .collect()
+    }
+
+    /// Every chunk a (checked) box meets, with the part of the box inside it, in chunk-id order.
+    pub fn intersecting(&self, b: &[Range<usize>]) -> Vec<(usize, Bounds)> {
+        let span = self.grid_span(b);
+        if span.iter().any(|s| s.is_empty()) {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        let mut k: Vec<usize> = span.iter().map(|s| s.start).collect();
+        loop {
+            let inter: Bounds = k
+                .iter()
+                .enumerate()
+                .map(|(d, &kd)| {
+                    let c = self.chunk_range(d, kd);
+                    c.start.max(b[d].start)..c.end.min(b[d].end)
+                })
+                .collect();
+            out.push((self.chunk_id(&k), inter));
+            // Next grid coordinate in C order inside the span.
+            let mut d = k.len();
+            loop {
+                if d == 0 {
+                    return out;
+                }
+                d -= 1;
+                k[d] += 1;
+                if k[d] < span[d].end {
+                    break;
+                }
+                k[d] = span[d].start;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vol(n: [usize; 3], ch: Chunking) -> Layout {
+        Layout::new(
+            vec![
+                Dim::new("depth", n[0]),
+                Dim::new("inline", n[1]),
+                Dim::new("crossline", n[2]),
+            ],
+            vec![Attr::new("v", DType::F32)],
+            &ch,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn chunk_count_goes_to_outer_dims_first() {
+        assert_eq!(
+            vol([512, 512, 512], Chunking::Count(10)).grid(),
+            vec![10, 1, 1]
+        );
+        assert_eq!(
+            vol([512, 512, 512], Chunking::Count(1000)).grid(),
+            vec![512, 2, 1]
+        );
+        assert_eq!(
+            vol([512, 512, 512], Chunking::Count(100)).grid(),
+            vec![103, 1, 1]
+        );
+        assert_eq!(
+            vol([512, 512, 512], Chunking::Count(1)).grid(),
+            vec![1, 1, 1]
+        );
+        let l = vol([4, 4, 4], Chunking::Count(100));
+        assert_eq!(l.grid(), vec![4, 4, 4]);
+        assert_eq!(l.chunk_count(), 64);
+        assert_eq!(vol([5, 10, 10], Chunking::Count(20)).grid(), vec![5, 4, 1]);
+    }
+
+    #[test]
+    fn chunk_ranges_tile_each_dimension() {
+        let l = vol([10, 7, 3], Chunking::Shape(vec![4, 3, 5]));
+        assert_eq!(l.grid(), vec![3, 3, 1]);
+        assert_eq!(l.chunk_range(0, 2), 8..10);
+        assert_eq!(l.chunk_range(1, 2), 6..7);
+        for id in 0..l.chunk_count() {
+            assert_eq!(l.chunk_id(&l.chunk_coords(id)), id);
+        }
+        let (id, local) = l.locate(&[9, 4, 2]);
+        assert_eq!(l.chunk_coords(id), vec![2, 1, 0]);
+        assert_eq!(local, vec![1, 1, 2]);
+    }
+
+    #[test]
+    fn sub_layout_keeps_source_boundaries() {
+        let l = vol([10, 7, 3], Chunking::Shape(vec![4, 3, 5]));
+        let b = vec![3..10, 1..7, 0..3];
+        let s = l.sub_layout(&b);
+        let inter = l.intersecting(&b);
+        assert_eq!(s.chunk_count(), inter.len());
+        for (i, (_, ib)) in inter.iter().enumerate() {
+            let shifted: Bounds = ib
+                .iter()
+                .zip(&b)
+                .map(|(r, o)| r.start - o.start..r.end - o.start)
+                .collect();
+            assert_eq!(s.chunk_box(i), shifted, "result chunk {i}");
+        }
+    }
+
+    #[test]
+    fn bad_boxes_name_the_dimension() {
+        let l = vol([10, 7, 3], Chunking::Count(2));
+        let e = l.check_box(&[0..10, 5..2, 0..3]).unwrap_err().to_string();
+        assert!(
+            e.contains("inline") && e.contains("5..2") && e.contains("0..7"),
+            "{e}"
+        );
+        let e = l.check_box(&[0..11, 0..7, 0..3]).unwrap_err().to_string();
+        assert!(
+            e.contains("depth") && e.contains("0..11") && e.contains("0..10"),
+            "{e}"
+        );
+        let e = l.check_box(&[0..1]).unwrap_err().to_string();
+        assert!(e.contains("3") && e.contains("crossline"), "{e}");
+    }
+
+    #[test]
+    fn bad_schemas_are_refused() {
+        let d = || vec![Dim::new("x", 4)];
+        assert!(Layout::new(
+            vec![],
+            vec![Attr::new("a", DType::F32)],
+            &Chunking::Count(1)
+        )
+        .is_err());
+        assert!(Layout::new(d(), vec![], &Chunking::Count(1)).is_err());
+        assert!(Layout::new(d(), vec![Attr::new("a", DType::F32)], &Chunking::Count(0)).is_err());
+        let e = Layout::new(
+            d(),
+            vec![Attr::new("a", DType::F32)],
+            &Chunking::Shape(vec![0]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("`x`"), "{e}");
+        assert!(Layout::new(
+            vec![Dim::new("x", 1), Dim::new("x", 1)],
+            vec![Attr::new("a", DType::F32)],
+            &Chunking::Count(1)
+        )
+        .is_err());
+    }
+}

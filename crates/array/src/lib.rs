@@ -1,0 +1,38 @@
+//! loci-array: dense chunked N-dimensional arrays whose chunks live on chosen NUMA nodes, the
+//! `subarray` copy run by pinned worker threads, the thread strategies of seed 000 (SAVIME/SciDB
+//! under pinning), and a placement search that beats them.
+//!
+//! Glossary (see DESIGN.md for the shared words):
+//! - **layout**: dimensions (named, `0..len`), attributes (named, typed) and the chunk grid;
+//! - **chunk**: one cell of the grid, one memory region, one **home** node;
+//! - **box**: one half-open range per dimension; `subarray(box)` copies its cells into a new array;
+//! - **part**: the unit of work of a subarray: a slab of one box ∩ chunk intersection;
+//! - **pinning**: the cpus of each worker thread (`None` = the OS chooses);
+//! - **strategy**: a rule that yields a pinning (`os`, `compact`, `sparse`, `shared`, `random:K`,
+//!   `elastic`, `search`).
+
+pub mod array;
+pub mod dtype;
+pub mod error;
+pub mod layout;
+pub mod mem;
+pub mod model;
+pub mod pin;
+pub mod query;
+pub mod search;
+pub mod seismic;
+pub mod strategy;
+pub mod subarray;
+
+pub use array::{Array, BuildOptions, Chunk, ChunkFill};
+pub use dtype::DType;
+pub use error::ArrayError;
+pub use layout::{Attr, Bounds, Chunking, Dim, Layout, ShowBox};
+pub use mem::{ChunkMem, Home, Region};
+pub use model::{CostModel, ModelWorkload};
+pub use pin::{run_pinned, Pinning};
+pub use query::{Query, Span};
+pub use search::{search, Evaluator, ModelEval, SearchCache, SearchConfig, SearchOutcome, Trial};
+pub use seismic::{seismic_layout, Seismic};
+pub use strategy::{choose, Choice, RunInfo, ThreadStrategy};
+pub use subarray::{plan_parts, subarray, Part, RunStats, Schedule, SubarrayOptions};

@@ -1,0 +1,267 @@
+//! Chunk memory: one anonymous mapping per chunk, placed on its home node with `mbind`.
+//!
+//! Hand-written on `mmap`/`mbind` (through loci-place's checked syscalls) because the policy has
+//! to be set on the exact range of each chunk before its first touch, which no allocator API does.
+
+use std::fmt;
+use std::ptr::NonNull;
+
+use loci_topo::{NodeSet, Topology};
+use serde::{Deserialize, Serialize};
+
+use crate::error::ArrayError;
+
+/// Where a chunk's pages live (planned or observed when it was first touched).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Home {
+    /// All pages on this node (bound there, or first-touched by a thread running there).
+    Node(u32),
+    /// Pages spread round-robin over these nodes.
+    Interleave(NodeSet),
+    /// Not known (first touch by an unpinned thread whose cpu was not read).
+    Unknown,
+}
+
+impl fmt::Display for Home {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Home::Node(n) => write!(f, "node {n}"),
+            Home::Interleave(s) => write!(f, "interleaved over {s}"),
+            Home::Unknown => f.write_str("unknown"),
+        }
+    }
+}
+
+/// How the chunks of a new array get their home nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChunkMem {
+    /// No policy: pages land where the generating thread runs (its node is recorded as home).
+    FirstTouch,
+    /// Chunk `i` is bound (`MPOL_BIND`) to the `i mod k`-th of these nodes.
+    Bind(NodeSet),
+    /// Every chunk's pages interleaved over these nodes (`MPOL_INTERLEAVE`).
+    Interleave(NodeSet),
+}
+
+impl ChunkMem {
+    /// Valid spellings, for error messages and `--help`.
+    pub const CHOICES: &'static str =
+        "first-touch, bind[:NODES], interleave[:NODES] (NODES defaults to every node with memory)";
+
+    /// Parses `first-touch`, `bind[:NODES]`, `interleave[:NODES]`; node lists are checked
+    /// against the nodes of `topo` that have memory and may be used.
+    pub fn parse(s: &str, topo: &Topology) -> Result<Self, ArrayError> {
+        let s = s.trim();
+        let (name, arg) = match s.split_once(':') {
+            Some((n, a)) => (n, Some(a)),
+            None => (s, None),
+        };
+        let mems = topo.allowed_mems();
+        let nodes = |arg: Option<&str>| -> Result<NodeSet, ArrayError> {
+            let set = match arg {
+                None => mems.clone(),
+                Some(a) => NodeSet::parse_in(a, &mems)
+                    .map_err(|e| ArrayError::Parse(format!("chunk memory `{s}`: {e}")))?,
+            };
+            if set.is_empty() {
+                return Err(ArrayError::Parse(format!(
+                    "chunk memory `{s}`: empty node list; nodes with memory: {mems}"
+                )));
+            }
+            let bad = set.difference(&mems);
+            if !bad.is_empty() {
+                return Err(ArrayError::Parse(format!(
+                    "chunk memory `{s}`: nodes {bad} have no usable memory here; valid nodes: {mems}"
+                )));
+            }
+            Ok(set)
+        };
+        match name {
+            "first-touch" | "firsttouch" if arg.is_none() => Ok(ChunkMem::FirstTouch),
+            "bind" => Ok(ChunkMem::Bind(nodes(arg)?)),
+            "interleave" => Ok(ChunkMem::Interleave(nodes(arg)?)),
+            _ => Err(ArrayError::Parse(format!(
+                "unknown chunk memory policy `{s}`; valid: {}",
+                Self::CHOICES
+            ))),
+        }
+    }
+
+    /// The planned home of chunk `i` (first touch: not known until touched).
+    pub fn home_of(&self, i: usize) -> Home {
+        match self {
+            ChunkMem::FirstTouch => Home::Unknown,
+            ChunkMem::Bind(s) => {
+                let v: Vec<u32> = s.iter().collect();
+                Home::Node(v[i % v.len()])
+            }
+            ChunkMem::Interleave(s) => Home::Interleave(s.clone()),
+        }
+    }
+}
+
+impl fmt::Display for ChunkMem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChunkMem::FirstTouch => f.write_str("first-touch"),
+            ChunkMem::Bind(s) => write!(f, "bind:{s}"),
+            ChunkMem::Interleave(s) => write!(f, "interleave:{s}"),
+        }
+    }
+}
+
+/// One anonymous private mapping, unmapped on drop. Zero-length regions map nothing.
+pub struct Region {
+    ptr: NonNull<u8>,
+    len: usize,
+    mapped: usize,
+}
+
+// SAFETY: a Region exclusively owns its mapping; shared access only reads (`&self`), writes need
+// `&mut self` or go through raw pointers whose disjointness the caller proves.
+unsafe impl Send for Region {}
+// SAFETY: see above.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Maps `len` bytes (rounded up to pages), untouched: the pages are placed at first touch
+    /// unless [`Region::place`] sets a policy first. `huge` asks for transparent huge pages.
+    pub fn map(len: usize, huge: bool) -> Result<Self, ArrayError> {
+        if len == 0 {
+            return Ok(Self {
+                ptr: NonNull::dangling(),
+                len: 0,
+                mapped: 0,
+            });
+        }
+        let ps = loci_place::sys::page_size();
+        let mapped = len.next_multiple_of(ps);
+        // SAFETY: anonymous private mapping with no address hint; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(ArrayError::Memory(format!(
+                "mmap of {mapped} bytes failed: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        if huge {
+            // SAFETY: the range is the mapping just created. Advice only: failure is harmless
+            // (THP disabled), so the result is ignored on purpose.
+            unsafe { libc::madvise(p, mapped, libc::MADV_HUGEPAGE) };
+        }
+        Ok(Self {
+            ptr: NonNull::new(p as *mut u8).expect("mmap returned non-null"),
+            len,
+            mapped,
+        })
+    }
+
+    /// Sets the policy of the bytes `offset..offset+len` (widened to whole pages; `offset` must
+    /// be page aligned) to `home`, before any of them is touched.
+    pub fn place(&self, offset: usize, len: usize, home: &Home) -> Result<(), ArrayError> {
+        use loci_place::sys::mode;
+        let ps = loci_place::sys::page_size();
+        if len == 0 || self.mapped == 0 {
+            return Ok(());
+        }
+        assert!(
+            offset % ps == 0 && offset < self.mapped,
+            "page-aligned offset inside the mapping"
+        );
+        let len = len.next_multiple_of(ps).min(self.mapped - offset);
+        let (m, nodes) = match home {
+            Home::Node(n) => (mode::MPOL_BIND, NodeSet::single(*n)),
+            Home::Interleave(s) => (mode::MPOL_INTERLEAVE, s.clone()),
+            Home::Unknown => return Ok(()),
+        };
+        // SAFETY: offset..offset+len is inside this Region's own mapping (checked above).
+        unsafe { loci_place::sys::mbind(self.ptr.as_ptr().add(offset), len, m, &nodes, 0) }
+            .map_err(|e| ArrayError::Memory(format!("mbind of a chunk to {home} failed: {e}")))
+    }
+
+    /// Bytes asked for.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Raw pointer for writes through `&self`; callers must keep writes disjoint and not overlap
+    /// any live shared slice of the same bytes.
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping is `mapped >= len` bytes, readable, and lives as long as `self`
+        // (a dangling pointer with len 0 is a valid empty slice).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Node of the pages holding the given byte offsets (`move_pages` query; negative values are
+    /// `-errno`, `-ENOENT` for a page not touched yet).
+    pub fn nodes_at(&self, offsets: &[usize]) -> Result<Vec<i32>, ArrayError> {
+        let pages: Vec<*const u8> = offsets
+            .iter()
+            .filter(|&&o| o < self.len)
+            // SAFETY: o < len, inside the mapping.
+            .map(|&o| unsafe { self.ptr.as_ptr().add(o) } as *const u8)
+            .collect();
+        loci_place::sys::pages_nodes(0, &pages)
+            .map_err(|e| ArrayError::Memory(format!("move_pages query failed: {e}")))
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if self.mapped > 0 {
+            // SAFETY: unmapping exactly the mapping this Region created; nothing borrows it
+            // any more (drop has `&mut self`).
+            unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.mapped) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn region_maps_places_and_reads_back() {
+        let mut r = Region::map(3 * 4096 + 5, false).unwrap();
+        r.place(0, r.len(), &Home::Node(0)).unwrap();
+        r.as_mut_slice().fill(7);
+        assert!(r.as_slice().iter().all(|&b| b == 7));
+        let nodes = r.nodes_at(&[0, 4096, 3 * 4096]).unwrap();
+        assert_eq!(nodes, vec![0, 0, 0]);
+        assert!(Region::map(0, false).unwrap().as_slice().is_empty());
+    }
+
+    #[test]
+    fn binding_to_a_missing_node_fails_clearly() {
+        let r = Region::map(4096, false).unwrap();
+        let e = r.place(0, 4096, &Home::Node(1000)).unwrap_err().to_string();
+        assert!(e.contains("node 1000"), "{e}");
+    }
+}

@@ -1,0 +1,155 @@
+//! A pinning: where each worker thread of an array operation runs, and the scoped runner that
+//! starts the threads there.
+
+use std::fmt;
+
+use loci_topo::{CpuSet, Topology};
+
+use crate::error::ArrayError;
+
+/// One entry per thread: the cpus it is bound to, or `None` when the OS chooses (not pinned).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Pinning {
+    pub threads: Vec<Option<CpuSet>>,
+}
+
+impl Pinning {
+    /// `n` threads the OS places.
+    pub fn unpinned(n: usize) -> Self {
+        Self {
+            threads: vec![None; n],
+        }
+    }
+
+    /// Thread `i` on exactly `cpus[i]`.
+    pub fn on_cpus(cpus: &[u32]) -> Self {
+        Self {
+            threads: cpus.iter().map(|&c| Some(CpuSet::single(c))).collect(),
+        }
+    }
+
+    /// Number of threads.
+    pub fn len(&self) -> usize {
+        self.threads.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.threads.is_empty()
+    }
+
+    /// The node of each thread when all its cpus are on one node (`None` otherwise or unpinned).
+    pub fn nodes(&self, topo: &Topology) -> Vec<Option<u32>> {
+        self.threads
+            .iter()
+            .map(|t| {
+                let set = t.as_ref()?;
+                let mut nodes = set.iter().map(|c| topo.node_of_cpu(c));
+                let first = nodes.next()??;
+                nodes.all(|n| n == Some(first)).then_some(first)
+            })
+            .collect()
+    }
+
+    /// The single cpu of each thread, when every thread is pinned to exactly one.
+    pub fn single_cpus(&self) -> Option<Vec<u32>> {
+        self.threads
+            .iter()
+            .map(|t| t.as_ref().filter(|s| s.len() == 1).and_then(|s| s.first()))
+            .collect()
+    }
+
+    /// Checks that every pinned cpu is allowed on `topo`.
+    pub fn check(&self, topo: &Topology) -> Result<(), ArrayError> {
+        if self.threads.is_empty() {
+            return Err(ArrayError::Pin(
+                "a pinning needs at least one thread".into(),
+            ));
+        }
+        let allowed = topo.allowed_cpus();
+        for (i, t) in self.threads.iter().enumerate() {
+            if let Some(s) = t {
+                if s.is_empty() {
+                    return Err(ArrayError::Pin(format!("thread {i} has an empty cpu set")));
+                }
+                let bad = s.difference(&allowed);
+                if !bad.is_empty() {
+                    return Err(ArrayError::Pin(format!(
+                        "thread {i} is planned on cpus {bad}, which are not allowed here (allowed cpus: {allowed})"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Pinning {
+    /// `t0:0 t1:4-5 t2:os`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, t) in self.threads.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            match t {
+                Some(s) => write!(f, "t{i}:{s}")?,
+                None => write!(f, "t{i}:os")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `work(i)` on thread `i` of `pinning` (scoped threads, each bound first) and returns the
+/// results in thread order. A thread that cannot be bound does no work and the call fails naming
+/// the thread and its cpus.
+pub fn run_pinned<R: Send>(
+    pinning: &Pinning,
+    work: impl Fn(usize) -> R + Sync,
+) -> Result<Vec<R>, ArrayError> {
+    let work = &work;
+    let out: Vec<Result<R, ArrayError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = pinning
+            .threads
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                s.spawn(move || {
+                    if let Some(set) = t {
+                        loci_place::sys::set_affinity(0, set).map_err(|e| {
+                            ArrayError::Pin(format!(
+                                "thread {i} cannot be bound to cpus {set}: {e}"
+                            ))
+                        })?;
+                    }
+                    Ok(work(i))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    out.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_run_where_pinned() {
+        let cpus = loci_place::sys::get_affinity(0).unwrap();
+        let list: Vec<u32> = cpus.iter().chain(cpus.iter()).collect();
+        let p = Pinning::on_cpus(&list);
+        let got = run_pinned(&p, |_| loci_place::sys::current_cpu().unwrap()).unwrap();
+        assert_eq!(got, list);
+    }
+
+    #[test]
+    fn bad_cpu_is_an_error_naming_the_thread() {
+        let p = Pinning::on_cpus(&[4000]);
+        let e = run_pinned(&p, |_| ()).unwrap_err().to_string();
+        assert!(e.contains("thread 0") && e.contains("4000"), "{e}");
+    }
+}

@@ -1,0 +1,419 @@
+//! `subarray`: copy the cells of a box into a new array.
+//!
+//! Only the chunks the box meets are visited. Each intersection (box ∩ chunk) becomes exactly one
+//! chunk of the result (the result keeps the source's chunk boundaries, see `layout`), so the
+//! destination of an intersection is one contiguous block. Intersections are cut into **parts**
+//! along their first dimension longer than one cell (a part is then also contiguous in the
+//! destination) and the parts are dealt to the worker threads. Inside a part the source is read as
+//! its longest contiguous runs: trailing dimensions the box covers completely merge with the first
+//! one it cuts, and each run is one `memcpy`.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use loci_topo::Topology;
+use serde::{Deserialize, Serialize};
+
+use crate::array::{Array, Chunk};
+use crate::error::ArrayError;
+use crate::layout::{Bounds, Layout};
+use crate::mem::Home;
+use crate::pin::{run_pinned, Pinning};
+
+/// How parts are dealt to threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    /// Thread `t` of `T` takes parts `t*P/T .. (t+1)*P/T` (in chunk order), like OpenMP's static
+    /// schedule: which thread reads which chunk is fixed, so thread placement decides locality.
+    #[default]
+    Static,
+    /// Threads take the next part from a shared counter (morsel style).
+    Dynamic,
+}
+
+/// One unit of work: a sub-box of one intersection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    /// Source chunk id.
+    pub src: usize,
+    /// Result chunk id.
+    pub dst: usize,
+    /// The cells, in source array coordinates.
+    pub cells: Bounds,
+    /// Offset (in cells) of the part's first cell inside the result chunk.
+    pub dst_offset: usize,
+}
+
+impl Part {
+    /// Number of cells.
+    pub fn len(&self) -> usize {
+        self.cells.iter().map(|r| r.end - r.start).product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Options of one subarray run.
+#[derive(Debug, Clone)]
+pub struct SubarrayOptions {
+    pub schedule: Schedule,
+    /// Target bytes per part (all attributes); `None`: total / (4 x threads), clamped to
+    /// 64 KiB ..= 4 MiB.
+    pub part_bytes: Option<usize>,
+    /// After the copy, sample source pages with `move_pages` to compute the local-access ratio.
+    pub sample_locality: bool,
+    /// Ask for transparent huge pages for the result.
+    pub huge_pages: bool,
+}
+
+impl Default for SubarrayOptions {
+    fn default() -> Self {
+        Self {
+            schedule: Schedule::Static,
+            part_bytes: None,
+            sample_locality: false,
+            huge_pages: false,
+        }
+    }
+}
+
+/// What a run did, besides the result.
+#[derive(Debug, Clone, Default)]
+pub struct RunStats {
+    /// Number of parts and of source chunks visited.
+    pub parts: usize,
+    pub chunks: usize,
+    /// Bytes copied by each thread.
+    pub bytes_per_thread: Vec<usize>,
+    /// For each part: the thread that copied it and the cpu it ran on when it started.
+    pub part_thread: Vec<(usize, Option<u32>)>,
+    /// Bytes read by a thread on the node of the page it read / bytes sampled (from `move_pages`;
+    /// `None` when not sampled or nothing could be attributed).
+    pub local_access_ratio: Option<f64>,
+}
+
+/// The parts of `subarray(b)` on `layout` for `threads` threads (the box must be checked).
+pub fn plan_parts(
+    layout: &Layout,
+    b: &[Range<usize>],
+    threads: usize,
+    part_bytes: Option<usize>,
+) -> Vec<Part> {
+    let cell_bytes = layout.cell_bytes().max(1);
+    let total: usize = b.iter().map(|r| r.end - r.start).product::<usize>() * cell_bytes;
+    let target = part_bytes
+        .unwrap_or_else(|| (total / (4 * threads.max(1))).clamp(64 << 10, 4 << 20))
+        .max(1);
+    let mut out = Vec::new();
+    for (dst, (src, inter)) in layout.intersecting(b).into_iter().enumerate() {
+        let ext: Vec<usize> = inter.iter().map(|r| r.end - r.start).collect();
+        let sd = ext.iter().position(|&e| e > 1).unwrap_or(0);
+        let rows = ext[sd];
+        let row_cells: usize = ext[sd + 1..].iter().product();
+        let per_part = (target / (row_cells * cell_bytes).max(1)).max(1);
+        let n = rows.div_ceil(per_part).max(1);
+        for p in 0..n {
+            let lo = p * rows / n;
+            let hi = (p + 1) * rows / n;
+            if lo == hi {
+                continue;
+            }
+            let mut cells = inter.clone();
+            cells[sd] = inter[sd].start + lo..inter[sd].start + hi;
+            out.push(Part {
+                src,
+                dst,
+                cells,
+                dst_offset: lo * row_cells,
+            });
+        }
+    }
+    out
+}
+
+/// The source runs of a part inside its chunk: calls `run(src_offset_cells, run_cells)` for each
+/// contiguous run, in destination order.
+fn for_each_run(
+    chunk_bounds: &[Range<usize>],
+    cells: &[Range<usize>],
+    mut run: impl FnMut(usize, usize),
+) {
+    let n = chunk_bounds.len();
+    let shape: Vec<usize> = chunk_bounds.iter().map(|r| r.end - r.start).collect();
+    let ext: Vec<usize> = cells.iter().map(|r| r.end - r.start).collect();
+    if ext.iter().any(|&e| e == 0) {
+        return;
+    }
+    let local: Vec<usize> = cells
+        .iter()
+        .zip(chunk_bounds)
+        .map(|(c, b)| c.start - b.start)
+        .collect();
+    let mut stride = vec![1usize; n];
+    for d in (0..n.saturating_sub(1)).rev() {
+        stride[d] = stride[d + 1] * shape[d + 1];
+    }
+    // k: the innermost dimension the part does not cover completely; all dimensions after it are
+    // complete, so a run is ext[k] * stride[k] cells.
+    let k = (0..n).rev().find(|&d| ext[d] != shape[d]);
+    let Some(k) = k else {
+        run(0, shape.iter().product());
+        return;
+    };
+    let run_cells = ext[k] * stride[k];
+    let base: usize = (0..=k).map(|d| local[d] * stride[d]).sum();
+    // Odometer over dimensions 0..k (exclusive).
+    let mut idx = vec![0usize; k];
+    let mut off = base;
+    loop {
+        run(off, run_cells);
+        let mut d = k;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            off += stride[d];
+            if idx[d] < ext[d] {
+                break;
+            }
+            off -= ext[d] * stride[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+/// A raw destination pointer that may cross threads.
+#[derive(Clone, Copy)]
+struct DstPtr(*mut u8);
+// SAFETY: every part writes a disjoint range of its result chunk (parts split an intersection
+// along a dimension whose outer dimensions have extent 1, so their destination ranges are
+// disjoint contiguous blocks), and nothing reads the result until all threads are joined.
+unsafe impl Send for DstPtr {}
+// SAFETY: see above.
+unsafe impl Sync for DstPtr {}
+
+fn copy_part(src: &Array, dst_chunks: &[(DstPtr, Vec<usize>)], part: &Part) -> usize {
+    let layout = src.layout();
+    let chunk: &Chunk = &src.chunks()[part.src];
+    let (dptr, doff) = &dst_chunks[part.dst];
+    let mut bytes = 0;
+    for (a, attr) in layout.attrs.iter().enumerate() {
+        let sz = attr.dtype.size();
+        let s = src.attr_bytes(part.src, a);
+        // SAFETY: `doff[a]` is the attribute's offset inside the result chunk's region, which is
+        // big enough for all its cells; the part's cells start at `dst_offset` (see DstPtr).
+        let mut d = unsafe { dptr.0.add(doff[a] + part.dst_offset * sz) };
+        for_each_run(&chunk.bounds, &part.cells, |off, n| {
+            let len = n * sz;
+            let from = &s[off * sz..off * sz + len];
+            // SAFETY: `from` is a checked slice of the source; `d..d+len` lies inside this part's
+            // disjoint destination block (the runs of a part fill it in order); no overlap
+            // between source and a freshly mapped result.
+            unsafe {
+                std::ptr::copy_nonoverlapping(from.as_ptr(), d, len);
+                d = d.add(len);
+            }
+            bytes += len;
+        });
+    }
+    bytes
+}
+
+impl Array {
+    /// `subarray(b)` on one unpinned thread (see [`subarray`] for the parallel, pinned form).
+    pub fn subarray(&self, b: &[Range<usize>], topo: &Topology) -> Result<Array, ArrayError> {
+        subarray(
+            self,
+            b,
+            &Pinning::unpinned(1),
+            &SubarrayOptions::default(),
+            topo,
+        )
+        .map(|(a, _)| a)
+    }
+}
+
+/// Copies the box `b` of `src` into a new array, with the worker threads of `pinning`.
+/// The result's chunks are mapped untouched, so their pages land where the copying thread runs
+/// (first touch); each result chunk's home is the node of the thread that copied its first part.
+pub fn subarray(
+    src: &Array,
+    b: &[Range<usize>],
+    pinning: &Pinning,
+    opts: &SubarrayOptions,
+    topo: &Topology,
+) -> Result<(Array, RunStats), ArrayError> {
+    let layout = src.layout();
+    layout.check_box(b)?;
+    pinning.check(topo)?;
+    let threads = pinning.len();
+    let out_layout = layout.sub_layout(b);
+    let parts = plan_parts(layout, b, threads, opts.part_bytes);
+    let (arena, mut out_chunks) =
+        Array::map_chunks(&out_layout, opts.huge_pages, |_| Home::Unknown)?;
+    let dst: Vec<(DstPtr, Vec<usize>)> = out_chunks
+        .iter()
+        // SAFETY: the chunk's offset is inside the arena (map_chunks sized it).
+        .map(|c| {
+            (
+                DstPtr(unsafe { arena.as_mut_ptr().add(c.offset) }),
+                c.attr_off.clone(),
+            )
+        })
+        .collect();
+    let next = AtomicUsize::new(0);
+    let parts_ref = &parts;
+    let dst_ref = &dst;
+    let per_thread = run_pinned(pinning, |t| {
+        let mut done: Vec<(usize, Option<u32>)> = Vec::new();
+        let mut bytes = 0;
+        let mut one = |i: usize| {
+            let cpu = loci_place::sys::current_cpu().ok();
+            bytes += copy_part(src, dst_ref, &parts_ref[i]);
+            done.push((i, cpu));
+        };
+        match opts.schedule {
+            Schedule::Static => {
+                let n = parts_ref.len();
+                for i in t * n / threads..(t + 1) * n / threads {
+                    one(i);
+                }
+            }
+            Schedule::Dynamic => loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= parts_ref.len() {
+                    break;
+                }
+                one(i);
+            },
+        }
+        (bytes, done)
+    })?;
+    let mut stats = RunStats {
+        parts: parts.len(),
+        chunks: out_chunks.len(),
+        bytes_per_thread: per_thread.iter().map(|(b, _)| *b).collect(),
+        part_thread: vec![(0, None); parts.len()],
+        local_access_ratio: None,
+    };
+    for (t, (_, done)) in per_thread.into_iter().enumerate() {
+        for (i, cpu) in done {
+            stats.part_thread[i] = (t, cpu);
+        }
+    }
+    // Home of each result chunk: the node of the thread that wrote its first part.
+    for (i, p) in parts.iter().enumerate() {
+        if out_chunks[p.dst].home == Home::Unknown {
+            if let Some(n) = stats.part_thread[i].1.and_then(|c| topo.node_of_cpu(c)) {
+                out_chunks[p.dst].home = Home::Node(n);
+            }
+        }
+    }
+    if opts.sample_locality {
+        stats.local_access_ratio = local_access_ratio(src, &parts, &stats.part_thread, topo)?;
+    }
+    Ok((Array::from_parts(out_layout, arena, out_chunks), stats))
+}
+
+/// Local-access ratio of a finished run: for every part, up to 4 pages of its source runs are
+/// looked up with `move_pages`; a part's bytes count as local in the proportion of its sampled
+/// pages that sit on the node of the cpu its thread ran on.
+fn local_access_ratio(
+    src: &Array,
+    parts: &[Part],
+    part_thread: &[(usize, Option<u32>)],
+    topo: &Topology,
+) -> Result<Option<f64>, ArrayError> {
+    let layout = src.layout();
+    let cell = layout.cell_bytes();
+    let mut local = 0.0;
+    let mut total = 0.0;
+    for (p, &(_, cpu)) in parts.iter().zip(part_thread) {
+        let Some(node) = cpu.and_then(|c| topo.node_of_cpu(c)) else {
+            continue;
+        };
+        let chunk = &src.chunks()[p.src];
+        let sz0 = layout.attrs[0].dtype.size();
+        let mut offs = Vec::new();
+        for_each_run(&chunk.bounds, &p.cells, |off, n| {
+            offs.push(chunk.offset + chunk.attr_off[0] + off * sz0);
+            offs.push(chunk.offset + chunk.attr_off[0] + (off + n - 1) * sz0);
+        });
+        let k = offs.len();
+        let pick: Vec<usize> = if k <= 4 {
+            offs
+        } else {
+            (0..4).map(|i| offs[i * (k - 1) / 3]).collect()
+        };
+        let nodes = src.arena().nodes_at(&pick)?;
+        let known: Vec<i32> = nodes.into_iter().filter(|&n| n >= 0).collect();
+        if known.is_empty() {
+            continue;
+        }
+        let frac = known.iter().filter(|&&n| n as u32 == node).count() as f64 / known.len() as f64;
+        let bytes = (p.len() * cell) as f64;
+        local += frac * bytes;
+        total += bytes;
+    }
+    Ok((total > 0.0).then(|| local / total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_merge_complete_trailing_dimensions() {
+        let chunk = vec![0..4, 0..5, 0..6];
+        let mut runs = Vec::new();
+        for_each_run(&chunk, &[1..3, 0..5, 0..6], |o, n| runs.push((o, n)));
+        assert_eq!(runs, vec![(30, 60)]);
+        runs.clear();
+        for_each_run(&chunk, &[1..3, 2..4, 0..6], |o, n| runs.push((o, n)));
+        assert_eq!(runs, vec![(42, 12), (72, 12)]);
+        runs.clear();
+        for_each_run(&chunk, &[0..4, 0..5, 0..6], |o, n| runs.push((o, n)));
+        assert_eq!(runs, vec![(0, 120)]);
+        runs.clear();
+        for_each_run(&chunk, &[3..4, 4..5, 2..3], |o, n| runs.push((o, n)));
+        assert_eq!(runs, vec![(3 * 30 + 4 * 6 + 2, 1)]);
+        runs.clear();
+        for_each_run(&chunk, &[0..0, 0..5, 0..6], |o, n| runs.push((o, n)));
+        assert!(runs.is_empty());
+    }
+
+    #[test]
+    fn parts_tile_the_box_and_their_destinations() {
+        let l = Layout::new(
+            vec![crate::Dim::new("a", 37), crate::Dim::new("b", 11)],
+            vec![crate::Attr::new("v", crate::DType::F64)],
+            &crate::Chunking::Shape(vec![10, 4]),
+        )
+        .unwrap();
+        let b = vec![3..30, 1..10];
+        let parts = plan_parts(&l, &b, 3, Some(64));
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        assert_eq!(total, 27 * 9);
+        let sub = l.sub_layout(&b);
+        for dst in 0..sub.chunk_count() {
+            let mut ranges: Vec<(usize, usize)> = parts
+                .iter()
+                .filter(|p| p.dst == dst)
+                .map(|p| (p.dst_offset, p.dst_offset + p.len()))
+                .collect();
+            ranges.sort();
+            let cells: usize = sub.chunk_box(dst).iter().map(|r| r.end - r.start).product();
+            let mut at = 0;
+            for (lo, hi) in ranges {
+                assert_eq!(lo, at, "gap or overlap in result chunk {dst}");
+                at = hi;
+            }
+            assert_eq!(at, cells);
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! `loci bench stream`: the streaming pipeline on loopback against `lz4 | nc` and raw `nc`, on the
+//! same phantom data in one run, plus loci's own plan against OS placement, plus the two LZ4
+//! implementations on one core (the measurement that picked the default codec).
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use loci_report::{Machine, Report, Row};
+use loci_stream::config::Sync;
+use loci_stream::plan::{plan, PlanOptions};
+use loci_stream::{Codec, Faults, Receiver, RecvOptions, SendOptions, SinkSpec, SourceSpec};
+
+#[derive(Args, Debug)]
+pub struct StreamArgs {
+    #[command(flatten)]
+    pub common: super::Common,
+    /// Bytes streamed per run (default 663 MB = 60 projections; --quick: 20 projections).
+    #[arg(long, value_parser = crate::stream::parse_bytes)]
+    pub bytes: Option<u64>,
+    /// Peers run in the same invocation: lz4-nc (`lz4 -1 -c F | nc` -> `nc -l | lz4 -d`),
+    /// raw-tcp (uncompressed `nc`). Empty: none.
+    #[arg(long, value_delimiter = ',', default_value = "lz4-nc,raw-tcp")]
+    pub peers: Vec<String>,
+    /// Only compare the LZ4 implementations on one core (lz4 C library vs lz4_flex).
+    #[arg(long)]
+    pub codec_only: bool,
+    /// Skip the OS-placement run of loci.
+    #[arg(long)]
+    pub no_os: bool,
+}
+
+const PEERS: [&str; 2] = ["lz4-nc", "raw-tcp"];
+
+pub fn run(a: StreamArgs) -> anyhow::Result<Report> {
+    for p in &a.peers {
+        if !PEERS.contains(&p.as_str()) {
+            bail!("unknown peer {p:?} (valid: {})", PEERS.join(", "));
+        }
+    }
+    let chunk = loci_stream::phantom::CHUNK_BYTES;
+    let bytes = a
+        .bytes
+        .unwrap_or(if a.common.quick { 20 } else { 60 } * chunk as u64);
+    let reps = a.common.reps.unwrap_or(if a.common.quick { 1 } else { 3 });
+    anyhow::ensure!(bytes > 0 && reps > 0, "--bytes and --reps must be positive");
+    let topo = crate::this_machine()?;
+    let mut rep = Report::new(
+        "stream",
+        serde_json::json!({ "bytes": bytes, "chunk_bytes": chunk, "reps": reps, "data": "phantom seed 42", "sink": "discard", "link": "loopback" }),
+        Machine::of(&topo),
+    );
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("phantom.raw");
+    eprintln!(
+        "writing {bytes} bytes of phantom projections to {}",
+        data.display()
+    );
+    loci_stream::source::write_synthetic_file(&data, bytes, 42, chunk)?;
+    codec_rows(&mut rep, &data, chunk, reps)?;
+    if a.codec_only {
+        return Ok(rep);
+    }
+    let p = plan(&topo, &topo, &PlanOptions::default())?;
+    let mut runs: Vec<(&str, bool)> = vec![("plan", true)];
+    if !a.no_os {
+        runs.push(("os", false));
+    }
+    for (name, pinned) in runs {
+        let mut times = Vec::new();
+        let mut last = None;
+        for _ in 0..reps {
+            let (t, r) = loci_once(&data, &p, pinned)?;
+            times.push(t);
+            last = Some(r);
+        }
+        let r = last.expect("reps > 0");
+        rep.results.push(
+            Row::from_times("loci", times)
+                .case("end-to-end")
+                .config("placement", name)
+                .work(bytes as f64, "B/s")
+                .extra("compression_ratio", r.compression_ratio)
+                .extra("network_bytes_per_s", r.network_bytes_per_s)
+                .extra("bottleneck", &r.bottleneck)
+                .extra(
+                    "busy_share",
+                    r.stages
+                        .iter()
+                        .map(|s| (s.name.clone(), s.busy_share))
+                        .collect::<std::collections::BTreeMap<_, _>>(),
+                ),
+        );
+    }
+    for peer in &a.peers {
+        let mut times = Vec::new();
+        for _ in 0..reps {
+            times.push(peer_once(peer, &data)?);
+        }
+        rep.results.push(
+            Row::from_times(peer, times)
+                .case("end-to-end")
+                .work(bytes as f64, "B/s"),
+        );
+    }
+    Ok(rep)
+}
+
+/// One core each: compress then decompress every chunk of the file with both implementations.
+fn codec_rows(rep: &mut Report, data: &Path, chunk: usize, reps: usize) -> anyhow::Result<()> {
+    let raw = std::fs::read(data)?;
+    let raw = &raw[..raw.len().min(8 * chunk)];
+    for codec in Codec::ALL {
+        let mut comp: Vec<Vec<u8>> = raw
+            .chunks(chunk)
+            .map(|_| vec![0u8; Codec::bound(chunk)])
+            .collect();
+        let mut sizes = vec![0usize; comp.len()];
+        let (mut ct, mut dt) = (Vec::new(), Vec::new());
+        let mut out = vec![0u8; chunk];
+        for _ in 0..reps {
+            let t = Instant::now();
+            for ((c, s), r) in comp.iter_mut().zip(&mut sizes).zip(raw.chunks(chunk)) {
+                *s = codec.compress(r, c)?;
+            }
+            ct.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            for ((c, s), r) in comp.iter().zip(&sizes).zip(raw.chunks(chunk)) {
+                codec.decompress(&c[..*s], &mut out[..r.len()])?;
+            }
+            dt.push(t.elapsed().as_secs_f64());
+        }
+        let ratio = raw.len() as f64 / sizes.iter().sum::<usize>() as f64;
+        for (case, times) in [("lz4-compress", ct), ("lz4-decompress", dt)] {
+            rep.results.push(
+                Row::from_times(codec.name(), times)
+                    .case(case)
+                    .config("threads", 1)
+                    .work(raw.len() as f64, "B/s")
+                    .extra("compression_ratio", ratio),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// loci over loopback into a discarding sink; seconds from the sender's start to the receiver's
+/// confirmation of the whole-stream checksum.
+fn loci_once(
+    data: &Path,
+    p: &loci_stream::plan::StreamPlan,
+    pinned: bool,
+) -> anyhow::Result<(f64, loci_stream::StreamReport)> {
+    let secret = b"loci-bench".to_vec();
+    let mut rcfg = if pinned {
+        p.receiver.clone()
+    } else {
+        p.receiver.unpinned()
+    };
+    rcfg.sync = Sync::None;
+    let scfg = if pinned {
+        p.senders[0].clone()
+    } else {
+        p.senders[0].unpinned()
+    };
+    let r = Receiver::bind(
+        "127.0.0.1:0",
+        RecvOptions {
+            config: rcfg,
+            secret: secret.clone(),
+            sink: SinkSpec::Null,
+            progress: false,
+            streams: Some(1),
+        },
+    )?;
+    let addr = r.local_addr().to_string();
+    let h = std::thread::spawn(move || r.run());
+    let t = Instant::now();
+    let rep = loci_stream::send(SendOptions {
+        to: addr,
+        config: scfg,
+        secret,
+        source: SourceSpec::File(data.to_path_buf()),
+        resume: false,
+        progress: false,
+        reconnect_timeout: Duration::from_secs(30),
+        faults: Faults::default(),
+    })?;
+    let secs = t.elapsed().as_secs_f64();
+    h.join().expect("receiver thread")?;
+    Ok((secs, rep))
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// One run of a shell pipeline peer; seconds from the sender's start to the receiver's exit.
+fn peer_once(peer: &str, data: &Path) -> anyhow::Result<f64> {
+    let port = free_port()?;
+    let f = data.display();
+    let (rx, tx) = match peer {
+        "lz4-nc" => (
+            format!("nc -l 127.0.0.1 {port} | lz4 -d -c > /dev/null"),
+            format!("lz4 -1 -c {f} | nc -N 127.0.0.1 {port}"),
+        ),
+        "raw-tcp" => (
+            format!("nc -l 127.0.0.1 {port} > /dev/null"),
+            format!("nc -N 127.0.0.1 {port} < {f}"),
+        ),
+        _ => bail!("unknown peer {peer}"),
+    };
+    let mut recv = Command::new("sh")
+        .args(["-c", &rx])
+        .stdin(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting `{rx}` (are netcat-openbsd and lz4 installed?)"))?;
+    // Wait (bounded) until the listener accepts connections.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !listening(port) {
+        if Instant::now() > deadline {
+            let _ = recv.kill();
+            bail!("`{rx}` did not start listening on port {port}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let t = Instant::now();
+    let st = Command::new("sh").args(["-c", &tx]).status()?;
+    let rs = recv.wait()?;
+    let secs = t.elapsed().as_secs_f64();
+    if !st.success() || !rs.success() {
+        bail!("peer {peer} failed: `{tx}` -> {st}, `{rx}` -> {rs}");
+    }
+    Ok(secs)
+}
+
+fn listening(port: u16) -> bool {
+    std::fs::read_to_string("/proc/net/tcp")
+        .map(|t| {
+            let hex = format!(":{port:04X} ");
+            t.lines().skip(1).any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && f[1].ends_with(hex.trim_end()) && f[3] == "0A"
+            })
+        })
+        .unwrap_or(false)
+}

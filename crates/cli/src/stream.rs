@@ -1,0 +1,290 @@
+//! `loci stream recv|send|plan`: the NUMA-aware streaming runtime (seed 001) on the command line.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use loci_stream::config::{secret, ReceiverConfig, SenderConfig};
+use loci_stream::plan::{plan, PlanOptions};
+use loci_stream::{Codec, Faults, Receiver, RecvOptions, SendOptions, SinkSpec, SourceSpec};
+use loci_topo::Topology;
+
+/// Stream detector data: compress -> send -> receive -> decompress, every stage pinned.
+#[derive(Subcommand)]
+pub enum StreamCmd {
+    /// Receive streams and store them (run this first, on the gateway).
+    Recv(RecvArgs),
+    /// Send a file or synthetic phantom projections to a receiver.
+    Send(SendArgs),
+    /// Write sender and receiver configs from the two machines' topologies and the NIC's node.
+    Plan(PlanArgs),
+}
+
+#[derive(Args)]
+pub struct RecvArgs {
+    /// Address to listen on, e.g. 0.0.0.0:7700.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: String,
+    /// Receiver config (recv.toml from `loci stream plan`): cores of each stream. Without it,
+    /// any stream id is accepted and the OS places the threads.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Where chunks go: `null` (discard), `memory`, a FILE (positional writes, with a journal
+    /// FILE.loci-journal for resume), or a DIR/ (one file per stream: DIR/stream-ID.raw).
+    #[arg(long, default_value = "null", value_name = "FILE|DIR|null|memory")]
+    pub sink: SinkSpec,
+    /// Exit after this many streams ended (default: every stream in the config, or 1).
+    #[arg(long, value_name = "N")]
+    pub streams: Option<usize>,
+    /// Print the final report as JSON on stdout (the text report goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct SendArgs {
+    /// Receiver address, HOST:PORT.
+    #[arg(long, value_name = "ADDR")]
+    pub to: String,
+    /// A raw binary file to stream.
+    #[arg(long, value_name = "FILE", conflicts_with = "synthetic")]
+    pub source: Option<PathBuf>,
+    /// Stream BYTES of synthetic tomography projections (suffixes K, M, G, KiB, MiB, GiB).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub synthetic: Option<u64>,
+    /// Seed of the synthetic phantom.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Sender config (send-K.toml from `loci stream plan`). Without it: stream 0, one reader,
+    /// one compressor per cpu, one connection, OS placement.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Continue an interrupted transfer: skip the chunks the receiver's sink already holds.
+    #[arg(long)]
+    pub resume: bool,
+    /// Give up when a lost connection cannot be re-established for this many seconds.
+    #[arg(long, default_value_t = 60)]
+    pub reconnect_timeout: u64,
+    /// Print the final report as JSON on stdout (the text report goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+    /// Fault injection for tests: flip a payload byte in the first transmission of these chunks
+    /// (a cpu-list style list of sequence numbers, e.g. 3,7-9).
+    #[arg(long, value_name = "SEQS", hide = true)]
+    pub fault_corrupt: Option<String>,
+    /// Fault injection for tests: wait this many milliseconds before sending each chunk the
+    /// first time (so a test can kill a process mid-stream).
+    #[arg(long, value_name = "MS", hide = true, default_value_t = 0)]
+    pub fault_delay_ms: u64,
+}
+
+#[derive(Args)]
+pub struct PlanArgs {
+    /// Sender topology: `local`, `json:FILE` (from `loci topo`), or any source `loci topo` takes.
+    #[arg(long, value_name = "TOPOLOGY")]
+    pub sender: String,
+    /// Receiver topology (same forms as --sender).
+    #[arg(long, value_name = "TOPOLOGY")]
+    pub receiver: String,
+    /// The receiver's NIC by interface name (its node comes from the topology).
+    #[arg(long, value_name = "IFACE", conflicts_with = "nic_node")]
+    pub nic: Option<String>,
+    /// The receiver's NIC node, given directly.
+    #[arg(long, value_name = "N")]
+    pub nic_node: Option<u32>,
+    /// The senders' NIC node (default: the same interface on the sender, else its biggest node).
+    #[arg(long, value_name = "N")]
+    pub sender_nic_node: Option<u32>,
+    /// Number of streams into the receiver; its NIC node's cores are split evenly between them.
+    #[arg(long, default_value_t = 1)]
+    pub streams: usize,
+    /// All streams leave one sender machine (split its cores); default: one sender per stream.
+    #[arg(long)]
+    pub shared_sender: bool,
+    /// Chunk size in bytes (default: one 2560x2160 uint16 projection).
+    #[arg(long, default_value_t = loci_stream::phantom::CHUNK_BYTES, value_parser = parse_usize_bytes)]
+    pub chunk_bytes: usize,
+    /// LZ4 implementation: lz4-c or lz4-flex.
+    #[arg(long, default_value = "lz4-c")]
+    pub codec: Codec,
+    /// Output directory for recv.toml and send-K.toml.
+    #[arg(short = 'o', long = "out", value_name = "DIR")]
+    pub out: PathBuf,
+}
+
+/// Parses `123`, `4K`, `663M`, `1G`, `2MiB` into bytes.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 663M, 1G, 11059200)"))?;
+    let mul: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KB" => 1_000,
+        "M" | "MB" => 1_000_000,
+        "G" | "GB" => 1_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        u => {
+            return Err(format!(
+                "unknown size unit {u:?} (valid: K M G KiB MiB GiB)"
+            ))
+        }
+    };
+    n.checked_mul(mul)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+fn parse_usize_bytes(s: &str) -> Result<usize, String> {
+    parse_bytes(s).map(|v| v as usize)
+}
+
+/// A topology from a one-string source.
+pub fn load_topology(s: &str) -> anyhow::Result<Topology> {
+    if s == "local" {
+        return crate::this_machine();
+    }
+    if let Some(p) = s.strip_prefix("json:") {
+        let text = std::fs::read_to_string(p).with_context(|| format!("reading {p}"))?;
+        let t: Topology =
+            serde_json::from_str(&text).with_context(|| format!("{p}: not a loci topology"))?;
+        t.validate()
+            .with_context(|| format!("{p}: inconsistent topology"))?;
+        return Ok(t);
+    }
+    bail!("unknown topology source {s:?} (valid: local, json:FILE)")
+}
+
+pub fn run(cmd: StreamCmd) -> anyhow::Result<()> {
+    match cmd {
+        StreamCmd::Recv(a) => recv(a),
+        StreamCmd::Send(a) => send(a),
+        StreamCmd::Plan(a) => plan_cmd(a),
+    }
+}
+
+fn print_reports(reps: &[loci_stream::StreamReport], json: bool) -> anyhow::Result<()> {
+    for r in reps {
+        eprint!("{}", r.text());
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(reps)?);
+    }
+    Ok(())
+}
+
+fn recv(a: RecvArgs) -> anyhow::Result<()> {
+    let config = match &a.config {
+        Some(p) => ReceiverConfig::load(p)?,
+        None => ReceiverConfig::default(),
+    };
+    let secret = secret(config.secret.as_deref())?;
+    let r = Receiver::bind(
+        &a.listen,
+        RecvOptions {
+            config,
+            secret,
+            sink: a.sink,
+            progress: !a.json,
+            streams: a.streams,
+        },
+    )?;
+    eprintln!("loci stream recv: listening on {}", r.local_addr());
+    let reps = r.run()?;
+    print_reports(&reps, a.json)?;
+    if reps.iter().any(|r| !r.verified) {
+        bail!("a stream's whole-stream checksum did not match");
+    }
+    Ok(())
+}
+
+fn send(a: SendArgs) -> anyhow::Result<()> {
+    let config = match &a.config {
+        Some(p) => SenderConfig::load(p)?,
+        None => SenderConfig::default(),
+    };
+    let source = match (&a.source, a.synthetic) {
+        (Some(p), None) => SourceSpec::File(p.clone()),
+        (None, Some(bytes)) => SourceSpec::Synthetic {
+            bytes,
+            seed: a.seed,
+        },
+        _ => bail!("give --source FILE or --synthetic BYTES"),
+    };
+    let mut faults = Faults::default();
+    if let Some(s) = &a.fault_corrupt {
+        faults.corrupt = loci_topo::IdSet::parse(s)
+            .map_err(|e| anyhow::anyhow!("--fault-corrupt: {e}"))?
+            .iter()
+            .map(u64::from)
+            .collect();
+    }
+    faults.delay = Duration::from_millis(a.fault_delay_ms);
+    let secret = secret(config.secret.as_deref())?;
+    let rep = loci_stream::send(SendOptions {
+        to: a.to,
+        config,
+        secret,
+        source,
+        resume: a.resume,
+        progress: !a.json,
+        reconnect_timeout: Duration::from_secs(a.reconnect_timeout),
+        faults,
+    })?;
+    print_reports(&[rep], a.json)
+}
+
+fn plan_cmd(a: PlanArgs) -> anyhow::Result<()> {
+    let s = load_topology(&a.sender).context("--sender")?;
+    let r = load_topology(&a.receiver).context("--receiver")?;
+    let p = plan(
+        &s,
+        &r,
+        &PlanOptions {
+            streams: a.streams,
+            nic: a.nic,
+            nic_node: a.nic_node,
+            sender_nic_node: a.sender_nic_node,
+            shared_sender: a.shared_sender,
+            chunk_bytes: a.chunk_bytes,
+            codec: a.codec,
+        },
+    )?;
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let header: String = std::iter::once(format!(
+        "# written by `loci stream plan` (sender {}, receiver {})\n",
+        s.source, r.source
+    ))
+    .chain(p.notes.iter().map(|n| format!("# {n}\n")))
+    .collect();
+    let rp = a.out.join("recv.toml");
+    std::fs::write(&rp, format!("{header}{}", p.receiver.to_toml()))?;
+    println!("wrote {}", rp.display());
+    for (k, sc) in p.senders.iter().enumerate() {
+        let sp = a.out.join(format!("send-{k}.toml"));
+        std::fs::write(&sp, format!("{header}{}", sc.to_toml()))?;
+        println!("wrote {}", sp.display());
+    }
+    for n in &p.notes {
+        println!("  {n}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("663M").unwrap(), 663_000_000);
+        assert_eq!(parse_bytes("2MiB").unwrap(), 2 << 20);
+        assert_eq!(parse_bytes("11059200").unwrap(), 11_059_200);
+        assert!(parse_bytes("12X").unwrap_err().contains("valid"));
+        assert!(parse_bytes("M").is_err());
+    }
+}

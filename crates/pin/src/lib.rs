@@ -1,0 +1,207 @@
+//! `libloci_pin.so`: places the threads of an unmodified, dynamically linked program.
+//!
+//! `loci run` preloads it (`LD_PRELOAD`) with the plan in environment variables (see
+//! `loci_place::pinenv`). The technique is likwid-pin's: the library defines `pthread_create`,
+//! finds the real one with `dlsym(RTLD_NEXT)`, and places the k-th new thread as plan thread k.
+//! Unlike likwid-pin it wraps the start routine, so the new thread binds itself before any of the
+//! program's code runs in it (no window in which it runs on the creator's cpus). The main thread
+//! is plan thread 0, bound when the library is loaded.
+//!
+//! Static binaries do not go through the dynamic linker, so they cannot be wrapped: `loci run`
+//! then only binds the whole process.
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use loci_place::pinenv::{self, Dealer, PinLogEntry, PinRole};
+use loci_place::policy::name_of_mode;
+use loci_place::sys::{self, CpuMask};
+use loci_topo::CpuSet;
+
+type StartFn = extern "C" fn(*mut c_void) -> *mut c_void;
+type CreateFn = unsafe extern "C" fn(
+    *mut libc::pthread_t,
+    *const libc::pthread_attr_t,
+    StartFn,
+    *mut c_void,
+) -> c_int;
+
+struct State {
+    /// Per plan thread: the set and its precomputed mask.
+    entries: Vec<(CpuSet, CpuMask)>,
+    /// Union of all entries: where skipped and extra threads run.
+    footprint: (CpuSet, CpuMask),
+    dealer: Mutex<Dealer>,
+}
+
+static STATE: OnceLock<Option<State>> = OnceLock::new();
+static LOG_FD: AtomicI32 = AtomicI32::new(-1);
+static REAL_CREATE: OnceLock<usize> = OnceLock::new();
+
+fn warn(msg: &str) {
+    let line = format!("loci-pin: {msg}\n");
+    // SAFETY: writing a valid buffer to stderr.
+    unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+}
+
+fn load() -> Option<State> {
+    let cpus = std::env::var(pinenv::ENV_CPUS).ok()?;
+    let sets = match pinenv::decode_cpus(&cpus) {
+        Ok(s) => s,
+        Err(e) => {
+            warn(&format!("{e}; threads are not pinned"));
+            return None;
+        }
+    };
+    let skip = match std::env::var(pinenv::ENV_SKIP) {
+        Ok(s) => match pinenv::parse_skip(&s) {
+            Ok(v) => v,
+            Err(e) => {
+                warn(&format!("{e}; threads are not pinned"));
+                return None;
+            }
+        },
+        Err(_) => 0,
+    };
+    let mut entries = Vec::new();
+    for s in &sets {
+        match CpuMask::new(s) {
+            Ok(m) => entries.push((s.clone(), m)),
+            Err(e) => {
+                warn(&format!(
+                    "{}: {e}; threads are not pinned",
+                    pinenv::ENV_CPUS
+                ));
+                return None;
+            }
+        }
+    }
+    let union = sets.iter().fold(CpuSet::new(), |a, s| a.union(s));
+    let umask = CpuMask::new(&union).ok()?;
+    if let Ok(path) = std::env::var(pinenv::ENV_LOG) {
+        if let Ok(c) = std::ffi::CString::new(path.clone()) {
+            // SAFETY: valid C string; flags are plain integers.
+            let fd = unsafe {
+                libc::open(
+                    c.as_ptr(),
+                    libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_CLOEXEC,
+                    0o644,
+                )
+            };
+            if fd < 0 {
+                warn(&format!("cannot open {}={path}; no log", pinenv::ENV_LOG));
+            }
+            LOG_FD.store(fd, Ordering::Relaxed);
+        }
+    }
+    Some(State {
+        dealer: Mutex::new(Dealer::new(entries.len(), skip)),
+        entries,
+        footprint: (union, umask),
+    })
+}
+
+fn state() -> Option<&'static State> {
+    STATE.get_or_init(load).as_ref()
+}
+
+/// Binds the calling thread and logs it.
+fn bind_self(st: &State, role: PinRole) {
+    let (set, mask) = match role {
+        PinRole::Thread(i) => (&st.entries[i].0, &st.entries[i].1),
+        PinRole::Skip | PinRole::Extra => (&st.footprint.0, &st.footprint.1),
+    };
+    if let Err(e) = mask.apply(0) {
+        warn(&format!("binding a thread to cpus {set}: {e}"));
+    }
+    let fd = LOG_FD.load(Ordering::Relaxed);
+    if fd >= 0 {
+        let policy = sys::get_mempolicy().ok().map(|(m, nodes)| {
+            if nodes.is_empty() {
+                name_of_mode(m).to_string()
+            } else {
+                format!("{}:{nodes}", name_of_mode(m))
+            }
+        });
+        let line = PinLogEntry {
+            // SAFETY: getpid has no preconditions.
+            pid: unsafe { libc::getpid() },
+            tid: sys::gettid(),
+            role,
+            cpus: set.clone(),
+            policy,
+        }
+        .line();
+        // SAFETY: valid buffer; one write in O_APPEND mode keeps lines whole.
+        unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
+    }
+}
+
+/// Runs when the library is loaded: binds the main thread as plan thread 0.
+extern "C" fn on_load() {
+    if let Some(st) = state() {
+        bind_self(st, PinRole::Thread(0));
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;
+
+struct Start {
+    f: StartFn,
+    arg: *mut c_void,
+    role: PinRole,
+}
+
+extern "C" fn trampoline(p: *mut c_void) -> *mut c_void {
+    // SAFETY: `p` is the Box<Start> leaked by pthread_create below, handed to exactly this thread.
+    let start = unsafe { Box::from_raw(p.cast::<Start>()) };
+    if let Some(st) = state() {
+        bind_self(st, start.role);
+    }
+    (start.f)(start.arg)
+}
+
+fn real_create() -> Option<CreateFn> {
+    let p = *REAL_CREATE.get_or_init(|| {
+        // SAFETY: dlsym with a valid C string; RTLD_NEXT finds the next definition (libc's).
+        unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) as usize }
+    });
+    // SAFETY: a non-null result of dlsym("pthread_create") has pthread_create's signature.
+    (p != 0).then(|| unsafe { std::mem::transmute::<usize, CreateFn>(p) })
+}
+
+/// The wrapper the dynamic linker resolves the program's `pthread_create` to.
+///
+/// # Safety
+/// Same contract as `pthread_create(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    f: StartFn,
+    arg: *mut c_void,
+) -> c_int {
+    let Some(real) = real_create() else {
+        return libc::EAGAIN;
+    };
+    let Some(st) = state() else {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        return unsafe { real(thread, attr, f, arg) };
+    };
+    let role = st
+        .dealer
+        .lock()
+        .map(|mut d| d.next_role())
+        .unwrap_or(PinRole::Extra);
+    let start = Box::into_raw(Box::new(Start { f, arg, role }));
+    // SAFETY: the trampoline takes ownership of `start` in the new thread.
+    let r = unsafe { real(thread, attr, trampoline, start.cast()) };
+    if r != 0 {
+        // SAFETY: the thread was not created, so the box is still ours.
+        drop(unsafe { Box::from_raw(start) });
+    }
+    r
+}

@@ -1,0 +1,242 @@
+//! Applying a plan: to the calling thread, to the whole current process, or to a child process
+//! between `fork` and `exec`.
+
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+use loci_topo::CpuSet;
+
+use crate::plan::Plan;
+use crate::sys::{self, CpuMask, PolicyMask};
+
+/// Binds the calling thread as thread `index` of `plan`: its cpus (if the plan pins) and the
+/// plan's memory policy (unless first-touch).
+pub fn apply_thread(plan: &Plan, index: usize) -> io::Result<()> {
+    let t = plan.threads.get(index).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "thread {index} is not in the plan (it has {} threads)",
+                plan.threads.len()
+            ),
+        )
+    })?;
+    if plan.pinned {
+        sys::set_affinity(0, &t.cpus)?;
+    }
+    if !plan.memory.is_default() {
+        sys::set_mempolicy(plan.memory.mode(), &plan.memory.nodes)?;
+    }
+    Ok(())
+}
+
+/// Kernel thread ids of a process (`/proc/PID/task`), ascending.
+pub fn task_ids(pid: i32) -> io::Result<Vec<i32>> {
+    let dir = if pid == 0 {
+        "/proc/self/task".to_string()
+    } else {
+        format!("/proc/{pid}/task")
+    };
+    let mut v: Vec<i32> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    v.sort_unstable();
+    Ok(v)
+}
+
+/// Binds every thread of the current process: existing threads in thread-id order get plan
+/// threads 0, 1, ... (the main thread has the lowest id, so it is thread 0); threads beyond the
+/// plan get the plan's whole footprint. The memory policy is per thread in Linux and can only be
+/// set by a thread itself, so it is applied to the calling thread (threads it creates later
+/// inherit it). Returns the (tid, plan index) pairs bound.
+pub fn apply_process(plan: &Plan) -> io::Result<Vec<(i32, Option<usize>)>> {
+    let mut out = Vec::new();
+    if plan.pinned {
+        let all = plan.footprint();
+        for (k, tid) in task_ids(0)?.into_iter().enumerate() {
+            let (cpus, idx) = match plan.threads.get(k) {
+                Some(t) => (&t.cpus, Some(k)),
+                None => (&all, None),
+            };
+            match sys::set_affinity(tid, cpus) {
+                Ok(()) => out.push((tid, idx)),
+                // The thread exited meanwhile.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    if !plan.memory.is_default() {
+        sys::set_mempolicy(plan.memory.mode(), &plan.memory.nodes)?;
+    }
+    Ok(out)
+}
+
+/// Everything a child needs between `fork` and `exec`, converted ahead of time so that the
+/// child only makes syscalls (async-signal-safe: no allocation, no locks).
+#[derive(Clone, Copy)]
+pub struct ChildSetup {
+    cpus: Option<CpuMask>,
+    mem: Option<PolicyMask>,
+    thp_disable: Option<bool>,
+}
+
+impl ChildSetup {
+    /// `cpus`: the affinity of the child's main thread at exec (`None` = inherit);
+    /// memory: the plan's policy (inherited by every thread the child creates);
+    /// `thp_disable`: `Some(true)` = `prctl(PR_SET_THP_DISABLE)` in the child.
+    pub fn new(cpus: Option<&CpuSet>, plan: &Plan, thp_disable: Option<bool>) -> io::Result<Self> {
+        Ok(Self {
+            cpus: cpus.map(CpuMask::new).transpose()?,
+            mem: if plan.memory.is_default() {
+                None
+            } else {
+                Some(PolicyMask::new(plan.memory.mode(), &plan.memory.nodes)?)
+            },
+            thp_disable,
+        })
+    }
+
+    /// Applies in the calling thread; what `pre_exec` runs. Async-signal-safe.
+    pub fn apply(&self) -> io::Result<()> {
+        if let Some(m) = &self.mem {
+            m.apply()?;
+        }
+        if let Some(c) = &self.cpus {
+            c.apply(0)?;
+        }
+        if let Some(d) = self.thp_disable {
+            sys::set_thp_disable(d)?;
+        }
+        Ok(())
+    }
+
+    /// Installs [`ChildSetup::apply`] as the command's `pre_exec` hook.
+    pub fn install(self, cmd: &mut Command) {
+        // SAFETY: the closure only calls `apply`, which makes raw syscalls on data prepared
+        // before fork: no allocation, no locks, so it is safe in the forked child.
+        unsafe {
+            cmd.pre_exec(move || self.apply());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::MemPolicy;
+    use crate::strategy::Strategy;
+    use crate::testing::one_node_here;
+
+    #[test]
+    fn child_gets_affinity_and_policy_before_exec() {
+        let topo = one_node_here();
+        let first = topo.allowed_cpus().first().unwrap();
+        let plan = Plan::new(
+            &topo,
+            &format!("cpus:{first}").parse::<Strategy>().unwrap(),
+            1,
+            &"bind:0".parse::<MemPolicy>().unwrap(),
+            false,
+        )
+        .unwrap();
+        let setup = ChildSetup::new(Some(&plan.threads[0].cpus), &plan, Some(true)).unwrap();
+        let mut cmd = Command::new("grep");
+        cmd.args([
+            "-E",
+            "^(Cpus_allowed_list|Mems_allowed_list)",
+            "/proc/self/status",
+        ]);
+        setup.install(&mut cmd);
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            text.contains(&format!("Cpus_allowed_list:\t{first}\n")),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn thread_binding_reads_back() {
+        let topo = one_node_here();
+        let plan = Plan::new(
+            &topo,
+            &"compact".parse().unwrap(),
+            1,
+            &"bind:0".parse().unwrap(),
+            false,
+        )
+        .unwrap();
+        std::thread::spawn(move || {
+            apply_thread(&plan, 0).unwrap();
+            assert_eq!(sys::get_affinity(0).unwrap(), plan.threads[0].cpus);
+            let (m, n) = sys::get_mempolicy().unwrap();
+            assert_eq!(m, crate::sys::mode::MPOL_BIND);
+            assert_eq!(n.to_string(), "0");
+            assert!(apply_thread(&plan, 5).is_err());
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// Runs in a re-executed copy of this test binary (so binding the whole process cannot
+    /// disturb other tests): starts two threads, applies a plan to the process, checks each.
+    #[test]
+    fn process_binding_in_a_child() {
+        if std::env::var_os("LOCI_APPLY_PROCESS_CHILD").is_none() {
+            let out = Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "apply::tests::process_binding_in_a_child",
+                    "--nocapture",
+                ])
+                .env("LOCI_APPLY_PROCESS_CHILD", "1")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
+            return;
+        }
+        let topo = one_node_here();
+        let n = topo.allowed_cpus().len().min(2);
+        let plan = Plan::new(
+            &topo,
+            &"compact".parse().unwrap(),
+            n,
+            &"bind:0".parse().unwrap(),
+            false,
+        )
+        .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+        let helper = {
+            let rx = rx.clone();
+            std::thread::spawn(move || {
+                rx.lock().unwrap().recv().unwrap();
+                sys::get_affinity(0).unwrap()
+            })
+        };
+        let bound = apply_process(&plan).unwrap();
+        let tids = task_ids(0).unwrap();
+        // Every thread was bound: by tid order to plan threads, the rest to the footprint.
+        assert_eq!(bound.len(), tids.len());
+        for (k, (tid, idx)) in bound.iter().enumerate() {
+            let want = match plan.threads.get(k) {
+                Some(t) => t.cpus.clone(),
+                None => plan.footprint(),
+            };
+            assert_eq!(*idx, plan.threads.get(k).map(|_| k));
+            assert_eq!(sys::get_affinity(*tid).unwrap(), want);
+        }
+        tx.send(()).unwrap();
+        let helper_cpus = helper.join().unwrap();
+        assert!(helper_cpus.is_subset(&plan.footprint()));
+        assert_eq!(sys::get_mempolicy().unwrap().0, crate::sys::mode::MPOL_BIND);
+    }
+}

@@ -1,0 +1,347 @@
+//! Memory policies: where a thread's new pages go (`set_mempolicy(2)`), as `--mem` spells them.
+//!
+//! | `--mem` | kernel mode | numactl equivalent |
+//! |---|---|---|
+//! | `first-touch` | `MPOL_DEFAULT` | (none) |
+//! | `interleave[:NODES]` | `MPOL_INTERLEAVE` (all allowed nodes with memory when no list) | `--interleave` |
+//! | `localalloc` | `MPOL_LOCAL` | `--localalloc` |
+//! | `preferred:N` | `MPOL_PREFERRED` | `--preferred` |
+//! | `bind:NODES` | `MPOL_BIND` | `--membind` |
+//! | `preferred-many:NODES` | `MPOL_PREFERRED_MANY` (Linux 5.15+) | `--preferred-many` |
+//! | `weighted-interleave:NODES` | `MPOL_WEIGHTED_INTERLEAVE` (Linux 6.9+, weights from `/sys/kernel/mm/mempolicy/weighted_interleave/`) | `--weighted-interleave` |
+//!
+//! [`MemPolicy::resolve`] checks a policy against a topology: nodes that are not present or not
+//! allowed are errors that name the node and list the valid ones; a memoryless node in a list is
+//! dropped, and interleaving over a single node is applied as `preferred:N`, each said once in a
+//! note.
+
+use std::fmt;
+use std::str::FromStr;
+
+use loci_topo::{NodeSet, Topology};
+
+use crate::sys::mode;
+
+/// A memory policy as the user wrote it (node lists still unresolved).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum MemPolicy {
+    FirstTouch,
+    /// `None` = every allowed node with memory.
+    Interleave(Option<String>),
+    Local,
+    Preferred(u32),
+    Bind(String),
+    PreferredMany(String),
+    WeightedInterleave(String),
+}
+
+/// Bad policy text, or a policy that cannot apply on a topology.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PolicyError(pub String);
+
+impl MemPolicy {
+    /// Valid policy forms, for error messages and `--help`.
+    pub const CHOICES: &'static str = "first-touch, interleave[:NODES], localalloc, preferred:N, bind:NODES, preferred-many:NODES, weighted-interleave:NODES";
+}
+
+impl FromStr for MemPolicy {
+    type Err = PolicyError;
+    fn from_str(s: &str) -> Result<Self, PolicyError> {
+        let s = s.trim();
+        let (name, arg) = match s.split_once(':') {
+            Some((n, a)) => (n, Some(a.trim())),
+            None => (s, None),
+        };
+        let list = |a: Option<&str>| -> Result<String, PolicyError> {
+            let a = a.filter(|a| !a.is_empty()).ok_or_else(|| {
+                PolicyError(format!(
+                    "memory policy `{name}` needs a node list after `:` (e.g. `{name}:0-1`)"
+                ))
+            })?;
+            let inner = a.strip_prefix('!').unwrap_or(a);
+            if inner != "all" {
+                NodeSet::parse(inner).map_err(|e| PolicyError(e.to_string()))?;
+            }
+            Ok(a.to_string())
+        };
+        let no_arg = |p: MemPolicy| match arg {
+            None => Ok(p),
+            Some(a) => Err(PolicyError(format!(
+                "memory policy `{name}` takes no argument, got `:{a}`"
+            ))),
+        };
+        match name {
+            "first-touch" | "default" => no_arg(MemPolicy::FirstTouch),
+            "localalloc" | "local" => no_arg(MemPolicy::Local),
+            "interleave" => Ok(MemPolicy::Interleave(match arg {
+                None => None,
+                Some(_) => Some(list(arg)?),
+            })),
+            "preferred" => {
+                let a = arg.filter(|a| !a.is_empty()).ok_or_else(|| {
+                    PolicyError(
+                        "memory policy `preferred` needs one node (e.g. `preferred:0`)".into(),
+                    )
+                })?;
+                a.parse().map(MemPolicy::Preferred).map_err(|_| {
+                    PolicyError(format!(
+                        "`{a}` in `{s}` is not one node id (for several nodes use preferred-many:NODES)"
+                    ))
+                })
+            }
+            "bind" | "membind" => Ok(MemPolicy::Bind(list(arg)?)),
+            "preferred-many" => Ok(MemPolicy::PreferredMany(list(arg)?)),
+            "weighted-interleave" => Ok(MemPolicy::WeightedInterleave(list(arg)?)),
+            _ => Err(PolicyError(format!(
+                "unknown memory policy `{name}`; valid: {}",
+                MemPolicy::CHOICES
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for MemPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemPolicy::FirstTouch => f.write_str("first-touch"),
+            MemPolicy::Interleave(None) => f.write_str("interleave"),
+            MemPolicy::Interleave(Some(l)) => write!(f, "interleave:{l}"),
+            MemPolicy::Local => f.write_str("localalloc"),
+            MemPolicy::Preferred(n) => write!(f, "preferred:{n}"),
+            MemPolicy::Bind(l) => write!(f, "bind:{l}"),
+            MemPolicy::PreferredMany(l) => write!(f, "preferred-many:{l}"),
+            MemPolicy::WeightedInterleave(l) => write!(f, "weighted-interleave:{l}"),
+        }
+    }
+}
+
+/// A policy resolved against a topology: the kernel mode and node set to apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemPlan {
+    /// Policy name as in the plan JSON: `first-touch`, `interleave`, `localalloc`, `preferred`,
+    /// `bind`, `preferred-many`, `weighted-interleave`.
+    pub policy: &'static str,
+    /// The nodes (empty for `first-touch` and `localalloc`).
+    pub nodes: NodeSet,
+}
+
+impl MemPlan {
+    /// The `set_mempolicy` mode of this plan.
+    pub fn mode(&self) -> i32 {
+        mode_of(self.policy)
+    }
+    /// Whether applying it changes anything (first-touch is the kernel default).
+    pub fn is_default(&self) -> bool {
+        self.policy == "first-touch"
+    }
+}
+
+impl fmt::Display for MemPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.nodes.is_empty() {
+            f.write_str(self.policy)
+        } else {
+            write!(f, "{}:{}", self.policy, self.nodes)
+        }
+    }
+}
+
+/// Plan-JSON policy name of a kernel mode.
+pub fn name_of_mode(m: i32) -> &'static str {
+    match m {
+        mode::MPOL_DEFAULT => "first-touch",
+        mode::MPOL_PREFERRED => "preferred",
+        mode::MPOL_BIND => "bind",
+        mode::MPOL_INTERLEAVE => "interleave",
+        mode::MPOL_LOCAL => "localalloc",
+        mode::MPOL_PREFERRED_MANY => "preferred-many",
+        mode::MPOL_WEIGHTED_INTERLEAVE => "weighted-interleave",
+        _ => "unknown",
+    }
+}
+
+/// Kernel mode of a plan-JSON policy name.
+pub fn mode_of(name: &str) -> i32 {
+    match name {
+        "preferred" => mode::MPOL_PREFERRED,
+        "bind" => mode::MPOL_BIND,
+        "interleave" => mode::MPOL_INTERLEAVE,
+        "localalloc" => mode::MPOL_LOCAL,
+        "preferred-many" => mode::MPOL_PREFERRED_MANY,
+        "weighted-interleave" => mode::MPOL_WEIGHTED_INTERLEAVE,
+        _ => mode::MPOL_DEFAULT,
+    }
+}
+
+impl MemPolicy {
+    /// Checks this policy against `topo`. Returns what will be applied and notes to print once.
+    pub fn resolve(&self, topo: &Topology) -> Result<(MemPlan, Vec<String>), PolicyError> {
+        let mut notes = Vec::new();
+        let present = topo.node_ids();
+        let usable = topo.allowed_mems();
+        if usable.is_empty() {
+            return Err(PolicyError(
+                "no node with memory is allowed for this process".into(),
+            ));
+        }
+        let nodes = |list: &str, what: &str, notes: &mut Vec<String>| {
+            node_list(topo, list, what, &present, &usable, notes)
+        };
+        let plan = match self {
+            MemPolicy::FirstTouch => MemPlan {
+                policy: "first-touch",
+                nodes: NodeSet::new(),
+            },
+            MemPolicy::Local => MemPlan {
+                policy: "localalloc",
+                nodes: NodeSet::new(),
+            },
+            MemPolicy::Interleave(list) => {
+                let set = match list {
+                    Some(l) => nodes(l, &self.to_string(), &mut notes)?,
+                    None => usable.clone(),
+                };
+                if set.len() == 1 {
+                    let n = set.first().unwrap();
+                    notes.push(format!(
+                        "{self}: interleaving over one node (node {n}) is the same as preferred:{n}; applied as preferred:{n}"
+                    ));
+                    MemPlan {
+                        policy: "preferred",
+                        nodes: set,
+                    }
+                } else {
+                    MemPlan {
+                        policy: "interleave",
+                        nodes: set,
+                    }
+                }
+            }
+            MemPolicy::Preferred(n) => {
+                check_node(topo, *n, &present, &usable, &self.to_string(), true)?;
+                MemPlan {
+                    policy: "preferred",
+                    nodes: NodeSet::single(*n),
+                }
+            }
+            MemPolicy::Bind(l) => MemPlan {
+                policy: "bind",
+                nodes: nodes(l, &self.to_string(), &mut notes)?,
+            },
+            MemPolicy::PreferredMany(l) => MemPlan {
+                policy: "preferred-many",
+                nodes: nodes(l, &self.to_string(), &mut notes)?,
+            },
+            MemPolicy::WeightedInterleave(l) => MemPlan {
+                policy: "weighted-interleave",
+                nodes: nodes(l, &self.to_string(), &mut notes)?,
+            },
+        };
+        Ok((plan, notes))
+    }
+}
+
+/// Parses and checks a node list; drops memoryless nodes with a note.
+fn node_list(
+    topo: &Topology,
+    list: &str,
+    what: &str,
+    present: &NodeSet,
+    usable: &NodeSet,
+    notes: &mut Vec<String>,
+) -> Result<NodeSet, PolicyError> {
+    let set = NodeSet::parse_in(list, present).map_err(|e| PolicyError(e.to_string()))?;
+    for n in set.iter() {
+        check_node(topo, n, present, usable, what, false)?;
+    }
+    let memless = set.difference(usable);
+    let kept = set.intersection(usable);
+    if kept.is_empty() {
+        return Err(PolicyError(format!(
+            "{what}: nodes {set} have no memory; nodes with memory: {usable}"
+        )));
+    }
+    if !memless.is_empty() {
+        notes.push(format!(
+            "{what}: nodes {memless} have no memory and are left out; applied over nodes {kept}"
+        ));
+    }
+    Ok(kept)
+}
+
+fn check_node(
+    topo: &Topology,
+    n: u32,
+    present: &NodeSet,
+    usable: &NodeSet,
+    what: &str,
+    need_memory: bool,
+) -> Result<(), PolicyError> {
+    let Some(node) = topo.node(n) else {
+        return Err(PolicyError(format!(
+            "{what}: node {n} is not present (present nodes: {present})"
+        )));
+    };
+    if !node.allowed {
+        return Err(PolicyError(format!(
+            "{what}: node {n} is not allowed for this process (cgroup cpuset.mems / Mems_allowed); allowed nodes with memory: {usable}"
+        )));
+    }
+    if need_memory && node.memory_bytes == Some(0) {
+        return Err(PolicyError(format!(
+            "{what}: node {n} has no memory; nodes with memory: {usable}"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether the running kernel accepts a policy mode (tried on a scratch thread, so the caller's
+/// policy is untouched). `EINVAL` means the kernel predates the mode.
+pub fn kernel_supports(mode: i32, nodes: &NodeSet) -> std::io::Result<bool> {
+    let nodes = nodes.clone();
+    std::thread::spawn(move || match crate::sys::set_mempolicy(mode, &nodes) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+        Err(e) => Err(e),
+    })
+    .join()
+    .unwrap_or_else(|_| Err(std::io::Error::other("probe thread panicked")))
+}
+
+/// Errors when the running kernel lacks the plan's policy mode, naming the kernel version needed.
+pub fn check_kernel(plan: &MemPlan) -> Result<(), PolicyError> {
+    let need = match plan.policy {
+        "preferred-many" => "5.15",
+        "weighted-interleave" => "6.9",
+        _ => return Ok(()),
+    };
+    match kernel_supports(plan.mode(), &plan.nodes) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(PolicyError(format!(
+            "memory policy {} is not supported by this kernel (needs Linux {need} or later); use interleave:{} or bind:{} instead",
+            plan.policy, plan.nodes, plan.nodes
+        ))),
+        Err(e) => Err(PolicyError(format!(
+            "memory policy {plan} cannot be applied here: {e}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_support_detection() {
+        let n = NodeSet::single(0);
+        assert!(kernel_supports(mode::MPOL_INTERLEAVE, &n).unwrap());
+        // A mode no kernel has: EINVAL, reported as unsupported rather than an error.
+        assert!(!kernel_supports(99, &n).unwrap());
+        let plan = MemPlan {
+            policy: "bind",
+            nodes: n,
+        };
+        assert!(check_kernel(&plan).is_ok());
+    }
+}

@@ -1,0 +1,405 @@
+//! Behaviour of the running scheduler: results, failures, scopes, hooks, affinity, counters.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use loci_sched::workload::{pipeline_expected, run_pipelines, tree, PipelineSpec};
+use loci_sched::{fixtures, Affinity, Config, Policy, RequestError, Rule, SchedError, Scheduler};
+use loci_topo::{Cpu, CpuSet, Node, Topology};
+
+/// This machine as one node with the cpus this process may use (no caches known).
+fn this_machine() -> Topology {
+    let cpus = loci_place::sys::get_affinity(0).unwrap();
+    Topology {
+        source: "test:affinity".into(),
+        nodes: vec![Node {
+            id: 0,
+            cpus: cpus.clone(),
+            memory_bytes: None,
+            free_bytes: None,
+            allowed: true,
+        }],
+        cpus: cpus
+            .iter()
+            .map(|id| Cpu {
+                id,
+                core: id,
+                package: 0,
+                node: Some(0),
+                online: true,
+                allowed: true,
+            })
+            .collect(),
+        caches: vec![],
+        devices: vec![],
+        distances: vec![vec![10]],
+    }
+}
+
+fn unpinned_las() -> Config {
+    Config {
+        affinity: Affinity::None,
+        ..Config::default()
+    }
+}
+
+const POLICIES: [Policy; 3] = [Policy::Las, Policy::Nls, Policy::Unpinned];
+
+#[test]
+fn a_panicking_task_fails_its_request_not_the_pool() {
+    for policy in POLICIES {
+        let s = Scheduler::new(
+            &fixtures::grid(2, 1, 2),
+            Config {
+                policy,
+                affinity: Affinity::None,
+                ..Config::default()
+            },
+        )
+        .unwrap();
+        let bad = s.submit(|ctx| {
+            for i in 0..10 {
+                ctx.spawn_deferred(move |_| {
+                    if i == 7 {
+                        panic!("morsel {i} is corrupt");
+                    }
+                });
+            }
+            5
+        });
+        let good = s.submit(|ctx| {
+            let n = Arc::new(AtomicU64::new(0));
+            for _ in 0..100 {
+                let n = n.clone();
+                ctx.spawn_immediate(move |_| {
+                    n.fetch_add(1, Ordering::Relaxed);
+                });
+            }
+            n
+        });
+        let id = bad.id();
+        match bad.wait() {
+            Err(RequestError::Panicked { request, message }) => {
+                assert_eq!(request, id);
+                assert!(message.contains("morsel 7 is corrupt"), "{message}");
+            }
+            other => panic!("{policy:?}: expected a failure, got {other:?}"),
+        }
+        assert_eq!(good.wait().unwrap().load(Ordering::Relaxed), 100);
+        // The pool still works.
+        assert_eq!(s.submit(|_| 42).wait().unwrap(), 42);
+        let st = s.stats();
+        assert!(st.requests.iter().any(|r| r.id == id && r.failed));
+    }
+}
+
+#[test]
+fn request_ids_are_sequential_and_results_match_the_sequential_baseline() {
+    let spec = PipelineSpec {
+        chains: 3,
+        buffers: 5,
+        buffer_bytes: 4096,
+    };
+    for policy in POLICIES {
+        let s = Scheduler::new(
+            &fixtures::grid(2, 2, 2),
+            Config {
+                policy,
+                affinity: Affinity::None,
+                ..Config::default()
+            },
+        )
+        .unwrap();
+        let ids: Vec<u64> = (0..5).map(|_| s.submit(|_| ()).id()).collect();
+        assert_eq!(ids, vec![0, 1, 2, 3, 4]);
+        let recs = run_pipelines(&s, 6, spec).unwrap();
+        assert_eq!(recs.len(), 6);
+        // 1 root + per chain: buffers producers + 2 stages each.
+        let per_request = 1 + spec.chains as u64 * spec.buffers as u64 * 3;
+        for r in &recs {
+            assert_eq!(r.tasks(), per_request, "{policy:?} {r:?}");
+            assert!(!r.failed);
+        }
+        assert_ne!(pipeline_expected(0, spec), pipeline_expected(1, spec));
+    }
+}
+
+#[test]
+fn counters_add_up() {
+    for policy in POLICIES {
+        let s = Scheduler::new(
+            &fixtures::grid(2, 2, 1),
+            Config {
+                policy,
+                affinity: Affinity::None,
+                ..Config::default()
+            },
+        )
+        .unwrap();
+        let before = s.stats();
+        s.submit(|ctx| tree(ctx, 20_000)).wait().unwrap();
+        let st = s.stats().since(&before);
+        assert_eq!(st.tasks, 20_000);
+        assert_eq!(st.found.iter().sum::<u64>(), 20_000);
+        let las_rules: u64 = Rule::ALL[..5].iter().map(|&r| st.found_by(r)).sum();
+        if policy == Policy::Las {
+            assert_eq!(las_rules, 20_000);
+            assert!(st.found_by(Rule::OwnImmediate) > 0);
+            // The root was deferred.
+            assert!(st.found_by(Rule::OwnDeferred) + st.found_by(Rule::RemoteDeferred) >= 1);
+        } else {
+            assert_eq!(las_rules, 0);
+            assert_eq!(st.found_by(Rule::NlsSharedDeferred), 1);
+        }
+        assert_eq!(st.requests.len(), 1);
+        assert_eq!(st.requests[0].tasks(), 20_000);
+        let steals = st.steals.same_group + st.steals.same_node + st.steals.other_node;
+        assert!(steals <= 20_000);
+        if policy == Policy::Las {
+            // Immediate tasks never leave their node under LAS.
+            assert_eq!(st.steals.other_node, 0, "{st:?}");
+        }
+    }
+}
+
+#[test]
+fn task_finished_hook_runs_once_per_task_on_the_worker() {
+    let calls = Arc::new(AtomicU64::new(0));
+    let started = Arc::new(Mutex::new(Vec::new()));
+    let (c2, s2) = (calls.clone(), started.clone());
+    let s = Scheduler::new(
+        &fixtures::grid(1, 2, 2),
+        Config {
+            affinity: Affinity::None,
+            on_task_finished: Some(Arc::new(move |w| {
+                assert!(w < 4);
+                assert_eq!(
+                    std::thread::current().name(),
+                    Some(format!("loci-w{w}").as_str())
+                );
+                c2.fetch_add(1, Ordering::Relaxed);
+            })),
+            on_worker_start: Some(Arc::new(move |w| s2.lock().unwrap().push(w))),
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    s.submit(|ctx| tree(ctx, 1000)).wait().unwrap();
+    // The hook of the last task may run just after the request completes: drop joins workers.
+    let tasks = s.stats().tasks;
+    drop(s);
+    assert_eq!(calls.load(Ordering::Relaxed), tasks);
+    assert_eq!(tasks, 1000);
+    let mut st = started.lock().unwrap().clone();
+    st.sort();
+    assert_eq!(st, vec![0, 1, 2, 3]);
+}
+
+#[test]
+fn scopes_borrow_nest_and_reraise_panics() {
+    let s = Scheduler::new(&fixtures::grid(2, 1, 2), unpinned_las()).unwrap();
+    let r = s
+        .submit(|ctx| {
+            let mut v = vec![0u64; 64];
+            ctx.scope(|sc| {
+                for (i, x) in v.iter_mut().enumerate() {
+                    sc.spawn_deferred(move |sc| {
+                        let mut inner = [0u64; 4];
+                        sc.ctx().scope(|s2| {
+                            for (j, y) in inner.iter_mut().enumerate() {
+                                s2.spawn_immediate(move |_| *y = (i * 4 + j) as u64);
+                            }
+                        });
+                        *x = inner.iter().sum();
+                    });
+                }
+            });
+            v.iter().sum::<u64>()
+        })
+        .wait()
+        .unwrap();
+    assert_eq!(r, (0..256u64).sum::<u64>());
+
+    let e = s
+        .submit(|ctx| {
+            ctx.scope(|sc| {
+                sc.spawn_immediate(|_| panic!("inner stage failed"));
+            });
+            1
+        })
+        .wait()
+        .unwrap_err();
+    assert!(e.to_string().contains("inner stage failed"), "{e}");
+}
+
+#[test]
+fn morsels_run_on_their_home_node_group() {
+    let s = Scheduler::new(&fixtures::grid(2, 1, 2), unpinned_las()).unwrap();
+    let wrong = s
+        .submit(|ctx| {
+            let wrong = AtomicUsize::new(0);
+            let items: Vec<(u32, usize)> = (0..200).map(|i| ((i % 2) as u32, i)).collect();
+            ctx.for_each_morsel(
+                items,
+                |m| Some(m.0),
+                |c, m| {
+                    // Queued on a group of the home node; may be stolen by the other node only
+                    // via rule 4, so most run at home.
+                    if c.node() != m.0 {
+                        wrong.fetch_add(1, Ordering::Relaxed);
+                    }
+                },
+            );
+            wrong.into_inner()
+        })
+        .wait()
+        .unwrap();
+    assert!(wrong < 200, "{wrong}");
+    let e = s
+        .submit(|ctx| ctx.spawn_deferred_on(7, |_| {}))
+        .wait()
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        e,
+        SchedError::UnknownNode {
+            node: 7,
+            valid: "0,1".into()
+        }
+    );
+    assert!(s.submit_on(9, |_| ()).is_err());
+    assert_eq!(s.submit_on(1, |c| c.node()).unwrap().wait().unwrap(), 1);
+}
+
+#[test]
+fn waiting_inside_a_worker_is_refused() {
+    let s = Arc::new(Scheduler::new(&fixtures::grid(1, 1, 1), unpinned_las()).unwrap());
+    let s2 = s.clone();
+    let r = s
+        .submit(move |_| {
+            let h = s2.submit(|_| 1);
+            h.wait()
+        })
+        .wait()
+        .unwrap();
+    assert!(matches!(r, Err(RequestError::WaitOnWorker { .. })), "{r:?}");
+    // Break the cycle: the scheduler is dropped from this thread, not from a worker.
+    let s = Arc::try_unwrap(s).ok().expect("only the test holds it");
+    drop(s);
+}
+
+#[test]
+fn affinity_is_the_group_or_one_cpu_or_none() {
+    let topo = this_machine();
+    let all = topo.allowed_cpus();
+    for (aff, policy) in [
+        (Affinity::Group, Policy::Las),
+        (Affinity::Cpu, Policy::Las),
+        (Affinity::Group, Policy::Nls),
+        (Affinity::Group, Policy::Unpinned),
+    ] {
+        let s = Scheduler::new(
+            &topo,
+            Config {
+                policy,
+                affinity: aff,
+                ..Config::default()
+            },
+        )
+        .unwrap();
+        let seen: Vec<(usize, CpuSet)> = s
+            .submit(|ctx| {
+                let out = Arc::new(Mutex::new(Vec::new()));
+                ctx.scope(|sc| {
+                    for _ in 0..64 {
+                        let out = out.clone();
+                        sc.spawn_deferred(move |sc| {
+                            let c = sc.ctx();
+                            out.lock()
+                                .unwrap()
+                                .push((c.worker(), loci_place::sys::get_affinity(0).unwrap()));
+                        });
+                    }
+                });
+                let v = out.lock().unwrap().clone();
+                v
+            })
+            .wait()
+            .unwrap();
+        let l = s.layout();
+        for (w, cpus) in seen {
+            let want = match (aff, policy) {
+                (_, Policy::Unpinned) => all.clone(),
+                (Affinity::Group, _) => l.groups[l.workers[w].group].cpus.clone(),
+                (Affinity::Cpu, _) => CpuSet::single(l.workers[w].cpu),
+                (Affinity::None, _) => all.clone(),
+            };
+            assert_eq!(cpus, want, "{aff:?} {policy:?} worker {w}");
+        }
+    }
+}
+
+#[test]
+fn bad_affinity_is_an_error_not_a_panic() {
+    // A topology naming a cpu this machine does not have.
+    let t = fixtures::grid(1, 1, 1);
+    let mut t = t;
+    let far = 1000;
+    t.cpus[0].id = far;
+    t.nodes[0].cpus = CpuSet::single(far);
+    t.caches.clear();
+    let e = Scheduler::new(&t, Config::default())
+        .err()
+        .expect("must fail");
+    assert!(matches!(e, SchedError::Affinity { worker: 0, .. }), "{e}");
+    assert!(e.to_string().contains("1000"), "{e}");
+}
+
+#[test]
+fn dropping_the_scheduler_finishes_queued_work() {
+    let n = Arc::new(AtomicU64::new(0));
+    {
+        let s = Scheduler::new(&fixtures::grid(1, 2, 1), unpinned_las()).unwrap();
+        for _ in 0..8 {
+            let n = n.clone();
+            let _h = s.submit(move |ctx| {
+                for _ in 0..100 {
+                    let n = n.clone();
+                    ctx.spawn_deferred(move |_| {
+                        n.fetch_add(1, Ordering::Relaxed);
+                    });
+                }
+            });
+        }
+    }
+    assert_eq!(n.load(Ordering::Relaxed), 800);
+}
+
+/// Scopes nested far deeper than the helping bound: the deep ones run their spawns inline, and
+/// the result is still exact.
+#[test]
+fn deeply_nested_scopes_complete() {
+    fn nest(ctx: &loci_sched::Ctx, level: u32) -> u64 {
+        if level == 0 {
+            return 1;
+        }
+        let (mut a, mut b) = (0, 0);
+        ctx.scope(|s| {
+            s.spawn_deferred(|s| a = nest(s.ctx(), level - 1));
+            s.spawn_immediate(|_| b = 1);
+        });
+        a + b
+    }
+    for policy in POLICIES {
+        let s = Scheduler::new(
+            &fixtures::grid(1, 1, 1),
+            Config {
+                policy,
+                affinity: Affinity::None,
+                ..Config::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(s.submit(|ctx| nest(ctx, 300)).wait().unwrap(), 301);
+    }
+}

@@ -1,0 +1,217 @@
+//! Chunk buffers that live on a chosen node, and per-thread pools that recycle them.
+//!
+//! A [`NodeBuf`] is an anonymous page-aligned mapping bound with `mbind(MPOL_PREFERRED)` to one
+//! node and touched once, so its pages are there before the hot path uses it (malloc of 11 MB
+//! blocks recycles pages across threads and cannot promise a node). A [`Pool`] belongs to one
+//! stage thread; a [`PooledBuf`] goes back to its home pool when the next stage drops it, so a
+//! buffer is always reused by the thread (and node) that allocated it.
+
+use std::io;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+use crossbeam_channel::{Receiver, Sender};
+use loci_place::sys;
+use loci_topo::NodeSet;
+
+/// A page-aligned buffer of fixed capacity, with its pages placed on one node when asked.
+pub struct NodeBuf {
+    ptr: NonNull<u8>,
+    cap: usize,
+    len: usize,
+    node: Option<u32>,
+}
+
+// SAFETY: NodeBuf owns its mapping exclusively (like a Vec<u8>); moving it between threads is safe.
+unsafe impl Send for NodeBuf {}
+// SAFETY: shared access only hands out `&[u8]`.
+unsafe impl Sync for NodeBuf {}
+
+impl NodeBuf {
+    /// Maps `cap` bytes (at least one page); with `node`, binds them there (preferred, so a full
+    /// node falls back instead of failing) and faults every page in.
+    pub fn new(cap: usize, node: Option<u32>) -> io::Result<Self> {
+        let ps = sys::page_size();
+        let map_len = cap.max(1).div_ceil(ps) * ps;
+        // SAFETY: anonymous private mapping, no file descriptor; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p as *mut u8).expect("mmap returned null");
+        let buf = NodeBuf {
+            ptr,
+            cap: map_len,
+            len: 0,
+            node,
+        };
+        if let Some(n) = node {
+            // SAFETY: the range is the mapping just created and owned by `buf`.
+            unsafe {
+                sys::mbind(
+                    buf.ptr.as_ptr(),
+                    map_len,
+                    sys::mode::MPOL_PREFERRED,
+                    &NodeSet::single(n),
+                    0,
+                )?
+            };
+        }
+        // Fault the pages in now, under the policy.
+        for off in (0..map_len).step_by(ps) {
+            // SAFETY: off < map_len, inside the mapping.
+            unsafe { buf.ptr.as_ptr().add(off).write_volatile(0) };
+        }
+        Ok(buf)
+    }
+
+    /// Capacity in bytes (a multiple of the page size).
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+    /// The node this buffer was bound to, if any.
+    pub fn node(&self) -> Option<u32> {
+        self.node
+    }
+    /// Sets the length of the valid prefix. Panics beyond the capacity (a caller bug).
+    pub fn set_len(&mut self, len: usize) {
+        assert!(
+            len <= self.cap,
+            "NodeBuf length {len} beyond capacity {}",
+            self.cap
+        );
+        self.len = len;
+    }
+    /// The whole capacity as a writable slice (for codecs and reads that fill it).
+    pub fn spare(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is cap bytes, initialised (zero pages), and exclusively ours.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.cap) }
+    }
+    /// Nodes that hold this buffer's pages right now (from `move_pages`), sampled at up to 16 pages.
+    pub fn actual_nodes(&self) -> io::Result<NodeSet> {
+        let ps = sys::page_size();
+        let pages = self.cap / ps;
+        let step = (pages / 16).max(1);
+        let addrs: Vec<*const u8> = (0..pages)
+            .step_by(step)
+            // SAFETY: i * ps < cap, inside the mapping.
+            .map(|i| unsafe { self.ptr.as_ptr().add(i * ps) as *const u8 })
+            .collect();
+        let st = sys::pages_nodes(0, &addrs)?;
+        Ok(st
+            .into_iter()
+            .filter(|&n| n >= 0)
+            .map(|n| n as u32)
+            .collect())
+    }
+}
+
+impl Deref for NodeBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: len <= cap, the prefix is initialised.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+impl DerefMut for NodeBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: len <= cap, exclusive access through &mut self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for NodeBuf {
+    fn drop(&mut self) {
+        // SAFETY: ptr/cap are the mapping created in `new`, unmapped exactly once.
+        unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.cap) };
+    }
+}
+
+/// Free buffers of one stage thread.
+#[derive(Clone)]
+pub struct Pool {
+    tx: Sender<NodeBuf>,
+    rx: Receiver<NodeBuf>,
+    cap: usize,
+    node: Option<u32>,
+}
+
+impl Pool {
+    /// A pool of buffers of `cap` bytes on `node`, keeping at most `keep` free ones.
+    pub fn new(cap: usize, node: Option<u32>, keep: usize) -> Self {
+        let (tx, rx) = crossbeam_channel::bounded(keep.max(1));
+        Pool { tx, rx, cap, node }
+    }
+    /// A free buffer, or a new one when none is free.
+    pub fn get(&self) -> io::Result<PooledBuf> {
+        let buf = match self.rx.try_recv() {
+            Ok(b) => b,
+            Err(_) => NodeBuf::new(self.cap, self.node)?,
+        };
+        Ok(PooledBuf {
+            buf: Some(buf),
+            home: self.tx.clone(),
+        })
+    }
+}
+
+/// A buffer that returns to its home pool when dropped.
+pub struct PooledBuf {
+    buf: Option<NodeBuf>,
+    home: Sender<NodeBuf>,
+}
+
+impl Deref for PooledBuf {
+    type Target = NodeBuf;
+    fn deref(&self) -> &NodeBuf {
+        self.buf.as_ref().expect("buffer present until drop")
+    }
+}
+impl DerefMut for PooledBuf {
+    fn deref_mut(&mut self) -> &mut NodeBuf {
+        self.buf.as_mut().expect("buffer present until drop")
+    }
+}
+impl Drop for PooledBuf {
+    fn drop(&mut self) {
+        if let Some(mut b) = self.buf.take() {
+            b.set_len(0);
+            // A full pool (or one whose owner is gone) simply unmaps the buffer.
+            let _ = self.home.try_send(b);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_recycled_to_their_pool_and_sit_on_their_node() {
+        let pool = Pool::new(100_000, Some(0), 4);
+        let mut a = pool.get().unwrap();
+        let cap = a.capacity();
+        assert!(cap >= 100_000 && cap % sys::page_size() == 0);
+        a.set_len(10);
+        a.copy_from_slice(b"0123456789");
+        assert_eq!(&a[..], b"0123456789");
+        assert_eq!(a.actual_nodes().unwrap(), NodeSet::single(0));
+        let p = a.spare().as_ptr();
+        drop(a);
+        let b = pool.get().unwrap();
+        assert_eq!(b.len(), 0, "recycled buffers come back empty");
+        assert_eq!(b.as_ptr_range().start, p, "the freed buffer is reused");
+        // Dropped in another thread: still goes home.
+        std::thread::spawn(move || drop(b)).join().unwrap();
+        assert_eq!(pool.get().unwrap().spare().as_ptr(), p);
+    }
+}

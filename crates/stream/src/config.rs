@@ -1,0 +1,449 @@
+//! Sender and receiver configuration files (TOML), as written by `loci stream plan`.
+//!
+//! ```toml
+//! # send.toml: one stream leaving one sender
+//! stream = 0
+//! chunk_bytes = 11059200
+//! codec = "lz4-c"
+//! window = 32            # most chunks in flight (sent, not yet acknowledged)
+//! queue_depth = 8        # compress -> send queue
+//! read_queue_depth = 4   # read -> compress queue
+//! [read]
+//! count = 1
+//! cpus = ["0"]           # one cpu list per thread; leave out for OS placement
+//! mem = [0]              # the node each thread's buffers live on; leave out for "wherever it runs"
+//! [compress]
+//! count = 2
+//! cpus = ["0", "1"]
+//! mem = [0, 0]
+//! [send]
+//! count = 1
+//! cpus = ["1"]
+//! mem = [0]
+//! ```
+//!
+//! ```toml
+//! # recv.toml: every stream one receiver accepts, each with its own cores
+//! max_chunk_bytes = 268435456
+//! sync = "data"          # none | journal | data: what is fsync'd before a chunk is acknowledged
+//! [[stream]]
+//! id = 0
+//! queue_depth = 8        # recv -> decompress queue
+//! [stream.recv]
+//! count = 1
+//! cpus = ["1"]
+//! mem = [0]
+//! [stream.decompress]
+//! count = 1
+//! cpus = ["0"]
+//! mem = [0]
+//! ```
+
+use std::path::Path;
+
+use loci_topo::CpuSet;
+use serde::{Deserialize, Serialize};
+
+use crate::codec::Codec;
+
+/// Where the threads of one stage run and where their buffers live.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stage {
+    /// Number of threads.
+    pub count: usize,
+    /// One cpu list per thread (`sched_setaffinity`); empty: the OS places them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpus: Vec<CpuSet>,
+    /// One node per thread for its buffers (`mbind`); empty: first touch wherever it runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mem: Vec<u32>,
+}
+
+impl Stage {
+    /// `count` threads placed by the OS.
+    pub fn os(count: usize) -> Self {
+        Stage {
+            count,
+            cpus: vec![],
+            mem: vec![],
+        }
+    }
+    /// Checks counts and list lengths; `what` names the stage in errors.
+    pub fn validate(&self, what: &str) -> Result<(), ConfigError> {
+        if self.count == 0 {
+            return Err(ConfigError::Invalid(format!(
+                "{what}.count is 0; every stage needs at least one thread"
+            )));
+        }
+        if self.count > 4096 {
+            return Err(ConfigError::Invalid(format!(
+                "{what}.count = {} is beyond 4096 threads",
+                self.count
+            )));
+        }
+        if !self.cpus.is_empty() && self.cpus.len() != self.count {
+            return Err(ConfigError::Invalid(format!(
+                "{what}.cpus has {} entries but count = {} (give one cpu list per thread, or none)",
+                self.cpus.len(),
+                self.count
+            )));
+        }
+        if let Some(i) = self.cpus.iter().position(|c| c.is_empty()) {
+            return Err(ConfigError::Invalid(format!("{what}.cpus[{i}] is empty")));
+        }
+        if !self.mem.is_empty() && self.mem.len() != self.count {
+            return Err(ConfigError::Invalid(format!(
+                "{what}.mem has {} entries but count = {} (give one node per thread, or none)",
+                self.mem.len(),
+                self.count
+            )));
+        }
+        Ok(())
+    }
+    /// Cpus of thread `i`, if pinned.
+    pub fn cpus_of(&self, i: usize) -> Option<&CpuSet> {
+        self.cpus.get(i)
+    }
+    /// Buffer node of thread `i`, if set.
+    pub fn mem_of(&self, i: usize) -> Option<u32> {
+        self.mem.get(i).copied()
+    }
+    /// The same thread count, placed by the OS.
+    pub fn unpinned(&self) -> Self {
+        Stage::os(self.count)
+    }
+}
+
+/// A bad configuration file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: {err}")]
+    Read { path: String, err: std::io::Error },
+    #[error("{path}: {err}")]
+    Parse { path: String, err: String },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+fn default_chunk() -> usize {
+    crate::phantom::CHUNK_BYTES
+}
+fn default_window() -> usize {
+    32
+}
+fn default_depth() -> usize {
+    8
+}
+fn default_read_depth() -> usize {
+    4
+}
+fn default_max_chunk() -> u64 {
+    256 << 20
+}
+
+/// One stream leaving one sender.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SenderConfig {
+    /// Stream id (the receiver's config gives each id its own cores).
+    #[serde(default)]
+    pub stream: u32,
+    #[serde(default = "default_chunk")]
+    pub chunk_bytes: usize,
+    #[serde(default)]
+    pub codec: Codec,
+    /// Most chunks sent and not yet acknowledged (memory held for resending: window x chunk).
+    #[serde(default = "default_window")]
+    pub window: usize,
+    /// Compress -> send queue depth (chunks).
+    #[serde(default = "default_depth")]
+    pub queue_depth: usize,
+    /// Read -> compress queue depth (chunks).
+    #[serde(default = "default_read_depth")]
+    pub read_queue_depth: usize,
+    /// Shared secret; when absent, `LOCI_STREAM_SECRET` from the environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    pub read: Stage,
+    pub compress: Stage,
+    pub send: Stage,
+}
+
+impl Default for SenderConfig {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        SenderConfig {
+            stream: 0,
+            chunk_bytes: default_chunk(),
+            codec: Codec::default(),
+            window: default_window(),
+            queue_depth: default_depth(),
+            read_queue_depth: default_read_depth(),
+            secret: None,
+            read: Stage::os(1),
+            compress: Stage::os(cores),
+            send: Stage::os(1),
+        }
+    }
+}
+
+impl SenderConfig {
+    /// Checks every field; errors name the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.read.validate("read")?;
+        self.compress.validate("compress")?;
+        self.send.validate("send")?;
+        if self.read.count != 1 {
+            return Err(ConfigError::Invalid(format!(
+                "read.count = {}: the reader is one thread (it hashes the stream in order)",
+                self.read.count
+            )));
+        }
+        if self.chunk_bytes == 0 || self.chunk_bytes as u64 > default_max_chunk() {
+            return Err(ConfigError::Invalid(format!(
+                "chunk_bytes = {} outside 1..={}",
+                self.chunk_bytes,
+                default_max_chunk()
+            )));
+        }
+        if self.send.count > u16::MAX as usize {
+            return Err(ConfigError::Invalid("send.count beyond 65535".into()));
+        }
+        for (name, v) in [
+            ("window", self.window),
+            ("queue_depth", self.queue_depth),
+            ("read_queue_depth", self.read_queue_depth),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::Invalid(format!("{name} must be at least 1")));
+            }
+        }
+        Ok(())
+    }
+    /// The same thread counts, every stage placed by the OS.
+    pub fn unpinned(&self) -> Self {
+        SenderConfig {
+            read: self.read.unpinned(),
+            compress: self.compress.unpinned(),
+            send: self.send.unpinned(),
+            ..self.clone()
+        }
+    }
+    /// Reads and validates a file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let c: Self = load_toml(path)?;
+        c.validate()?;
+        Ok(c)
+    }
+    /// TOML text.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("config serializes")
+    }
+}
+
+/// What the receiver makes durable before acknowledging a chunk (file sinks only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Sync {
+    /// Nothing is fsync'd: survives a receiver crash (page cache), not a power loss.
+    None,
+    /// The journal is fsync'd, the data is not.
+    Journal,
+    /// Data (fdatasync) then journal are fsync'd: survives a power loss.
+    #[default]
+    Data,
+}
+
+/// The cores of one stream on the receiver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamPart {
+    pub id: u32,
+    /// Recv -> decompress queue depth (chunks).
+    #[serde(default = "default_depth")]
+    pub queue_depth: usize,
+    pub recv: Stage,
+    pub decompress: Stage,
+}
+
+/// Everything one receiver accepts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiverConfig {
+    /// Largest chunk a sender may announce.
+    #[serde(default = "default_max_chunk")]
+    pub max_chunk_bytes: u64,
+    #[serde(default)]
+    pub sync: Sync,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// Streams and their cores. Empty: any stream id, OS placement, one receiving thread per
+    /// connection and as many decompressors as cpus.
+    #[serde(default, rename = "stream")]
+    pub streams: Vec<StreamPart>,
+}
+
+impl Default for ReceiverConfig {
+    fn default() -> Self {
+        ReceiverConfig {
+            max_chunk_bytes: default_max_chunk(),
+            sync: Sync::default(),
+            secret: None,
+            streams: vec![],
+        }
+    }
+}
+
+impl ReceiverConfig {
+    /// Checks every field; errors name the stream and field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut seen = std::collections::BTreeSet::new();
+        for s in &self.streams {
+            if !seen.insert(s.id) {
+                return Err(ConfigError::Invalid(format!(
+                    "stream {} appears twice",
+                    s.id
+                )));
+            }
+            s.recv.validate(&format!("stream {}.recv", s.id))?;
+            s.decompress
+                .validate(&format!("stream {}.decompress", s.id))?;
+            if s.queue_depth == 0 {
+                return Err(ConfigError::Invalid(format!(
+                    "stream {}.queue_depth must be at least 1",
+                    s.id
+                )));
+            }
+        }
+        if self.max_chunk_bytes == 0 || self.max_chunk_bytes > 1 << 31 {
+            return Err(ConfigError::Invalid(format!(
+                "max_chunk_bytes = {} outside 1..=2147483648",
+                self.max_chunk_bytes
+            )));
+        }
+        Ok(())
+    }
+    /// The part for stream `id`: from the config, or the default when the config lists none.
+    pub fn part(&self, id: u32, conns: usize) -> Result<StreamPart, String> {
+        if self.streams.is_empty() {
+            let cores = std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1);
+            return Ok(StreamPart {
+                id,
+                queue_depth: default_depth(),
+                recv: Stage::os(conns.max(1)),
+                decompress: Stage::os(cores),
+            });
+        }
+        self.streams
+            .iter()
+            .find(|s| s.id == id)
+            .cloned()
+            .ok_or_else(|| {
+                let ids: loci_topo::IdSet = self.streams.iter().map(|s| s.id).collect();
+                format!("stream {id} is not in this receiver's config (configured streams: {ids})")
+            })
+    }
+    /// The same thread counts, every stage placed by the OS.
+    pub fn unpinned(&self) -> Self {
+        let mut c = self.clone();
+        for s in &mut c.streams {
+            s.recv = s.recv.unpinned();
+            s.decompress = s.decompress.unpinned();
+        }
+        c
+    }
+    /// Reads and validates a file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let c: Self = load_toml(path)?;
+        c.validate()?;
+        Ok(c)
+    }
+    /// TOML text.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("config serializes")
+    }
+}
+
+fn load_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|err| ConfigError::Read {
+        path: path.display().to_string(),
+        err,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.display().to_string(),
+        err: e.to_string(),
+    })
+}
+
+/// The shared secret: the config's, else `LOCI_STREAM_SECRET`; an error saying how to set it.
+pub fn secret(from_config: Option<&str>) -> Result<Vec<u8>, ConfigError> {
+    if let Some(s) = from_config.filter(|s| !s.is_empty()) {
+        return Ok(s.as_bytes().to_vec());
+    }
+    match std::env::var("LOCI_STREAM_SECRET") {
+        Ok(s) if !s.is_empty() => Ok(s.into_bytes()),
+        _ => Err(ConfigError::Invalid(
+            "no shared secret: set the environment variable LOCI_STREAM_SECRET (same value on \
+             sender and receiver) or `secret = \"...\"` in the config"
+                .into(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sender_config_roundtrips_and_bad_fields_are_named() {
+        let mut c = SenderConfig {
+            compress: Stage {
+                count: 2,
+                cpus: vec![CpuSet::parse("0").unwrap(), CpuSet::parse("1").unwrap()],
+                mem: vec![0, 0],
+            },
+            ..SenderConfig::default()
+        };
+        let t = c.to_toml();
+        let back: SenderConfig = toml::from_str(&t).unwrap();
+        assert_eq!(back, c);
+        c.compress.mem.pop();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("compress.mem"));
+        let e = toml::from_str::<SenderConfig>(
+            "stream = 0\n[read]\ncount=1\n[compress]\ncount=1\ncpus=[\"0-x\"]\n[send]\ncount=1\n",
+        );
+        assert!(e.is_err());
+        let e = toml::from_str::<SenderConfig>(
+            "bogus = 1\n[read]\ncount=1\n[compress]\ncount=1\n[send]\ncount=1\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn receiver_parts() {
+        let c: ReceiverConfig = toml::from_str(
+            "[[stream]]\nid = 2\n[stream.recv]\ncount = 1\n[stream.decompress]\ncount = 3\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.part(2, 1).unwrap().decompress.count, 3);
+        let e = c.part(5, 1).unwrap_err();
+        assert!(
+            e.contains("stream 5") && e.contains("configured streams: 2"),
+            "{e}"
+        );
+        let mut d = c.clone();
+        d.streams.push(d.streams[0].clone());
+        assert!(d.validate().unwrap_err().to_string().contains("twice"));
+    }
+}

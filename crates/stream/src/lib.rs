@@ -1,0 +1,27 @@
+//! loci-stream: NUMA-aware, lossless streaming of detector data.
+//!
+//! Pipeline (seed 001): `read -> compress (C threads) -> queue -> send (S threads, one TCP
+//! connection each) -> recv (R threads) -> queue -> decompress (D threads) -> sink`, every
+//! stage's threads pinned to the cores a plan gives them and their buffers on their own node.
+//! See [`proto`] for the wire protocol, [`plan`] for the configuration generator,
+//! [`config`] for the TOML files, [`sink`] for the durable journal that makes resume work.
+
+pub mod buf;
+pub mod codec;
+pub mod config;
+pub mod phantom;
+pub mod plan;
+pub mod proto;
+pub mod recv;
+pub mod send;
+pub mod sink;
+pub mod source;
+pub mod stats;
+
+pub use codec::Codec;
+pub use config::{ReceiverConfig, SenderConfig, Stage};
+pub use recv::{Receiver, RecvOptions};
+pub use send::{send, Faults, SendOptions};
+pub use sink::SinkSpec;
+pub use source::SourceSpec;
+pub use stats::StreamReport;

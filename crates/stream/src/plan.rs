@@ -1,0 +1,612 @@
+//! The stream configuration generator: from the sender's and the receiver's topology, the NIC's
+//! node and the number of streams, where every stage's threads run and where their buffers live.
+//!
+//! Rules, from seed 001's observations (section numbers of the paper):
+//! 1. Receiving threads run on the node the NIC hangs off (obs. 1 and 4: +15% network throughput).
+//! 2. One thread per physical core; never two busy threads of a stage on one core (obs. 2: more
+//!    threads than cores halves throughput by context switching).
+//! 3. The cores of the NIC's node are split evenly between the streams (section 4.2: 16 cores,
+//!    4 streams -> 4 receiving threads each), and each stream has as many sending threads and TCP
+//!    connections as receiving threads.
+//! 4. Decompression runs on the remaining cores, spread over the other nodes in turn (obs. 3:
+//!    spreading decompressors over nodes avoids LLC and memory-controller contention), split
+//!    evenly between streams. On a single-node receiver (or one without enough other cores) the
+//!    NIC node's share of each stream is divided: a third receives, the rest decompresses.
+//! 5. Compression runs on every core of the sender (obs. 2 and section 4.1: 32 compression
+//!    threads on a 32-core sender), sending threads on the sender's NIC node (obs. 4: their
+//!    location barely matters, so they share cores with compressors rather than take cores away).
+//! 6. Each thread's buffers live on its own cpu's node.
+//! Queue depths and the resend window are sized from the thread counts so that no stage starves
+//! while another holds chunks (see [`plan`]).
+
+use loci_topo::{CpuSet, DeviceKind, Topology};
+
+use crate::codec::Codec;
+use crate::config::{ReceiverConfig, SenderConfig, Stage, StreamPart};
+
+/// Inputs besides the two topologies.
+#[derive(Debug, Clone)]
+pub struct PlanOptions {
+    /// Number of streams into the receiver.
+    pub streams: usize,
+    /// The receiver's NIC, by interface name (looked up in the receiver topology's devices).
+    pub nic: Option<String>,
+    /// The receiver's NIC node, given directly.
+    pub nic_node: Option<u32>,
+    /// The senders' NIC node (default: the same interface name in the sender topology, else the
+    /// node with the most cores).
+    pub sender_nic_node: Option<u32>,
+    /// All streams leave one sender machine (its cores are split between them); default: each
+    /// stream has its own sender machine of this topology (seed 001 used four).
+    pub shared_sender: bool,
+    pub chunk_bytes: usize,
+    pub codec: Codec,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            streams: 1,
+            nic: None,
+            nic_node: None,
+            sender_nic_node: None,
+            shared_sender: false,
+            chunk_bytes: crate::phantom::CHUNK_BYTES,
+            codec: Codec::default(),
+        }
+    }
+}
+
+/// The generated configurations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamPlan {
+    /// One per stream (`send-K.toml`).
+    pub senders: Vec<SenderConfig>,
+    /// The receiver (`recv.toml`).
+    pub receiver: ReceiverConfig,
+    /// Why each choice was made, for the file headers and `loci stream plan` output.
+    pub notes: Vec<String>,
+}
+
+/// A plan cannot be made.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum PlanError {
+    #[error("--streams must be at least 1")]
+    NoStreams,
+    #[error("{side}: node {node} does not exist (nodes: {valid})")]
+    UnknownNode {
+        side: &'static str,
+        node: u32,
+        valid: String,
+    },
+    #[error("receiver: no network device {name:?} (network devices: {valid})")]
+    UnknownNic { name: String, valid: String },
+    #[error("receiver: NIC {name} reports no NUMA node (numa_node = -1); give --nic-node N")]
+    NicWithoutNode { name: String },
+    #[error("receiver: which NIC? it has {nodes} nodes and network devices {valid}; give --nic IFACE or --nic-node N")]
+    AmbiguousNic { nodes: usize, valid: String },
+    #[error("{side}: node {node} has {cores} usable cores, fewer than the {streams} streams that each need one")]
+    TooFewCores {
+        side: &'static str,
+        node: u32,
+        cores: usize,
+        streams: usize,
+    },
+    #[error("{side}: no usable cpus")]
+    NoCpus { side: &'static str },
+}
+
+/// One cpu per physical core of `node` (the lowest-numbered sibling), allowed and online.
+pub fn cores_of(t: &Topology, node: u32) -> Vec<u32> {
+    let allowed = t.allowed_cpus_of(node);
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for cpu in allowed.iter() {
+        let Some(c) = t.cpu(cpu) else { continue };
+        if seen.insert((c.package, c.core)) {
+            out.push(cpu);
+        }
+    }
+    out
+}
+
+fn node_check(t: &Topology, side: &'static str, node: u32) -> Result<(), PlanError> {
+    if t.node(node).is_none() {
+        return Err(PlanError::UnknownNode {
+            side,
+            node,
+            valid: t.node_ids().to_string(),
+        });
+    }
+    Ok(())
+}
+
+fn net_names(t: &Topology) -> String {
+    let v: Vec<&str> = t
+        .devices
+        .iter()
+        .filter(|d| d.kind == DeviceKind::Net)
+        .map(|d| d.name.as_str())
+        .collect();
+    if v.is_empty() {
+        "(none)".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+/// The receiver's NIC node from the options and the topology.
+pub fn nic_node(t: &Topology, o: &PlanOptions) -> Result<u32, PlanError> {
+    if let Some(n) = o.nic_node {
+        node_check(t, "receiver", n)?;
+        return Ok(n);
+    }
+    if let Some(name) = &o.nic {
+        let d = t
+            .devices
+            .iter()
+            .find(|d| d.kind == DeviceKind::Net && &d.name == name)
+            .ok_or_else(|| PlanError::UnknownNic {
+                name: name.clone(),
+                valid: net_names(t),
+            })?;
+        return d
+            .node
+            .ok_or(PlanError::NicWithoutNode { name: name.clone() });
+    }
+    if t.nodes.len() == 1 {
+        return Ok(t.nodes[0].id);
+    }
+    let mut nodes: Vec<u32> = t
+        .devices
+        .iter()
+        .filter(|d| d.kind == DeviceKind::Net)
+        .filter_map(|d| d.node)
+        .collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    match nodes[..] {
+        [n] => Ok(n),
+        _ => Err(PlanError::AmbiguousNic {
+            nodes: t.nodes.len(),
+            valid: net_names(t),
+        }),
+    }
+}
+
+fn pinned(cpus: &[u32], t: &Topology) -> Stage {
+    Stage {
+        count: cpus.len(),
+        cpus: cpus.iter().map(|&c| CpuSet::single(c)).collect(),
+        mem: cpus
+            .iter()
+            .map(|&c| t.node_of_cpu(c).unwrap_or(0))
+            .collect(),
+    }
+}
+
+/// Interleaves the cores of several nodes: first core of each node, then the second, ...
+fn interleave(lists: Vec<Vec<u32>>) -> Vec<u32> {
+    let n = lists.iter().map(Vec::len).max().unwrap_or(0);
+    let mut out = Vec::new();
+    for i in 0..n {
+        for l in &lists {
+            if let Some(&c) = l.get(i) {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// Generates the sender and receiver configurations.
+pub fn plan(
+    sender: &Topology,
+    receiver: &Topology,
+    o: &PlanOptions,
+) -> Result<StreamPlan, PlanError> {
+    let k = o.streams;
+    if k == 0 {
+        return Err(PlanError::NoStreams);
+    }
+    let mut notes = Vec::new();
+    // Receiver.
+    let nic = nic_node(receiver, o)?;
+    let nic_cores = cores_of(receiver, nic);
+    if nic_cores.len() < k {
+        return Err(PlanError::TooFewCores {
+            side: "receiver",
+            node: nic,
+            cores: nic_cores.len(),
+            streams: k,
+        });
+    }
+    let others: Vec<Vec<u32>> = receiver
+        .nodes
+        .iter()
+        .filter(|n| n.id != nic)
+        .map(|n| cores_of(receiver, n.id))
+        .filter(|c| !c.is_empty())
+        .collect();
+    let other_count: usize = others.iter().map(Vec::len).sum();
+    let mut parts = Vec::new();
+    if other_count >= k {
+        let r = nic_cores.len() / k;
+        let mut pool = interleave(others);
+        pool.extend_from_slice(&nic_cores[r * k..]);
+        let d = pool.len() / k;
+        notes.push(format!(
+            "receiver: {r} receiving thread(s) per stream on node {nic} (the NIC's node, cores split \
+             evenly between {k} stream(s)); {d} decompressing thread(s) per stream on the other \
+             nodes' cores, taken from each node in turn"
+        ));
+        for s in 0..k {
+            parts.push((
+                nic_cores[s * r..(s + 1) * r].to_vec(),
+                pool[s * d..(s + 1) * d].to_vec(),
+            ));
+        }
+    } else {
+        let mut all = nic_cores.clone();
+        all.extend(others.into_iter().flatten());
+        let p = all.len() / k;
+        let r = (p / 3).max(1);
+        notes.push(format!(
+            "receiver: no other node with cores to spare; each stream's {p} core(s) on node {nic} \
+             split into {r} receiving and {} decompressing thread(s)",
+            p.saturating_sub(r).max(1)
+        ));
+        for s in 0..k {
+            let share = &all[s * p..(s + 1) * p];
+            let (rc, dc) = if share.len() > r {
+                (share[..r].to_vec(), share[r..].to_vec())
+            } else {
+                notes.push(format!(
+                    "receiver: stream {s} has a single core; its receiving and decompressing \
+                     threads share cpu {}",
+                    share[0]
+                ));
+                (share.to_vec(), share.to_vec())
+            };
+            parts.push((rc, dc));
+        }
+    }
+    // Sender(s).
+    let snic = match o.sender_nic_node {
+        Some(n) => {
+            node_check(sender, "sender", n)?;
+            n
+        }
+        None => o
+            .nic
+            .as_ref()
+            .and_then(|name| {
+                sender
+                    .devices
+                    .iter()
+                    .find(|d| d.kind == DeviceKind::Net && &d.name == name)
+                    .and_then(|d| d.node)
+            })
+            .unwrap_or_else(|| {
+                sender
+                    .nodes
+                    .iter()
+                    .max_by_key(|n| (cores_of(sender, n.id).len(), std::cmp::Reverse(n.id)))
+                    .map(|n| n.id)
+                    .unwrap_or(0)
+            }),
+    };
+    let sender_cores: Vec<u32> = interleave(
+        sender
+            .nodes
+            .iter()
+            .map(|n| cores_of(sender, n.id))
+            .collect(),
+    );
+    if sender_cores.is_empty() {
+        return Err(PlanError::NoCpus { side: "sender" });
+    }
+    let snic_cores = cores_of(sender, snic);
+    let snic_cores = if snic_cores.is_empty() {
+        sender_cores.clone()
+    } else {
+        snic_cores
+    };
+    let per_sender = if o.shared_sender {
+        if sender_cores.len() < k {
+            return Err(PlanError::TooFewCores {
+                side: "sender",
+                node: snic,
+                cores: sender_cores.len(),
+                streams: k,
+            });
+        }
+        sender_cores.len() / k
+    } else {
+        sender_cores.len()
+    };
+    notes.push(format!(
+        "sender: {per_sender} compressing thread(s) per stream, one per core{}; sending threads \
+         (one TCP connection each, as many as the stream's receiving threads) on node {snic}, \
+         sharing cores with compressors",
+        if o.shared_sender {
+            format!(" ({k} streams share one sender)")
+        } else {
+            " (every core of its sender)".into()
+        }
+    ));
+    let mut senders = Vec::new();
+    let mut rparts = Vec::new();
+    for (s, (rc, dc)) in parts.into_iter().enumerate() {
+        let comp: Vec<u32> = if o.shared_sender {
+            sender_cores[s * per_sender..(s + 1) * per_sender].to_vec()
+        } else {
+            sender_cores.clone()
+        };
+        let nsend = rc.len();
+        let send: Vec<u32> = (0..nsend)
+            .map(|j| {
+                let base = if o.shared_sender { s * nsend } else { 0 };
+                // The NIC node's last cores (the reader takes its first).
+                snic_cores[snic_cores.len() - 1 - (base + j) % snic_cores.len()]
+            })
+            .collect();
+        let read = vec![
+            snic_cores[if o.shared_sender {
+                s % snic_cores.len()
+            } else {
+                0
+            }],
+        ];
+        let recv_depth = 2 * dc.len() + 2;
+        let queue_depth = 2 * nsend + 2;
+        let read_depth = comp.len() + 2;
+        let window = comp.len() + queue_depth + nsend + recv_depth + dc.len() + 4;
+        senders.push(SenderConfig {
+            stream: s as u32,
+            chunk_bytes: o.chunk_bytes,
+            codec: o.codec,
+            window,
+            queue_depth,
+            read_queue_depth: read_depth,
+            secret: None,
+            read: pinned(&read, sender),
+            compress: pinned(&comp, sender),
+            send: pinned(&send, sender),
+        });
+        rparts.push(StreamPart {
+            id: s as u32,
+            queue_depth: recv_depth,
+            recv: pinned(&rc, receiver),
+            decompress: pinned(&dc, receiver),
+        });
+    }
+    notes.push(
+        "queues: compress->send 2 per sending thread + 2, recv->decompress 2 per decompressing \
+         thread + 2; window (chunks held until acknowledged) covers every queue and thread on \
+         the way"
+            .into(),
+    );
+    Ok(StreamPlan {
+        senders,
+        receiver: ReceiverConfig {
+            streams: rparts,
+            ..ReceiverConfig::default()
+        },
+        notes,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use loci_topo::{Cpu, Device, Node};
+
+    /// A hand-built machine: `nodes` nodes of `cores` cores with 2 hardware threads each, Linux
+    /// numbering (first threads of all cores, then the siblings), NICs on the given nodes.
+    pub fn machine(nodes: u32, cores: u32, nics: &[(&str, Option<u32>)]) -> Topology {
+        let total = nodes * cores;
+        let mut cpus = Vec::new();
+        for id in 0..2 * total {
+            let core = id % total;
+            cpus.push(Cpu {
+                id,
+                core,
+                package: core / cores,
+                node: Some(core / cores),
+                online: true,
+                allowed: true,
+            });
+        }
+        Topology {
+            source: "test".into(),
+            nodes: (0..nodes)
+                .map(|n| Node {
+                    id: n,
+                    cpus: cpus
+                        .iter()
+                        .filter(|c| c.node == Some(n))
+                        .map(|c| c.id)
+                        .collect(),
+                    memory_bytes: Some(512 << 30),
+                    free_bytes: None,
+                    allowed: true,
+                })
+                .collect(),
+            cpus,
+            caches: vec![],
+            devices: nics
+                .iter()
+                .map(|(n, node)| Device {
+                    name: n.to_string(),
+                    kind: DeviceKind::Net,
+                    node: *node,
+                })
+                .collect(),
+            distances: (0..nodes)
+                .map(|i| (0..nodes).map(|j| if i == j { 10 } else { 21 }).collect())
+                .collect(),
+        }
+    }
+
+    /// Seed 001's gateway: 2 x Xeon Gold 6346 (16 cores, 32 threads each), the 200 Gb/s NIC used
+    /// for streaming on node 1 and the Lustre NIC on node 0.
+    pub fn xeon_6346() -> Topology {
+        machine(2, 16, &[("ens1f0", Some(0)), ("ens2f0", Some(1))])
+    }
+
+    fn nodes_of(t: &Topology, s: &Stage) -> Vec<u32> {
+        s.cpus
+            .iter()
+            .map(|c| t.node_of_cpu(c.first().unwrap()).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn seed_machine_four_streams_matches_the_papers_configuration() {
+        let t = xeon_6346();
+        let p = plan(
+            &t,
+            &t,
+            &PlanOptions {
+                streams: 4,
+                nic: Some("ens2f0".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(p.senders.len(), 4);
+        let mut recv_cpus = CpuSet::new();
+        let mut dec_cpus = CpuSet::new();
+        for part in &p.receiver.streams {
+            // 4 receiving threads on node 1, 4 decompressors on node 0 (section 4.2).
+            assert_eq!(part.recv.count, 4);
+            assert!(nodes_of(&t, &part.recv).iter().all(|&n| n == 1));
+            assert_eq!(part.decompress.count, 4);
+            assert!(nodes_of(&t, &part.decompress).iter().all(|&n| n == 0));
+            assert_eq!(part.recv.mem, vec![1; 4]);
+            assert_eq!(part.decompress.mem, vec![0; 4]);
+            for c in part.recv.cpus.iter().chain(&part.decompress.cpus) {
+                assert!(
+                    c.len() == 1 && c.first().unwrap() < 32,
+                    "one cpu per core: {c}"
+                );
+                assert!(
+                    recv_cpus.union(&dec_cpus).intersection(c).is_empty(),
+                    "cores are not shared"
+                );
+            }
+            for c in &part.recv.cpus {
+                recv_cpus = recv_cpus.union(c);
+            }
+            for c in &part.decompress.cpus {
+                dec_cpus = dec_cpus.union(c);
+            }
+        }
+        assert_eq!(recv_cpus.len(), 16);
+        assert_eq!(dec_cpus.len(), 16);
+        for s in &p.senders {
+            // 32 compressors (every core of the sender), 4 senders on the NIC's node.
+            assert_eq!(s.compress.count, 32);
+            assert_eq!(s.send.count, 4);
+            assert!(nodes_of(&t, &s.send).iter().all(|&n| n == 1));
+            s.validate().unwrap();
+        }
+        p.receiver.validate().unwrap();
+    }
+
+    #[test]
+    fn decompressors_spread_over_every_other_node() {
+        let t = machine(4, 4, &[("eth0", Some(2))]);
+        let p = plan(&t, &t, &PlanOptions::default()).unwrap();
+        let part = &p.receiver.streams[0];
+        assert!(nodes_of(&t, &part.recv).iter().all(|&n| n == 2));
+        assert_eq!(part.recv.count, 4);
+        let dn = nodes_of(&t, &part.decompress);
+        assert_eq!(dn.len(), 12);
+        assert_eq!(&dn[..3], &[0, 1, 3], "taken from each node in turn");
+    }
+
+    #[test]
+    fn single_node_machine_splits_its_cores() {
+        let t = machine(1, 2, &[]);
+        let p = plan(&t, &t, &PlanOptions::default()).unwrap();
+        let part = &p.receiver.streams[0];
+        assert_eq!((part.recv.count, part.decompress.count), (1, 1));
+        assert_ne!(part.recv.cpus, part.decompress.cpus);
+        assert_eq!(p.senders[0].compress.count, 2);
+        assert_eq!(p.senders[0].send.count, 1);
+        let t1 = machine(1, 1, &[]);
+        let p = plan(&t1, &t1, &PlanOptions::default()).unwrap();
+        assert!(p.notes.iter().any(|n| n.contains("share cpu")));
+    }
+
+    #[test]
+    fn cores_split_evenly_between_streams_of_a_shared_sender() {
+        let t = xeon_6346();
+        let p = plan(
+            &t,
+            &t,
+            &PlanOptions {
+                streams: 2,
+                nic_node: Some(1),
+                shared_sender: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let a: CpuSet = p.senders[0]
+            .compress
+            .cpus
+            .iter()
+            .flat_map(|c| c.iter())
+            .collect();
+        let b: CpuSet = p.senders[1]
+            .compress
+            .cpus
+            .iter()
+            .flat_map(|c| c.iter())
+            .collect();
+        assert_eq!((a.len(), b.len()), (16, 16));
+        assert!(a.intersection(&b).is_empty());
+        assert_eq!(p.receiver.streams[0].recv.count, 8);
+    }
+
+    #[test]
+    fn bad_inputs_name_what_is_wrong() {
+        let t = xeon_6346();
+        let e = |o: PlanOptions| plan(&t, &t, &o).unwrap_err().to_string();
+        assert!(e(PlanOptions::default()).contains("which NIC"));
+        assert!(e(PlanOptions {
+            nic: Some("eth9".into()),
+            ..Default::default()
+        })
+        .contains("ens1f0, ens2f0"));
+        assert!(e(PlanOptions {
+            nic_node: Some(7),
+            ..Default::default()
+        })
+        .contains("nodes: 0-1"));
+        assert!(e(PlanOptions {
+            streams: 0,
+            ..Default::default()
+        })
+        .contains("at least 1"));
+        assert!(e(PlanOptions {
+            streams: 17,
+            nic_node: Some(1),
+            ..Default::default()
+        })
+        .contains("fewer than the 17"));
+        let nonode = machine(2, 2, &[("eth0", None)]);
+        let r = plan(
+            &nonode,
+            &nonode,
+            &PlanOptions {
+                nic: Some("eth0".into()),
+                ..Default::default()
+            },
+        );
+        assert!(r.unwrap_err().to_string().contains("--nic-node"));
+    }
+}

@@ -1,0 +1,706 @@
+//! The receiving side: accept authenticated connections, receive frames (recv stage), decompress
+//! and store them (decompress stage), make them durable and acknowledge them (committer), and
+//! verify the whole-stream checksum at the end. Several streams at once, each on its own cores.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{self, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver as Rx, Sender as Tx};
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+
+use crate::buf::{Pool, PooledBuf};
+use crate::codec::Codec;
+use crate::config::{ReceiverConfig, StreamPart};
+use crate::proto::{self, kind, Header, Hello};
+use crate::sink::{Sink, SinkSpec, Transfer};
+use crate::stats::{pin, QueueStats, StageStats, StreamReport};
+
+/// What a receiver needs.
+#[derive(Clone)]
+pub struct RecvOptions {
+    pub config: ReceiverConfig,
+    pub secret: Vec<u8>,
+    pub sink: SinkSpec,
+    /// Show live progress on stderr.
+    pub progress: bool,
+    /// Return after this many streams ended (default: every configured stream, or 1).
+    pub streams: Option<usize>,
+}
+
+/// A bound receiver.
+pub struct Receiver {
+    listener: TcpListener,
+    opts: RecvOptions,
+    stop: Arc<AtomicBool>,
+}
+
+/// A receiver could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum RecvError {
+    #[error("cannot listen on {addr}: {err}")]
+    Listen { addr: String, err: io::Error },
+    #[error("{0}")]
+    Fatal(String),
+    #[error("stopped before every stream ended")]
+    Stopped,
+}
+
+impl Receiver {
+    /// Binds the listening socket (port 0 picks a free port; see [`Receiver::local_addr`]).
+    pub fn bind(addr: &str, opts: RecvOptions) -> Result<Self, RecvError> {
+        let listener = TcpListener::bind(addr).map_err(|err| RecvError::Listen {
+            addr: addr.into(),
+            err,
+        })?;
+        Ok(Receiver {
+            listener,
+            opts,
+            stop: Arc::new(AtomicBool::new(false)),
+        })
+    }
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("bound socket")
+    }
+    /// Setting this flag makes [`Receiver::run`] return.
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    /// Serves until the expected number of streams ended; returns one report per stream.
+    pub fn run(self) -> Result<Vec<StreamReport>, RecvError> {
+        let want = self
+            .opts
+            .streams
+            .unwrap_or(self.opts.config.streams.len().max(1));
+        let shared = Arc::new(Shared {
+            opts: self.opts.clone(),
+            streams: Mutex::new(HashMap::new()),
+            reports: Mutex::new(Vec::new()),
+            ended: Condvar::new(),
+            fatal: Mutex::new(None),
+        });
+        self.listener
+            .set_nonblocking(true)
+            .map_err(|e| RecvError::Fatal(e.to_string()))?;
+        let bar = progress_bar(self.opts.progress);
+        loop {
+            if self.stop.load(Relaxed) {
+                return Err(RecvError::Stopped);
+            }
+            if let Some(f) = shared.fatal.lock().unwrap().take() {
+                return Err(RecvError::Fatal(f));
+            }
+            if shared.reports.lock().unwrap().len() >= want {
+                break;
+            }
+            match self.listener.accept() {
+                Ok((s, _)) => {
+                    let sh = shared.clone();
+                    std::thread::Builder::new()
+                        .name("loci-recv".into())
+                        .spawn(move || {
+                            if let Err(e) = handle(sh, s) {
+                                log(&format!("connection ended: {e}"));
+                            }
+                        })
+                        .map_err(|e| RecvError::Fatal(e.to_string()))?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(10));
+                    let st = shared.streams.lock().unwrap();
+                    let mut done = 0;
+                    for s in st.values() {
+                        s.queue_stats.sample(s.jobs.len());
+                        done += s.committed_bytes.load(Relaxed);
+                    }
+                    if let Some(b) = &bar {
+                        b.set_position(done);
+                    }
+                }
+                Err(e) => return Err(RecvError::Fatal(format!("accept: {e}"))),
+            }
+        }
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        let mut r = shared.reports.lock().unwrap().clone();
+        r.sort_by_key(|r| r.stream);
+        Ok(r)
+    }
+}
+
+fn progress_bar(on: bool) -> Option<indicatif::ProgressBar> {
+    if !on {
+        return None;
+    }
+    let b = indicatif::ProgressBar::new_spinner();
+    b.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} received {bytes} ({bytes_per_sec}) in {elapsed}",
+        )
+        .expect("template"),
+    );
+    Some(b)
+}
+
+fn log(msg: &str) {
+    if std::env::var_os("LOCI_STREAM_DEBUG").is_some() {
+        eprintln!("loci-stream recv: {msg}");
+    }
+}
+
+struct Shared {
+    opts: RecvOptions,
+    streams: Mutex<HashMap<u32, Arc<StreamState>>>,
+    reports: Mutex<Vec<StreamReport>>,
+    ended: Condvar,
+    fatal: Mutex<Option<String>>,
+}
+
+struct Job {
+    seq: u64,
+    hdr: Header,
+    payload: PooledBuf,
+}
+
+/// Everything about one stream on the receiver.
+struct StreamState {
+    id: u32,
+    part: StreamPart,
+    session: u64,
+    t: Transfer,
+    codec: Codec,
+    sink: Sink,
+    jobs: Tx<Job>,
+    queue_stats: QueueStats,
+    /// Committed (durable, acknowledged) chunks; and chunks between receipt and commit.
+    state: Mutex<Progress>,
+    changed: Condvar,
+    committed_bytes: AtomicU64,
+    hasher: Mutex<OrderedHasher>,
+    /// Write halves of live connections (acks, nacks go to any of them).
+    conns: Mutex<Vec<(u64, Arc<Mutex<TcpStream>>)>>,
+    next_conn: AtomicU64,
+    recv_stats: StageStats,
+    dec_stats: StageStats,
+    commit_stats: StageStats,
+    wire_bytes: AtomicU64,
+    nacks: AtomicU64,
+    prior: u64,
+    started: Instant,
+    ended: AtomicBool,
+}
+
+#[derive(Default)]
+struct Progress {
+    committed: BTreeSet<u64>,
+    inflight: BTreeSet<u64>,
+}
+
+/// Hashes chunks in sequence order as they complete, holding early ones until their turn;
+/// chunks stored before a restart are read back from the sink.
+struct OrderedHasher {
+    next: u64,
+    h: Xxh3,
+    pending: BTreeMap<u64, PooledBuf>,
+    prior: BTreeSet<u64>,
+}
+
+impl OrderedHasher {
+    fn offer(
+        &mut self,
+        seq: u64,
+        buf: Option<PooledBuf>,
+        sink: &Sink,
+        t: &Transfer,
+    ) -> io::Result<()> {
+        if seq >= self.next {
+            if let Some(b) = buf {
+                self.pending.insert(seq, b);
+            }
+        }
+        let mut tmp: Vec<u8> = Vec::new();
+        loop {
+            if let Some(b) = self.pending.remove(&self.next) {
+                self.h.update(&b);
+            } else if self.prior.contains(&self.next) {
+                let off = self.next * t.chunk_bytes;
+                let len = (t.total_bytes - off).min(t.chunk_bytes) as usize;
+                tmp.resize(len, 0);
+                sink.read_at(off, &mut tmp)?;
+                self.h.update(&tmp);
+            } else {
+                break;
+            }
+            self.next += 1;
+        }
+        Ok(())
+    }
+}
+
+impl StreamState {
+    fn send_control(&self, h: Header) {
+        let conns = self.conns.lock().unwrap().clone();
+        if conns.is_empty() {
+            return; // the sender resends after it reconnects
+        }
+        let start = self.next_conn.fetch_add(1, Relaxed) as usize;
+        for k in 0..conns.len() {
+            let (id, c) = &conns[(start + k) % conns.len()];
+            if c.lock().unwrap().write_all(&h.encode()).is_ok() {
+                return;
+            }
+            self.conns.lock().unwrap().retain(|(i, _)| i != id);
+        }
+    }
+
+    fn expected_len(&self, seq: u64) -> u64 {
+        (self.t.total_bytes - seq * self.t.chunk_bytes).min(self.t.chunk_bytes)
+    }
+
+    fn report(&self, verified: bool, checksum: u64) -> StreamReport {
+        let secs = self.started.elapsed().as_secs_f64();
+        let raw = self.committed_bytes.load(Relaxed);
+        let wire = self.wire_bytes.load(Relaxed);
+        let stages = vec![
+            self.recv_stats.report(secs),
+            self.dec_stats.report(secs),
+            self.commit_stats.report(secs),
+        ];
+        StreamReport {
+            role: "recv".into(),
+            stream: self.id,
+            chunks: self.t.total_chunks,
+            raw_bytes: raw,
+            wire_bytes: wire,
+            seconds: secs,
+            network_bytes_per_s: wire as f64 / secs,
+            end_to_end_bytes_per_s: raw as f64 / secs,
+            compression_ratio: if wire > 0 {
+                raw as f64 / wire as f64
+            } else {
+                0.0
+            },
+            bottleneck: StreamReport::pick_bottleneck(&stages),
+            stages,
+            queues: vec![self.queue_stats.report()],
+            stream_xxh3: format!("{checksum:016x}"),
+            verified,
+            resent_chunks: 0,
+            nacks: self.nacks.load(Relaxed),
+            reconnects: 0,
+            skipped_chunks: self.prior,
+        }
+    }
+}
+
+fn refuse(s: &mut TcpStream, msg: &str) -> io::Error {
+    let _ = proto::refuse(s, msg);
+    log(msg);
+    io::Error::other(msg.to_string())
+}
+
+/// One connection: handshake, then the recv stage loop.
+fn handle(sh: Arc<Shared>, mut s: TcpStream) -> io::Result<()> {
+    s.set_nonblocking(false)?;
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let (hello, challenge, cn) = match proto::server_hello(&mut s, &sh.opts.secret) {
+        Ok(x) => x,
+        Err(e) => {
+            log(&format!("handshake failed: {e}"));
+            return Ok(());
+        }
+    };
+    let st = match stream_for(&sh, &hello) {
+        Ok(st) => st,
+        Err(msg) => return Err(refuse(&mut s, &msg)),
+    };
+    let have = proto::to_ranges(st.state.lock().unwrap().committed.iter().copied());
+    proto::server_accept(&mut s, &sh.opts.secret, &challenge, &cn, &have)?;
+    s.set_read_timeout(None)?;
+    let conn_id = st.next_conn.fetch_add(1, Relaxed) + (1 << 32);
+    let w = Arc::new(Mutex::new(s.try_clone()?));
+    st.conns.lock().unwrap().push((conn_id, w.clone()));
+    let i = hello.conn as usize % st.part.recv.count;
+    if let Err(e) = pin("recv", i, st.part.recv.cpus_of(i), st.part.recv.mem_of(i)) {
+        *sh.fatal.lock().unwrap() = Some(e.clone());
+        return Err(io::Error::other(e));
+    }
+    st.recv_stats.saw_affinity(i);
+    let r = recv_loop(&sh, &st, i, &mut BufReader::with_capacity(1 << 16, s), &w);
+    st.conns.lock().unwrap().retain(|(id, _)| *id != conn_id);
+    r
+}
+
+/// Finds or creates the state of the hello's stream; an error is the refusal message.
+fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, String> {
+    let cfg = &sh.opts.config;
+    if h.chunk_bytes == 0 || h.chunk_bytes > cfg.max_chunk_bytes {
+        return Err(format!(
+            "chunk size {} is outside this receiver's limit 1..={} (max_chunk_bytes)",
+            h.chunk_bytes, cfg.max_chunk_bytes
+        ));
+    }
+    if h.total_chunks != h.total_bytes.div_ceil(h.chunk_bytes) || h.conns == 0 || h.conn > h.conns {
+        return Err(format!(
+            "inconsistent hello: {} bytes in {} chunks of {}, connection {} of {}",
+            h.total_bytes, h.total_chunks, h.chunk_bytes, h.conn, h.conns
+        ));
+    }
+    let part = cfg.part(h.stream, h.conns as usize)?;
+    let mut streams = sh.streams.lock().unwrap();
+    if let Some(st) = streams.get(&h.stream) {
+        let same = st.t.transfer == h.transfer
+            && st.t.chunk_bytes == h.chunk_bytes
+            && st.t.total_bytes == h.total_bytes;
+        if st.session == h.session || (h.resume && same) {
+            if !same {
+                return Err(format!(
+                    "stream {} is receiving another transfer in this session",
+                    h.stream
+                ));
+            }
+            if st.ended.load(Relaxed) && st.session != h.session {
+                // A finished stream resumed again: answer from its final state.
+                return Ok(st.clone());
+            }
+            return Ok(st.clone());
+        }
+        if st.ended.load(Relaxed) || !h.resume {
+            // A new transfer (or a fresh start) replaces the old state below.
+            st.ended.store(true, Relaxed);
+        } else {
+            return Err(format!(
+                "resume refused: stream {} here holds transfer {:016x}, the sender resumes {:016x} \
+                 (a different source or chunk size)",
+                h.stream, st.t.transfer, h.transfer
+            ));
+        }
+    }
+    let t = Transfer {
+        transfer: h.transfer,
+        chunk_bytes: h.chunk_bytes,
+        total_chunks: h.total_chunks,
+        total_bytes: h.total_bytes,
+    };
+    let (sink, prior) = Sink::open(&sh.opts.sink, h.stream, t, h.resume, cfg.sync)
+        .map_err(|e| format!("cannot open the sink of stream {}: {e}", h.stream))?;
+    let (tx, rx) = crossbeam_channel::bounded(part.queue_depth);
+    let st = Arc::new(StreamState {
+        id: h.stream,
+        session: h.session,
+        t,
+        codec: h.codec,
+        sink,
+        jobs: tx,
+        queue_stats: QueueStats::new("recv->decompress", part.queue_depth),
+        state: Mutex::new(Progress {
+            committed: prior.iter().copied().collect(),
+            inflight: BTreeSet::new(),
+        }),
+        changed: Condvar::new(),
+        committed_bytes: AtomicU64::new(0),
+        hasher: Mutex::new(OrderedHasher {
+            next: 0,
+            h: Xxh3::new(),
+            pending: BTreeMap::new(),
+            prior: prior.iter().copied().collect(),
+        }),
+        conns: Mutex::new(vec![]),
+        next_conn: AtomicU64::new(0),
+        recv_stats: StageStats::new("recv", &part.recv),
+        dec_stats: StageStats::new("decompress", &part.decompress),
+        commit_stats: StageStats::new("commit", &crate::config::Stage::os(1)),
+        wire_bytes: AtomicU64::new(0),
+        nacks: AtomicU64::new(0),
+        prior: prior.len() as u64,
+        started: Instant::now(),
+        ended: AtomicBool::new(false),
+        part,
+    });
+    let committed: u64 = prior.iter().map(|&s| st.expected_len(s)).sum();
+    st.committed_bytes.store(committed, Relaxed);
+    // Decompressors and the committer.
+    let (ctx, crx) = crossbeam_channel::unbounded::<u64>();
+    for i in 0..st.part.decompress.count {
+        let (st2, rx2, ctx2, sh2) = (st.clone(), rx.clone(), ctx.clone(), sh.clone());
+        std::thread::Builder::new()
+            .name(format!("loci-dec-{}-{i}", st.id))
+            .spawn(move || {
+                if let Err(e) = decompress_loop(&st2, i, rx2, ctx2) {
+                    *sh2.fatal.lock().unwrap() = Some(e);
+                }
+            })
+            .map_err(|e| e.to_string())?;
+    }
+    drop(ctx);
+    let (st2, sh2) = (st.clone(), sh.clone());
+    std::thread::Builder::new()
+        .name(format!("loci-commit-{}", st.id))
+        .spawn(move || {
+            if let Err(e) = commit_loop(&st2, crx) {
+                *sh2.fatal.lock().unwrap() = Some(format!(
+                    "stream {}: cannot make chunks durable: {e}",
+                    st2.id
+                ));
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    // Hash what the sink already had, up to the first gap.
+    {
+        let mut hs = st.hasher.lock().unwrap();
+        hs.offer(0, None, &st.sink, &st.t)
+            .map_err(|e| format!("stream {}: reading back the sink: {e}", st.id))?;
+    }
+    streams.insert(h.stream, st.clone());
+    Ok(st)
+}
+
+fn recv_loop(
+    sh: &Arc<Shared>,
+    st: &Arc<StreamState>,
+    i: usize,
+    r: &mut BufReader<TcpStream>,
+    w: &Arc<Mutex<TcpStream>>,
+) -> io::Result<()> {
+    let pool = Pool::new(
+        Codec::bound(st.t.chunk_bytes as usize),
+        st.part.recv.mem_of(i),
+        4,
+    );
+    let proto_err = |e: proto::ProtoError| io::Error::other(e.to_string());
+    let mut first_buf = true;
+    loop {
+        let hdr = match proto::read_header(r) {
+            Ok(h) => h,
+            Err(proto::ProtoError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Ok(())
+            }
+            Err(e) => return Err(proto_err(e)),
+        };
+        let t0 = Instant::now();
+        match hdr.kind {
+            kind::DATA => {
+                hdr.check_data(st.t.chunk_bytes, st.t.total_chunks)
+                    .map_err(proto_err)?;
+                let seq = hdr.a;
+                if hdr.raw_len as u64 != st.expected_len(seq) {
+                    return Err(proto_err(proto::ProtoError::Limit(format!(
+                        "chunk {seq} has {} raw bytes, the stream's layout says {}",
+                        hdr.raw_len,
+                        st.expected_len(seq)
+                    ))));
+                }
+                let mut buf = pool.get()?;
+                if first_buf {
+                    st.recv_stats.saw_buffer(i, &buf);
+                    first_buf = false;
+                }
+                buf.set_len(hdr.comp_len as usize);
+                r.read_exact(&mut buf)?;
+                st.wire_bytes.fetch_add(hdr.comp_len as u64, Relaxed);
+                st.recv_stats.saw_cpu(i);
+                if xxh3_64(&buf) != hdr.b {
+                    st.nacks.fetch_add(1, Relaxed);
+                    log(&format!(
+                        "chunk {seq}: payload checksum mismatch, asking again"
+                    ));
+                    w.lock()
+                        .unwrap()
+                        .write_all(&Header::control(kind::NACK, seq, 1, 0).encode())?;
+                    st.recv_stats.busy_since(t0);
+                    continue;
+                }
+                {
+                    let mut p = st.state.lock().unwrap();
+                    if p.committed.contains(&seq) {
+                        drop(p);
+                        w.lock()
+                            .unwrap()
+                            .write_all(&Header::control(kind::ACK, seq, seq + 1, 0).encode())?;
+                        st.recv_stats.busy_since(t0);
+                        continue;
+                    }
+                    if !p.inflight.insert(seq) {
+                        st.recv_stats.busy_since(t0);
+                        continue; // a resend of a chunk on its way to the sink
+                    }
+                }
+                st.recv_stats.chunks.fetch_add(1, Relaxed);
+                st.recv_stats.busy_since(t0);
+                if st
+                    .jobs
+                    .send(Job {
+                        seq,
+                        hdr,
+                        payload: buf,
+                    })
+                    .is_err()
+                {
+                    return Ok(());
+                }
+            }
+            kind::END => {
+                end_of_stream(sh, st, hdr, w)?;
+                return Ok(());
+            }
+            k => {
+                return Err(io::Error::other(format!(
+                    "unexpected frame type {k} from a sender"
+                )))
+            }
+        }
+    }
+}
+
+fn end_of_stream(
+    sh: &Arc<Shared>,
+    st: &Arc<StreamState>,
+    hdr: Header,
+    w: &Arc<Mutex<TcpStream>>,
+) -> io::Result<()> {
+    // The sender sends END once every chunk is acknowledged, so everything is committed; wait
+    // briefly in case the last commit is still being recorded.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut p = st.state.lock().unwrap();
+    while (p.committed.len() as u64) < st.t.total_chunks && Instant::now() < deadline {
+        p = st
+            .changed
+            .wait_timeout(p, Duration::from_millis(100))
+            .unwrap()
+            .0;
+    }
+    let complete = p.committed.len() as u64 == st.t.total_chunks;
+    drop(p);
+    let (status, sum) = if !complete || hdr.a != st.t.total_chunks || hdr.b != st.t.total_bytes {
+        (2, 0)
+    } else {
+        let hs = st.hasher.lock().unwrap();
+        if hs.next != st.t.total_chunks {
+            (2, 0)
+        } else {
+            let sum = hs.h.digest();
+            ((sum != hdr.c) as u64, sum)
+        }
+    };
+    if status == 0 {
+        st.sink.finish(st.t.total_bytes)?;
+    }
+    w.lock()
+        .unwrap()
+        .write_all(&Header::control(kind::END_ACK, sum, status, st.t.total_chunks).encode())?;
+    if !st.ended.swap(true, Relaxed) {
+        let rep = st.report(status == 0, sum);
+        if let Sink::Memory(_) = st.sink {
+            MEMORY
+                .lock()
+                .unwrap()
+                .insert(st.id, st.sink.memory_bytes().unwrap_or_default());
+        }
+        sh.reports.lock().unwrap().push(rep);
+        sh.ended.notify_all();
+    }
+    Ok(())
+}
+
+/// Bytes of memory sinks of streams that ended in this process, by stream id (tests and
+/// `--sink memory` users read them here).
+pub static MEMORY: Mutex<BTreeMap<u32, Vec<u8>>> = Mutex::new(BTreeMap::new());
+
+fn decompress_loop(
+    st: &Arc<StreamState>,
+    i: usize,
+    rx: Rx<Job>,
+    commit: Tx<u64>,
+) -> Result<(), String> {
+    let stage = &st.part.decompress;
+    pin("decompress", i, stage.cpus_of(i), stage.mem_of(i))?;
+    st.dec_stats.saw_affinity(i);
+    let pool = Pool::new(st.t.chunk_bytes as usize, stage.mem_of(i), 4);
+    let mut first = true;
+    for job in rx {
+        let t0 = Instant::now();
+        let mut raw = pool.get().map_err(|e| e.to_string())?;
+        if first {
+            st.dec_stats.saw_buffer(i, &raw);
+            first = false;
+        }
+        raw.set_len(job.hdr.raw_len as usize);
+        let ok = if job.hdr.flags & proto::FLAG_LZ4 != 0 {
+            st.codec.decompress(&job.payload, &mut raw).is_ok()
+        } else {
+            raw.copy_from_slice(&job.payload);
+            true
+        };
+        drop(job.payload);
+        if !ok || xxh3_64(&raw) != job.hdr.c {
+            st.nacks.fetch_add(1, Relaxed);
+            log(&format!(
+                "chunk {}: decoded data fails its checksum, asking again",
+                job.seq
+            ));
+            st.state.lock().unwrap().inflight.remove(&job.seq);
+            st.send_control(Header::control(
+                kind::NACK,
+                job.seq,
+                if ok { 2 } else { 3 },
+                0,
+            ));
+            continue;
+        }
+        st.dec_stats.saw_cpu(i);
+        st.sink
+            .write(job.seq, st.t.chunk_bytes, &raw)
+            .map_err(|e| format!("stream {}: sink write of chunk {}: {e}", st.id, job.seq))?;
+        st.hasher
+            .lock()
+            .unwrap()
+            .offer(job.seq, Some(raw), &st.sink, &st.t)
+            .map_err(|e| format!("stream {}: {e}", st.id))?;
+        st.dec_stats.chunks.fetch_add(1, Relaxed);
+        st.dec_stats.busy_since(t0);
+        if commit.send(job.seq).is_err() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn commit_loop(st: &Arc<StreamState>, rx: Rx<u64>) -> io::Result<()> {
+    while let Ok(first) = rx.recv() {
+        let t0 = Instant::now();
+        let mut batch = vec![first];
+        while let Ok(s) = rx.try_recv() {
+            batch.push(s);
+            if batch.len() >= 1024 {
+                break;
+            }
+        }
+        st.sink.commit(&batch)?;
+        batch.sort_unstable();
+        {
+            let mut p = st.state.lock().unwrap();
+            for &s in &batch {
+                p.inflight.remove(&s);
+                if p.committed.insert(s) {
+                    st.committed_bytes.fetch_add(st.expected_len(s), Relaxed);
+                }
+            }
+        }
+        st.changed.notify_all();
+        for (a, b) in proto::to_ranges(batch.iter().copied()) {
+            st.send_control(Header::control(kind::ACK, a, b, 0));
+        }
+        st.commit_stats
+            .chunks
+            .fetch_add(batch.len() as u64, Relaxed);
+        st.commit_stats.busy_since(t0);
+    }
+    Ok(())
+}

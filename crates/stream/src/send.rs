@@ -1,0 +1,647 @@
+//! The sending side: read (and hash the stream in order) -> compress -> send over S connections,
+//! keeping every chunk until the receiver acknowledges it, and resending after a NACK or a
+//! reconnect. With `resume`, chunks the receiver's sink already holds are skipped.
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::{self, BufReader, BufWriter, Write};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{select, Receiver as Rx, Sender as Tx};
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+
+use crate::buf::{Pool, PooledBuf};
+use crate::codec::Codec;
+use crate::config::SenderConfig;
+use crate::proto::{self, kind, Header, Hello, ProtoError};
+use crate::source::SourceSpec;
+use crate::stats::{pin, QueueStats, StageStats, StreamReport};
+
+/// Test hooks that inject faults (used by the fault tests; `loci stream send --fault-corrupt`).
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// Flip one payload byte on the wire in the first transmission of these chunks.
+    pub corrupt: BTreeSet<u64>,
+    /// Flip one header byte (framing lost: the connection is dropped) on the first transmission.
+    pub corrupt_header: BTreeSet<u64>,
+    /// Wait this long before the first transmission of every chunk (slows a test stream down so
+    /// that a process can be killed in the middle of it).
+    pub delay: Duration,
+}
+
+/// What a sender needs.
+#[derive(Debug, Clone)]
+pub struct SendOptions {
+    /// Receiver address, `HOST:PORT`.
+    pub to: String,
+    pub config: SenderConfig,
+    pub secret: Vec<u8>,
+    pub source: SourceSpec,
+    /// Continue a transfer: skip what the receiver's sink already holds.
+    pub resume: bool,
+    pub progress: bool,
+    /// Give up when a lost connection cannot be re-established for this long.
+    pub reconnect_timeout: Duration,
+    pub faults: Faults,
+}
+
+/// Why a transfer failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("{0}")]
+    Source(String),
+    #[error("cannot reach the receiver at {to}: {err}")]
+    Connect { to: String, err: String },
+    #[error("{0}")]
+    Protocol(String),
+    #[error(
+        "the receiver's whole-stream checksum {theirs:016x} differs from the sender's {ours:016x}"
+    )]
+    Checksum { ours: u64, theirs: u64 },
+    #[error("{0}")]
+    Fatal(String),
+}
+
+struct Frame {
+    hdr: Header,
+    payload: PooledBuf,
+}
+
+struct Entry {
+    frame: Arc<Frame>,
+    /// Connection it was last written to (None: waiting to be (re)sent).
+    conn: Option<u64>,
+}
+
+struct Shared {
+    opts: SendOptions,
+    hello: Hello,
+    unacked: Mutex<HashMap<u64, Entry>>,
+    window_tx: Tx<()>,
+    window_rx: Rx<()>,
+    resend_tx: Tx<u64>,
+    resend_rx: Rx<u64>,
+    finished: AtomicBool,
+    fatal: Mutex<Option<SendError>>,
+    acked_chunks: AtomicU64,
+    acked_bytes: AtomicU64,
+    wire_bytes: AtomicU64,
+    resent: AtomicU64,
+    nacks: AtomicU64,
+    reconnects: AtomicU64,
+    next_conn: AtomicU64,
+    sent_once: Mutex<BTreeSet<u64>>,
+    read_stats: StageStats,
+    comp_stats: StageStats,
+    send_stats: StageStats,
+}
+
+impl Shared {
+    fn fail(&self, e: SendError) {
+        let mut f = self.fatal.lock().unwrap();
+        if f.is_none() {
+            *f = Some(e);
+        }
+        self.finished.store(true, Relaxed);
+    }
+    fn ack(&self, a: u64, b: u64) {
+        let mut u = self.unacked.lock().unwrap();
+        for s in a..b {
+            if let Some(e) = u.remove(&s) {
+                let _ = self.window_rx.try_recv();
+                self.acked_chunks.fetch_add(1, Relaxed);
+                self.acked_bytes
+                    .fetch_add(e.frame.hdr.raw_len as u64, Relaxed);
+            }
+        }
+    }
+    /// Everything last written to connection `conn` goes back to the resend queue.
+    fn requeue(&self, conn: u64) {
+        let mut u = self.unacked.lock().unwrap();
+        for (s, e) in u.iter_mut() {
+            if e.conn == Some(conn) {
+                e.conn = None;
+                let _ = self.resend_tx.send(*s);
+            }
+        }
+    }
+    fn connect(&self, index: u16, resume: bool) -> Result<(TcpStream, proto::Ranges), SendError> {
+        let to = &self.opts.to;
+        let cerr = |err: String| SendError::Connect {
+            to: to.clone(),
+            err,
+        };
+        let addr = to
+            .to_socket_addrs()
+            .map_err(|e| cerr(e.to_string()))?
+            .next()
+            .ok_or_else(|| cerr("no address".into()))?;
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .map_err(|e| cerr(e.to_string()))?;
+        s.set_nodelay(true).map_err(|e| cerr(e.to_string()))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(|e| cerr(e.to_string()))?;
+        let mut h = self.hello.clone();
+        h.conn = index;
+        h.resume = resume;
+        let have = proto::client_handshake(&mut s, &self.opts.secret, &h).map_err(|e| match e {
+            ProtoError::Io(e) => cerr(format!("during the handshake: {e}")),
+            e => SendError::Protocol(e.to_string()),
+        })?;
+        s.set_read_timeout(None).map_err(|e| cerr(e.to_string()))?;
+        Ok((s, have))
+    }
+    /// Reconnects until the deadline; protocol refusals are fatal at once.
+    fn reconnect(&self, index: u16) -> Option<TcpStream> {
+        let deadline = Instant::now() + self.opts.reconnect_timeout;
+        let mut wait = Duration::from_millis(20);
+        loop {
+            if self.finished.load(Relaxed) {
+                return None;
+            }
+            match self.connect(index, true) {
+                Ok((s, have)) => {
+                    for (a, b) in have {
+                        self.ack(a, b);
+                    }
+                    return Some(s);
+                }
+                Err(e @ SendError::Protocol(_)) => {
+                    self.fail(e);
+                    return None;
+                }
+                Err(e) if Instant::now() >= deadline => {
+                    self.fail(e);
+                    return None;
+                }
+                Err(_) => {
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+}
+
+/// Streams the source to the receiver; returns the sender's report once the receiver confirmed
+/// the whole-stream checksum.
+pub fn send(opts: SendOptions) -> Result<StreamReport, SendError> {
+    let cfg = opts.config.clone();
+    cfg.validate()
+        .map_err(|e| SendError::Fatal(e.to_string()))?;
+    let total_bytes = opts
+        .source
+        .total_bytes()
+        .map_err(|e| SendError::Source(e.to_string()))?;
+    let chunk = cfg.chunk_bytes as u64;
+    let total_chunks = total_bytes.div_ceil(chunk);
+    let transfer = opts
+        .source
+        .transfer_id(cfg.chunk_bytes)
+        .map_err(|e| SendError::Source(e.to_string()))?;
+    let hello = Hello {
+        stream: cfg.stream,
+        conn: 0,
+        conns: cfg.send.count as u16,
+        session: u64::from_le_bytes(proto::nonce()[..8].try_into().unwrap()),
+        transfer,
+        chunk_bytes: chunk,
+        total_chunks,
+        total_bytes,
+        resume: opts.resume,
+        codec: cfg.codec,
+    };
+    let (window_tx, window_rx) = crossbeam_channel::bounded(cfg.window);
+    let (resend_tx, resend_rx) = crossbeam_channel::unbounded();
+    let sh = Arc::new(Shared {
+        read_stats: StageStats::new("read", &cfg.read),
+        comp_stats: StageStats::new("compress", &cfg.compress),
+        send_stats: StageStats::new("send", &cfg.send),
+        opts,
+        hello,
+        unacked: Mutex::new(HashMap::new()),
+        window_tx,
+        window_rx,
+        resend_tx,
+        resend_rx,
+        finished: AtomicBool::new(false),
+        fatal: Mutex::new(None),
+        acked_chunks: AtomicU64::new(0),
+        acked_bytes: AtomicU64::new(0),
+        wire_bytes: AtomicU64::new(0),
+        resent: AtomicU64::new(0),
+        nacks: AtomicU64::new(0),
+        reconnects: AtomicU64::new(0),
+        next_conn: AtomicU64::new(0),
+        sent_once: Mutex::new(BTreeSet::new()),
+    });
+    let started = Instant::now();
+    // Open every connection first: the first tells us what the receiver already has.
+    let mut conns = Vec::new();
+    let mut have: BTreeSet<u64> = BTreeSet::new();
+    // A receiver that is not up yet (or restarting) is waited for, up to the reconnect timeout.
+    let deadline = Instant::now() + sh.opts.reconnect_timeout;
+    for j in 0..cfg.send.count {
+        let (s, h) = loop {
+            match sh.connect(j as u16, sh.opts.resume) {
+                Ok(x) => break x,
+                Err(e @ SendError::Connect { .. }) if Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        if j == 0 {
+            have = h.iter().flat_map(|&(a, b)| a..b).collect();
+        }
+        conns.push(s);
+    }
+    let skipped = have.len() as u64;
+    let (raw_tx, raw_rx) = crossbeam_channel::bounded::<(u64, PooledBuf)>(cfg.read_queue_depth);
+    let (frame_tx, frame_rx) = crossbeam_channel::bounded::<u64>(cfg.queue_depth);
+    let q_raw = QueueStats::new("read->compress", cfg.read_queue_depth);
+    let q_frame = QueueStats::new("compress->send", cfg.queue_depth);
+    let stream_hash = Arc::new(Mutex::new(None::<u64>));
+    let mut handles = Vec::new();
+    // Reader.
+    {
+        let (sh, hash) = (sh.clone(), stream_hash.clone());
+        let mut reader = sh
+            .opts
+            .source
+            .open(cfg.chunk_bytes)
+            .map_err(|e| SendError::Source(e.to_string()))?;
+        handles.push(spawn("loci-read", move || {
+            let stage = &sh.opts.config.read;
+            if let Err(e) = pin("read", 0, stage.cpus_of(0), stage.mem_of(0)) {
+                return sh.fail(SendError::Fatal(e));
+            }
+            sh.read_stats.saw_affinity(0);
+            let pool = Pool::new(chunk as usize, stage.mem_of(0), 8);
+            let mut h = Xxh3::new();
+            for seq in 0..total_chunks {
+                if sh.finished.load(Relaxed) {
+                    return;
+                }
+                let t0 = Instant::now();
+                let off = seq * chunk;
+                let len = (total_bytes - off).min(chunk) as usize;
+                let mut buf = match pool.get() {
+                    Ok(b) => b,
+                    Err(e) => return sh.fail(SendError::Fatal(format!("buffer: {e}"))),
+                };
+                if seq == 0 {
+                    sh.read_stats.saw_buffer(0, &buf);
+                }
+                buf.set_len(len);
+                if let Err(e) = reader.read(seq, off, &mut buf) {
+                    return sh.fail(SendError::Source(format!("reading chunk {seq}: {e}")));
+                }
+                h.update(&buf);
+                sh.read_stats.saw_cpu(0);
+                sh.read_stats.chunks.fetch_add(1, Relaxed);
+                sh.read_stats.busy_since(t0);
+                if have.contains(&seq) {
+                    continue;
+                }
+                // A window slot: blocks while `window` chunks are unacknowledged.
+                if sh.window_tx.send(()).is_err() || raw_tx.send((seq, buf)).is_err() {
+                    return;
+                }
+            }
+            *hash.lock().unwrap() = Some(h.digest());
+        })?);
+    }
+    // Compressors.
+    for i in 0..cfg.compress.count {
+        let (sh, rx, tx) = (sh.clone(), raw_rx.clone(), frame_tx.clone());
+        handles.push(spawn(&format!("loci-comp-{i}"), move || {
+            let stage = &sh.opts.config.compress;
+            if let Err(e) = pin("compress", i, stage.cpus_of(i), stage.mem_of(i)) {
+                return sh.fail(SendError::Fatal(e));
+            }
+            sh.comp_stats.saw_affinity(i);
+            let codec = sh.opts.config.codec;
+            let pool = Pool::new(Codec::bound(chunk as usize), stage.mem_of(i), 4);
+            let mut first = true;
+            for (seq, raw) in rx {
+                let t0 = Instant::now();
+                let mut out = match pool.get() {
+                    Ok(b) => b,
+                    Err(e) => return sh.fail(SendError::Fatal(format!("buffer: {e}"))),
+                };
+                if first {
+                    sh.comp_stats.saw_buffer(i, &out);
+                    first = false;
+                }
+                let (flags, n) = match codec.compress(&raw, out.spare()) {
+                    Ok(n) if n < raw.len() => (proto::FLAG_LZ4, n),
+                    _ => {
+                        out.spare()[..raw.len()].copy_from_slice(&raw);
+                        (0, raw.len())
+                    }
+                };
+                out.set_len(n);
+                let hdr = Header {
+                    kind: kind::DATA,
+                    flags,
+                    raw_len: raw.len() as u32,
+                    comp_len: n as u32,
+                    a: seq,
+                    b: xxh3_64(&out),
+                    c: xxh3_64(&raw),
+                };
+                drop(raw);
+                sh.unacked.lock().unwrap().insert(
+                    seq,
+                    Entry {
+                        frame: Arc::new(Frame { hdr, payload: out }),
+                        conn: None,
+                    },
+                );
+                sh.comp_stats.saw_cpu(i);
+                sh.comp_stats.chunks.fetch_add(1, Relaxed);
+                sh.comp_stats.busy_since(t0);
+                if tx.send(seq).is_err() {
+                    return;
+                }
+            }
+        })?);
+    }
+    let raw_rx_probe = raw_rx.clone();
+    drop((raw_rx, frame_tx));
+    // Senders, one connection each.
+    for (j, conn) in conns.into_iter().enumerate() {
+        let (sh, rx) = (sh.clone(), frame_rx.clone());
+        handles.push(spawn(&format!("loci-send-{j}"), move || {
+            sender_loop(&sh, j, conn, rx)
+        })?);
+    }
+    // Monitor until every chunk is read and acknowledged.
+    let bar = progress_bar(sh.opts.progress, total_bytes);
+    let frame_rx_probe = frame_rx.clone();
+    drop(frame_rx);
+    loop {
+        if let Some(e) = sh.fatal.lock().unwrap().take() {
+            sh.finished.store(true, Relaxed);
+            drop(frame_rx_probe);
+            return Err(e);
+        }
+        let done_reading = stream_hash.lock().unwrap().is_some();
+        if done_reading && sh.unacked.lock().unwrap().is_empty() && frame_rx_probe.is_empty() {
+            let acked = sh.acked_chunks.load(Relaxed) + skipped;
+            if acked >= total_chunks {
+                break;
+            }
+        }
+        q_frame.sample(frame_rx_probe.len());
+        q_raw.sample(raw_rx_probe.len());
+        if let Some(b) = &bar {
+            b.set_position(sh.acked_bytes.load(Relaxed) + skipped * chunk);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    sh.finished.store(true, Relaxed);
+    drop(frame_rx_probe);
+    for h in handles {
+        let _ = h.join();
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let ours = stream_hash.lock().unwrap().expect("reader finished");
+    // End of stream on a control connection, retried across receiver restarts.
+    let deadline = Instant::now() + sh.opts.reconnect_timeout;
+    let theirs = loop {
+        match end_exchange(&sh, ours) {
+            Ok(v) => break v,
+            Err(e @ (SendError::Protocol(_) | SendError::Checksum { .. })) => return Err(e),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    let secs = started.elapsed().as_secs_f64();
+    let wire = sh.wire_bytes.load(Relaxed);
+    let raw = sh.acked_bytes.load(Relaxed);
+    let stages = vec![
+        sh.read_stats.report(secs),
+        sh.comp_stats.report(secs),
+        sh.send_stats.report(secs),
+    ];
+    Ok(StreamReport {
+        role: "send".into(),
+        stream: cfg.stream,
+        chunks: total_chunks,
+        raw_bytes: raw,
+        wire_bytes: wire,
+        seconds: secs,
+        network_bytes_per_s: wire as f64 / secs,
+        end_to_end_bytes_per_s: raw as f64 / secs,
+        compression_ratio: if wire > 0 {
+            raw as f64 / wire as f64
+        } else {
+            0.0
+        },
+        bottleneck: StreamReport::pick_bottleneck(&stages),
+        stages,
+        queues: vec![q_raw.report(), q_frame.report()],
+        stream_xxh3: format!("{theirs:016x}"),
+        verified: true,
+        resent_chunks: sh.resent.load(Relaxed),
+        nacks: sh.nacks.load(Relaxed),
+        reconnects: sh.reconnects.load(Relaxed),
+        skipped_chunks: skipped,
+    })
+}
+
+fn spawn(
+    name: &str,
+    f: impl FnOnce() + Send + 'static,
+) -> Result<std::thread::JoinHandle<()>, SendError> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map_err(|e| SendError::Fatal(format!("spawning {name}: {e}")))
+}
+
+fn progress_bar(on: bool, total: u64) -> Option<indicatif::ProgressBar> {
+    if !on {
+        return None;
+    }
+    let b = indicatif::ProgressBar::new(total);
+    b.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {bytes}/{total_bytes} acknowledged ({bytes_per_sec}, eta {eta})",
+        )
+        .expect("template"),
+    );
+    Some(b)
+}
+
+/// Sends END and waits for the receiver's verdict.
+fn end_exchange(sh: &Arc<Shared>, ours: u64) -> Result<u64, SendError> {
+    let (mut s, have) = sh.connect(sh.hello.conns, true)?;
+    let n: u64 = have.iter().map(|(a, b)| b - a).sum();
+    if n < sh.hello.total_chunks {
+        return Err(SendError::Protocol(format!(
+            "the receiver holds {n} of {} chunks after acknowledging all of them (its sink does \
+             not survive a restart: use a file sink to resume)",
+            sh.hello.total_chunks
+        )));
+    }
+    let h = sh.hello.clone();
+    s.write_all(&Header::control(kind::END, h.total_chunks, h.total_bytes, ours).encode())
+        .map_err(|e| SendError::Connect {
+            to: sh.opts.to.clone(),
+            err: e.to_string(),
+        })?;
+    s.set_read_timeout(Some(Duration::from_secs(60))).ok();
+    let mut r = BufReader::new(s);
+    loop {
+        let f = proto::read_header(&mut r).map_err(|e| SendError::Connect {
+            to: sh.opts.to.clone(),
+            err: e.to_string(),
+        })?;
+        if f.kind == kind::END_ACK {
+            return match f.b {
+                0 if f.a == ours => Ok(f.a),
+                2 => Err(SendError::Protocol(
+                    "the receiver reports chunks missing at the end of the stream".into(),
+                )),
+                _ => Err(SendError::Checksum { ours, theirs: f.a }),
+            };
+        }
+    }
+}
+
+/// Reads ACK/NACK frames of one connection until it closes.
+fn ack_loop(sh: Arc<Shared>, conn: u64, s: TcpStream, dead: Arc<AtomicBool>) {
+    let mut r = BufReader::new(s.try_clone().expect("socket clone"));
+    loop {
+        match proto::read_header(&mut r) {
+            Ok(h) if h.kind == kind::ACK => sh.ack(h.a, h.b),
+            Ok(h) if h.kind == kind::NACK => {
+                sh.nacks.fetch_add(1, Relaxed);
+                let mut u = sh.unacked.lock().unwrap();
+                if let Some(e) = u.get_mut(&h.a) {
+                    e.conn = None;
+                    let _ = sh.resend_tx.send(h.a);
+                }
+            }
+            _ => break,
+        }
+    }
+    dead.store(true, Relaxed);
+    let _ = s.shutdown(Shutdown::Both);
+    sh.requeue(conn);
+}
+
+fn sender_loop(sh: &Arc<Shared>, j: usize, first: TcpStream, rx: Rx<u64>) {
+    let stage = &sh.opts.config.send;
+    if let Err(e) = pin("send", j, stage.cpus_of(j), stage.mem_of(j)) {
+        return sh.fail(SendError::Fatal(e));
+    }
+    sh.send_stats.saw_affinity(j);
+    let mut conn = Some(first);
+    let mut writer: Option<(u64, BufWriter<TcpStream>, Arc<AtomicBool>)> = None;
+    let mut queue_open = true;
+    loop {
+        if sh.finished.load(Relaxed) {
+            return;
+        }
+        if writer.as_ref().is_some_and(|w| w.2.load(Relaxed)) {
+            writer = None; // the ack reader saw the connection die
+        }
+        if writer.is_none() {
+            let s = match conn.take() {
+                Some(s) => s,
+                None => {
+                    sh.reconnects.fetch_add(1, Relaxed);
+                    match sh.reconnect(j as u16) {
+                        Some(s) => s,
+                        None => return,
+                    }
+                }
+            };
+            let id = sh.next_conn.fetch_add(1, Relaxed);
+            let dead = Arc::new(AtomicBool::new(false));
+            let (sh2, s2, d2) = (sh.clone(), s.try_clone(), dead.clone());
+            match s2 {
+                Ok(s2) => {
+                    std::thread::spawn(move || ack_loop(sh2, id, s2, d2));
+                }
+                Err(_) => continue,
+            }
+            writer = Some((id, BufWriter::with_capacity(1 << 16, s), dead));
+        }
+        // Next chunk: resends first.
+        let seq = match sh.resend_rx.try_recv() {
+            Ok(s) => Some(s),
+            Err(_) if queue_open => select! {
+                recv(sh.resend_rx) -> s => s.ok(),
+                recv(rx) -> s => match s {
+                    Ok(s) => Some(s),
+                    Err(_) => { queue_open = false; None }
+                },
+                default(Duration::from_millis(20)) => None,
+            },
+            Err(_) => sh.resend_rx.recv_timeout(Duration::from_millis(20)).ok(),
+        };
+        let Some(seq) = seq else { continue };
+        let (id, w, _) = writer.as_mut().expect("connected");
+        let frame = {
+            let mut u = sh.unacked.lock().unwrap();
+            match u.get_mut(&seq) {
+                Some(e) => {
+                    e.conn = Some(*id);
+                    e.frame.clone()
+                }
+                None => continue, // acknowledged meanwhile
+            }
+        };
+        let first_time = sh.sent_once.lock().unwrap().insert(seq);
+        if first_time && !sh.opts.faults.delay.is_zero() {
+            std::thread::sleep(sh.opts.faults.delay);
+        }
+        let t0 = Instant::now();
+        if !first_time {
+            sh.resent.fetch_add(1, Relaxed);
+        }
+        let mut hdr = frame.hdr.encode();
+        let faults = &sh.opts.faults;
+        let flip_payload = first_time && faults.corrupt.contains(&seq);
+        if first_time && faults.corrupt_header.contains(&seq) {
+            hdr[20] ^= 0x40;
+        }
+        let p = &frame.payload[..];
+        let r = (|| -> io::Result<()> {
+            w.write_all(&hdr)?;
+            if flip_payload {
+                let k = p.len() / 2;
+                w.write_all(&p[..k])?;
+                w.write_all(&[p[k] ^ 0x01])?;
+                w.write_all(&p[k + 1..])?;
+            } else {
+                w.write_all(p)?;
+            }
+            w.flush()
+        })();
+        sh.send_stats.saw_cpu(j);
+        sh.send_stats.busy_since(t0);
+        match r {
+            Ok(()) => {
+                sh.wire_bytes.fetch_add(p.len() as u64, Relaxed);
+                sh.send_stats.chunks.fetch_add(1, Relaxed);
+            }
+            Err(_) => {
+                let (id, w, dead) = writer.take().expect("connected");
+                dead.store(true, Relaxed);
+                let _ = w.get_ref().shutdown(Shutdown::Both);
+                sh.requeue(id);
+            }
+        }
+    }
+}

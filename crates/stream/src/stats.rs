@@ -1,0 +1,282 @@
+//! Counters every stage thread updates, and the final report: throughput, compression ratio,
+//! busy share per stage, queue occupancy, bottleneck, and where threads and buffers really were.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use loci_topo::{CpuSet, NodeSet};
+use serde::Serialize;
+
+/// Counters of one stage (all its threads).
+#[derive(Debug)]
+pub struct StageStats {
+    pub name: &'static str,
+    pub threads: usize,
+    /// Nanoseconds spent working (not waiting on a queue or the network to have something).
+    pub busy_ns: AtomicU64,
+    /// Chunks handled.
+    pub chunks: AtomicU64,
+    /// Where its threads were seen running and where their buffers sat.
+    pub seen: Mutex<Vec<ThreadSeen>>,
+    planned_cpus: Vec<Option<CpuSet>>,
+    planned_mem: Vec<Option<u32>>,
+}
+
+/// Placement of one thread as the kernel reported it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ThreadSeen {
+    pub index: usize,
+    /// Affinity mask after pinning.
+    pub affinity: CpuSet,
+    /// Cpus it was observed running on (sched_getcpu, sampled per chunk).
+    pub ran_on: CpuSet,
+    /// Nodes holding its buffers' pages (move_pages).
+    pub buffer_nodes: NodeSet,
+}
+
+impl StageStats {
+    /// Counters for a stage of `threads` threads with the planned placement.
+    pub fn new(name: &'static str, stage: &crate::config::Stage) -> Self {
+        StageStats {
+            name,
+            threads: stage.count,
+            busy_ns: AtomicU64::new(0),
+            chunks: AtomicU64::new(0),
+            seen: Mutex::new(vec![ThreadSeen::default(); stage.count]),
+            planned_cpus: (0..stage.count)
+                .map(|i| stage.cpus_of(i).cloned())
+                .collect(),
+            planned_mem: (0..stage.count).map(|i| stage.mem_of(i)).collect(),
+        }
+    }
+    /// Adds busy time since `t`.
+    pub fn busy_since(&self, t: Instant) {
+        self.busy_ns
+            .fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+    }
+    /// Records the cpu thread `i` runs on now.
+    pub fn saw_cpu(&self, i: usize) {
+        if let Ok(c) = loci_place::sys::current_cpu() {
+            if let Some(t) = self.seen.lock().unwrap().get_mut(i) {
+                t.ran_on.insert(c);
+            }
+        }
+    }
+    /// Records where a buffer of thread `i` lives.
+    pub fn saw_buffer(&self, i: usize, b: &crate::buf::NodeBuf) {
+        if let Ok(n) = b.actual_nodes() {
+            if let Some(t) = self.seen.lock().unwrap().get_mut(i) {
+                t.buffer_nodes = t.buffer_nodes.union(&n);
+            }
+        }
+    }
+    /// Records the affinity thread `i` ended up with.
+    pub fn saw_affinity(&self, i: usize) {
+        if let Ok(a) = loci_place::sys::get_affinity(0) {
+            if let Some(t) = self.seen.lock().unwrap().get_mut(i) {
+                t.index = i;
+                t.affinity = a;
+            }
+        }
+    }
+    /// The report entry, over `wall_s` seconds.
+    pub fn report(&self, wall_s: f64) -> StageReport {
+        let busy = self.busy_ns.load(Relaxed) as f64 / 1e9;
+        StageReport {
+            name: self.name.to_string(),
+            threads: self.threads,
+            chunks: self.chunks.load(Relaxed),
+            busy_share: if wall_s > 0.0 {
+                (busy / (wall_s * self.threads as f64)).min(1.0)
+            } else {
+                0.0
+            },
+            planned_cpus: self.planned_cpus.clone(),
+            planned_mem: self.planned_mem.clone(),
+            seen: self.seen.lock().unwrap().clone(),
+        }
+    }
+}
+
+/// Pins the calling thread (cpus, and a preferred memory policy for what it allocates itself).
+/// Errors name the stage, the thread and the cpus; nothing falls back silently.
+pub fn pin(stage: &str, i: usize, cpus: Option<&CpuSet>, mem: Option<u32>) -> Result<(), String> {
+    if let Some(c) = cpus {
+        loci_place::sys::set_affinity(0, c).map_err(|e| {
+            let allowed = loci_place::sys::get_affinity(0)
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            format!(
+                "{stage} thread {i}: cannot run on cpus {c}: {e} (cpus allowed here: {allowed})"
+            )
+        })?;
+    }
+    if let Some(n) = mem {
+        loci_place::sys::set_mempolicy(loci_place::sys::mode::MPOL_PREFERRED, &NodeSet::single(n))
+            .map_err(|e| format!("{stage} thread {i}: cannot prefer memory on node {n}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// A bounded queue's occupancy, sampled by the monitor.
+#[derive(Debug, Default)]
+pub struct QueueStats {
+    pub name: &'static str,
+    pub capacity: usize,
+    samples: AtomicU64,
+    sum: AtomicU64,
+    full: AtomicU64,
+}
+
+impl QueueStats {
+    pub fn new(name: &'static str, capacity: usize) -> Self {
+        QueueStats {
+            name,
+            capacity,
+            ..Default::default()
+        }
+    }
+    /// Records one sample of the queue length.
+    pub fn sample(&self, len: usize) {
+        self.samples.fetch_add(1, Relaxed);
+        self.sum.fetch_add(len as u64, Relaxed);
+        if len >= self.capacity {
+            self.full.fetch_add(1, Relaxed);
+        }
+    }
+    pub fn report(&self) -> QueueReport {
+        let n = self.samples.load(Relaxed).max(1) as f64;
+        QueueReport {
+            name: self.name.to_string(),
+            capacity: self.capacity,
+            mean_occupancy: self.sum.load(Relaxed) as f64 / n / self.capacity.max(1) as f64,
+            full_share: self.full.load(Relaxed) as f64 / n,
+        }
+    }
+}
+
+/// One stage in the final report.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageReport {
+    pub name: String,
+    pub threads: usize,
+    pub chunks: u64,
+    /// Busy time / (wall time x threads).
+    pub busy_share: f64,
+    pub planned_cpus: Vec<Option<CpuSet>>,
+    pub planned_mem: Vec<Option<u32>>,
+    pub seen: Vec<ThreadSeen>,
+}
+
+/// One queue in the final report.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueReport {
+    pub name: String,
+    pub capacity: usize,
+    /// Mean length / capacity.
+    pub mean_occupancy: f64,
+    /// Share of samples where it was full.
+    pub full_share: f64,
+}
+
+/// The final report of one side of one stream (`--json` prints it).
+#[derive(Debug, Clone, Serialize)]
+pub struct StreamReport {
+    pub role: String,
+    pub stream: u32,
+    pub chunks: u64,
+    pub raw_bytes: u64,
+    /// Compressed bytes on the wire (payloads, first transmissions and resends).
+    pub wire_bytes: u64,
+    pub seconds: f64,
+    /// Wire bytes per second.
+    pub network_bytes_per_s: f64,
+    /// Raw bytes per second, end to end.
+    pub end_to_end_bytes_per_s: f64,
+    pub compression_ratio: f64,
+    pub stages: Vec<StageReport>,
+    pub queues: Vec<QueueReport>,
+    /// The stage with the highest busy share.
+    pub bottleneck: String,
+    /// Whole-stream xxh3 (hex), and whether both sides agreed.
+    pub stream_xxh3: String,
+    pub verified: bool,
+    pub resent_chunks: u64,
+    pub nacks: u64,
+    pub reconnects: u64,
+    /// Chunks the receiver already had (resume).
+    pub skipped_chunks: u64,
+}
+
+impl StreamReport {
+    /// Picks the bottleneck: the busiest stage.
+    pub fn pick_bottleneck(stages: &[StageReport]) -> String {
+        stages
+            .iter()
+            .max_by(|a, b| a.busy_share.total_cmp(&b.busy_share))
+            .map(|s| s.name.clone())
+            .unwrap_or_default()
+    }
+    /// A human summary.
+    pub fn text(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{} stream {}: {} chunks, {} raw bytes in {:.2} s{}",
+            self.role,
+            self.stream,
+            self.chunks,
+            self.raw_bytes,
+            self.seconds,
+            if self.skipped_chunks > 0 {
+                format!(" ({} chunks already at the receiver)", self.skipped_chunks)
+            } else {
+                String::new()
+            }
+        );
+        let _ = writeln!(
+            s,
+            "  end to end {:.1} MB/s raw, network {:.1} MB/s compressed, ratio {:.3}",
+            self.end_to_end_bytes_per_s / 1e6,
+            self.network_bytes_per_s / 1e6,
+            self.compression_ratio
+        );
+        for st in &self.stages {
+            let _ = writeln!(
+                s,
+                "  stage {:<10} {:>3} threads  busy {:>5.1}%  chunks {}",
+                st.name,
+                st.threads,
+                st.busy_share * 100.0,
+                st.chunks
+            );
+        }
+        for q in &self.queues {
+            let _ = writeln!(
+                s,
+                "  queue {:<20} depth {:>3}  mean {:>5.1}% full  at capacity {:>5.1}% of samples",
+                q.name,
+                q.capacity,
+                q.mean_occupancy * 100.0,
+                q.full_share * 100.0
+            );
+        }
+        let _ = writeln!(
+            s,
+            "  bottleneck: {}; resent {} chunks ({} nacks, {} reconnects); stream xxh3 {} {}",
+            self.bottleneck,
+            self.resent_chunks,
+            self.nacks,
+            self.reconnects,
+            self.stream_xxh3,
+            if self.verified {
+                "verified by both sides"
+            } else {
+                "NOT verified"
+            }
+        );
+        s
+    }
+}

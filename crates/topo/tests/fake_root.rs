@@ -1,0 +1,255 @@
+//! The sysfs reader on small trees written by the test: sparse node ids, CPU-less and memoryless
+//! nodes, an offline cpu, a kernel without NUMA, and the live-root rules for allowed cpus and
+//! nodes (cgroup v1 and v2 cpusets, `Mems_allowed_list`) read through a root path.
+
+use std::path::{Path, PathBuf};
+
+use loci_topo::{CacheKind, DeviceKind, Source};
+
+struct Tree(PathBuf);
+
+impl Tree {
+    fn new(name: &str) -> Tree {
+        let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join("fake-roots")
+            .join(name);
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Tree(d)
+    }
+    fn file(&self, rel: &str, text: &str) -> &Self {
+        let p = self.0.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+        self
+    }
+    fn link(&self, rel: &str, target: &str) -> &Self {
+        let p = self.0.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(target, p).unwrap();
+        self
+    }
+    /// A cpu with topology and one private L2.
+    fn cpu(&self, id: u32, package: u32, core: u32) -> &Self {
+        let c = format!("sys/devices/system/cpu/cpu{id}");
+        self.file(
+            &format!("{c}/topology/physical_package_id"),
+            &format!("{package}\n"),
+        )
+        .file(&format!("{c}/topology/core_id"), &format!("{core}\n"))
+        .file(&format!("{c}/cache/index0/level"), "2\n")
+        .file(&format!("{c}/cache/index0/type"), "Unified\n")
+        .file(&format!("{c}/cache/index0/size"), "1024K\n")
+        .file(
+            &format!("{c}/cache/index0/shared_cpu_list"),
+            &format!("{id}\n"),
+        )
+    }
+    fn node(&self, id: u32, cpus: &str, mem_kb: u64, dist: &str) -> &Self {
+        let n = format!("sys/devices/system/node/node{id}");
+        self.file(&format!("{n}/cpulist"), &format!("{cpus}\n"))
+            .file(
+                &format!("{n}/meminfo"),
+                &format!(
+                    "Node {id} MemTotal: {mem_kb} kB\nNode {id} MemFree: {} kB\n",
+                    mem_kb / 2
+                ),
+            )
+            .file(&format!("{n}/distance"), &format!("{dist}\n"))
+    }
+}
+
+/// Nodes 0, 2 (memoryless) and 5 (CPU-less), cpus 0-3 with cpu 3 offline (in node 2 only by its
+/// `node2` link), one NIC on node 5's PCI root, a virtual interface and an NVMe namespace.
+fn sparse_machine(name: &str) -> Tree {
+    let t = Tree::new(name);
+    t.cpu(0, 0, 0).cpu(1, 0, 1).cpu(2, 1, 0);
+    t.file("sys/devices/system/cpu/cpu3/online", "0\n")
+        .link("sys/devices/system/cpu/cpu3/node2", "../../node/node2")
+        .file("sys/devices/system/cpu/online", "0-2\n");
+    t.node(0, "0-1", 4 << 20, "10 20 30")
+        .node(2, "2", 0, "20 10 30")
+        .node(5, "", 8 << 20, "30 30 10");
+    t.file("sys/devices/pci0000:00/0000:00:01.0/numa_node", "5\n")
+        .file(
+            "sys/devices/pci0000:00/0000:00:01.0/net/ens1/addr_len",
+            "6\n",
+        )
+        .link(
+            "sys/class/net/ens1",
+            "../../devices/pci0000:00/0000:00:01.0/net/ens1",
+        )
+        .file("sys/devices/virtual/net/lo/addr_len", "6\n")
+        .link("sys/class/net/lo", "../../devices/virtual/net/lo")
+        .file("sys/devices/pci0000:00/0000:00:02.0/numa_node", "0\n")
+        .file(
+            "sys/devices/pci0000:00/0000:00:02.0/nvme/nvme0/nvme0n1/size",
+            "1\n",
+        )
+        .link(
+            "sys/class/block/nvme0n1",
+            "../../devices/pci0000:00/0000:00:02.0/nvme/nvme0/nvme0n1",
+        )
+        .file(
+            "sys/devices/pci0000:00/0000:00:02.0/nvme/nvme0/nvme0n1/nvme0n1p1/partition",
+            "1\n",
+        )
+        .link(
+            "sys/class/block/nvme0n1p1",
+            "../../devices/pci0000:00/0000:00:02.0/nvme/nvme0/nvme0n1/nvme0n1p1",
+        )
+        .file("sys/devices/virtual/block/loop0/size", "0\n")
+        .link("sys/class/block/loop0", "../../devices/virtual/block/loop0");
+    t
+}
+
+#[test]
+fn sparse_cpuless_memoryless_offline() {
+    let t = sparse_machine("sparse");
+    let topo = loci_topo::load(&Source::Sysfs(t.0.clone())).unwrap();
+    let ids: Vec<u32> = topo.nodes.iter().map(|n| n.id).collect();
+    assert_eq!(ids, [0, 2, 5]);
+    assert_eq!(topo.node(2).unwrap().cpus.to_string(), "2-3");
+    assert_eq!(topo.node(5).unwrap().cpus.to_string(), "");
+    assert_eq!(topo.node(2).unwrap().memory_bytes, Some(0));
+    assert_eq!(topo.node(5).unwrap().memory_bytes, Some(8 << 30));
+    assert_eq!(topo.node(5).unwrap().free_bytes, Some(4 << 30));
+    assert_eq!(topo.allowed_mems().to_string(), "0,5");
+    let c3 = topo.cpu(3).unwrap();
+    assert!(!c3.online);
+    assert_eq!(c3.node, Some(2));
+    assert_eq!(topo.allowed_cpus().to_string(), "0-2");
+    // core ids unique machine-wide: cpu 2 is core 0 of package 1.
+    let cores: Vec<u32> = topo.cpus.iter().map(|c| c.core).collect();
+    assert_eq!(cores[..3], [0, 1, 2]);
+    assert_eq!(topo.distance(2, 5), Some(30));
+    assert_eq!(topo.hops(0, 2), Some(1));
+    assert_eq!(topo.hops(0, 5), Some(2));
+    assert_eq!(topo.caches.len(), 3);
+    assert!(topo.caches.iter().all(|c| c.kind == CacheKind::Unified));
+    let devs: Vec<(String, DeviceKind, Option<u32>)> = topo
+        .devices
+        .iter()
+        .map(|d| (d.name.clone(), d.kind, d.node))
+        .collect();
+    assert_eq!(
+        devs,
+        [
+            ("ens1".to_string(), DeviceKind::Net, Some(5)),
+            ("nvme0n1".to_string(), DeviceKind::Block, Some(0)),
+        ]
+    );
+    // Captured trees report everything present as allowed.
+    assert!(topo.nodes.iter().all(|n| n.allowed));
+}
+
+#[test]
+fn numa_off_kernel_is_one_node() {
+    let t = Tree::new("numa-off");
+    t.cpu(0, 0, 0).cpu(1, 0, 0).cpu(2, 0, 1).cpu(3, 0, 1);
+    t.file("proc/meminfo", "MemTotal: 1024 kB\nMemFree: 512 kB\n");
+    let topo = loci_topo::load(&Source::Sysfs(t.0.clone())).unwrap();
+    assert_eq!(topo.nodes.len(), 1);
+    assert_eq!(topo.nodes[0].cpus.to_string(), "0-3");
+    assert_eq!(topo.nodes[0].memory_bytes, Some(1 << 20));
+    assert_eq!(topo.distances, vec![vec![10]]);
+    assert_eq!(topo.smt_siblings(2).to_string(), "2-3");
+}
+
+#[test]
+fn bad_files_are_named() {
+    let t = sparse_machine("bad-distance");
+    t.file("sys/devices/system/node/node2/distance", "20 10\n");
+    let e = loci_topo::load(&Source::Sysfs(t.0.clone()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("node2/distance") && e.contains("2 distances for 3 nodes"),
+        "{e}"
+    );
+    let t = sparse_machine("bad-cpulist");
+    t.file("sys/devices/system/node/node0/cpulist", "0-x\n");
+    let e = loci_topo::load(&Source::Sysfs(t.0.clone()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("node0/cpulist") && e.contains("`0-x`"), "{e}");
+    let e = loci_topo::load(&Source::Sysfs("/nonexistent-root".into()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("/nonexistent-root/sys/devices/system/cpu"),
+        "{e}"
+    );
+}
+
+#[test]
+fn live_root_cgroup_v2_and_mems_allowed() {
+    let t = sparse_machine("live-v2");
+    t.file("proc/self/cgroup", "0::/job.slice/run-7.scope\n")
+        .file(
+            "proc/self/mountinfo",
+            "30 24 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n",
+        )
+        .file(
+            "proc/self/status",
+            "Cpus_allowed_list:\t0-3\nMems_allowed_list:\t0-2,5\n",
+        )
+        // The scope has no cpuset files (controller not enabled there): its parent's apply.
+        .file("sys/fs/cgroup/job.slice/run-7.scope/cgroup.procs", "1\n")
+        .file("sys/fs/cgroup/job.slice/cpuset.cpus.effective", "1-2\n")
+        .file("sys/fs/cgroup/job.slice/cpuset.mems.effective", "0,2\n");
+    let topo = loci_topo::load(&Source::Live { root: t.0.clone() }).unwrap();
+    assert_eq!(topo.allowed_cpus().to_string(), "1-2");
+    assert!(!topo.cpu(0).unwrap().allowed);
+    assert!(topo.node(0).unwrap().allowed);
+    assert!(!topo.node(5).unwrap().allowed);
+    // Node 2 is allowed but has no memory: not a place to allocate.
+    assert_eq!(topo.allowed_mems().to_string(), "0");
+    assert_eq!(topo.allowed_cpus_of(0).to_string(), "1");
+    assert_eq!(topo.source, format!("sysfs:{}", t.0.display()));
+}
+
+#[test]
+fn live_root_cgroup_v1_and_affinity_from_status() {
+    let t = sparse_machine("live-v1");
+    t.file(
+        "proc/self/cgroup",
+        "4:memory:/x\n3:cpuset:/batch/42\n0::/\n",
+    )
+    .file(
+        "proc/self/mountinfo",
+        "33 25 0:28 / /sys/fs/cgroup ro - tmpfs tmpfs ro\n\
+             38 33 0:33 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset\n",
+    )
+    .file(
+        "proc/self/status",
+        "Cpus_allowed_list:\t0,2\nMems_allowed_list:\t0-63\n",
+    )
+    .file(
+        "sys/fs/cgroup/cpuset/batch/42/cpuset.effective_cpus",
+        "0-1\n",
+    )
+    .file("sys/fs/cgroup/cpuset/batch/42/cpuset.effective_mems", "5\n");
+    let topo = loci_topo::load(&Source::Live { root: t.0.clone() }).unwrap();
+    // Affinity 0,2 and cpuset 0-1: only cpu 0.
+    assert_eq!(topo.allowed_cpus().to_string(), "0");
+    assert_eq!(topo.allowed_mems().to_string(), "5");
+}
+
+#[test]
+fn this_machine_is_consistent() {
+    let topo = loci_topo::load(&Source::live()).unwrap();
+    assert_eq!(topo.source, "sysfs:/");
+    let allowed = topo.allowed_cpus();
+    assert!(!allowed.is_empty());
+    // The process's own affinity (from /proc) is what the reader reports as allowed, within
+    // what is present.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let list = loci_topo::sysfs::status_field(&status, "Cpus_allowed_list").unwrap();
+    let from_proc = loci_topo::CpuSet::parse(list).unwrap();
+    assert!(allowed.is_subset(&from_proc), "{allowed} vs {from_proc}");
+    assert!(allowed.is_subset(&topo.cpu_ids()));
+    for n in &topo.nodes {
+        assert!(n.memory_bytes.is_some(), "node {} memory", n.id);
+    }
+}
