@@ -93,13 +93,17 @@ pub struct EngineArgs {
     #[arg(long, default_value = "pool")]
     pub sched: String,
     /// Operator variants, comma separated (default: all). w1: partition, lists;
-    /// w2: hash; w3: shared, partitioned; w4: sorted, btree, skiplist, art.
+    /// w2: auto (plan from the key zone map); w3: shared, partitioned; w4: sorted, btree, skiplist, art.
     #[arg(long, value_delimiter = ',')]
     pub variant: Vec<String>,
     /// Peer systems run on the same rows in this invocation: duckdb, polars (w4 compares
     /// with their hash join of the same tables).
     #[arg(long, value_delimiter = ',')]
     pub peers: Vec<String>,
+    /// Keep each node's morsels on that node's workers (no stealing across nodes): every read
+    /// is local, idle workers wait. Default: workers steal when their node runs dry.
+    #[arg(long)]
+    pub no_steal: bool,
     /// Seed of the data generators.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -185,7 +189,7 @@ fn sizes(w: Workload, a: &EngineArgs) -> anyhow::Result<Sizes> {
 fn variants(w: Workload, a: &EngineArgs) -> anyhow::Result<Vec<String>> {
     let all: &[&str] = match w {
         Workload::W1 => &["partition", "lists"],
-        Workload::W2 => &["hash"],
+        Workload::W2 => &["auto"],
         Workload::W3 => &["shared", "partitioned"],
         Workload::W4 => &["sorted", "btree", "skiplist", "art"],
     };
@@ -254,7 +258,7 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
             "groups": if w.is_join() { None } else { Some(sz.groups) },
             "dists": a.dist, "threads": a.threads, "mem": a.mem, "alloc": a.alloc,
             "workers": nworkers, "reps": sz.reps, "seed": a.seed, "morsel_rows": a.morsel_rows,
-            "sched": a.sched, "variants": vars,
+            "sched": a.sched, "variants": vars, "steal": !a.no_steal,
         }),
         Machine::of(&topo),
     );
@@ -286,7 +290,7 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
         for d in &dist_list {
             for th in &threads {
                 for mem in &mems {
-                    let pool = PinnedPool::new(&topo, *th, nworkers)?;
+                    let pool = PinnedPool::new(&topo, *th, nworkers)?.with_steal(!a.no_steal);
                     pb.set_message(format!(
                         "{} {th}/{mem}/{alloc_name}: generating",
                         d.map(|x| x.to_string()).unwrap_or("join".into())
@@ -520,6 +524,9 @@ fn run_child(w: Workload, a: &EngineArgs, alloc: &str) -> anyhow::Result<Vec<Row
         cmd.arg("--variant").arg(a.variant.join(","));
     }
     cmd.arg("--seed").arg(a.seed.to_string());
+    if a.no_steal {
+        cmd.arg("--no-steal");
+    }
     cmd.arg("--morsel-rows").arg(a.morsel_rows.to_string());
     cmd.arg("--json").arg(&out);
     cmd.env("LD_PRELOAD", lib).env(CHILD_ENV, alloc);

@@ -4,8 +4,9 @@
 //!
 //! 1. bind-per-node morsels, read by node-local pinned workers that do not steal across nodes:
 //!    every morsel's pages sit on its home node, and the local-access ratio of W2 is >= 0.95;
-//! 2. first touch by one generating thread, read by workers spread over all k nodes (stealing on,
-//!    so work spreads evenly): every page sits on the generator's node and the ratio is about 1/k;
+//! 2. first touch by one generating thread: every page sits on the generator's node, and a
+//!    placement-unaware static split of the morsels over workers on all k nodes reads 1/k locally
+//!    (W2 with work stealing is also reported: on emulated cpus its share varies, 0.3-0.7);
 //! 3. both give the single-thread reference answer.
 //!
 //! Usage: loci-engine-vm-check [ROWS]   (default 1M rows, 10K groups, zipf)
@@ -55,7 +56,7 @@ fn main() {
         dist: Dist::Zipf,
         seed: 42,
     };
-    let morsel = 1 << 14;
+    let morsel = 1 << 12;
 
     // 1. bind-per-node, node-local workers.
     let pool = PinnedPool::new(&topo, Threads::Sparse, workers)
@@ -120,16 +121,23 @@ fn main() {
         &mut failed,
     );
     let (got, run) = w2(&pool, &t).expect("w2");
-    let lar = local_access_ratio(&t, &place, &run.trace.touched).unwrap_or(0.0);
+    let stealing = local_access_ratio(&t, &place, &run.trace.touched).unwrap_or(0.0);
+    // A placement-unaware static split (morsel i to worker i mod n, as an OpenMP static
+    // schedule does): the ratio then depends only on where the pages really are.
+    let nodes: Vec<Option<u32>> = pool.workers().iter().map(|w| w.node).collect();
+    let split: Vec<(usize, Option<u32>)> = (0..t.morsels.len())
+        .map(|i| (i, nodes[i % nodes.len()]))
+        .collect();
+    let lar = local_access_ratio(&t, &place, &split).unwrap_or(0.0);
     let expect = 1.0 / k.max(1) as f64;
     line(
         "engine/first-touch-1/local-access-about-1/k",
-        if (lar - expect).abs() <= 0.15 {
-            Ok(format!("local-access ratio {lar:.3}, 1/k = {expect:.3}"))
-        } else {
-            Err(format!(
-                "local-access ratio {lar:.3}, expected about {expect:.3}"
+        if (lar - expect).abs() <= 0.05 {
+            Ok(format!(
+                "static split {lar:.3}, 1/k = {expect:.3}; W2 with work stealing {stealing:.3}"
             ))
+        } else {
+            Err(format!("static split {lar:.3}, expected about {expect:.3}"))
         },
         &mut failed,
     );

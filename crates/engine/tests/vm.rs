@@ -1,0 +1,36 @@
+//! Engine placement on a real 4-node kernel (loci-vm): runs `loci-engine-vm-check` in the `4n`
+//! VM. Bind-per-node morsels read by node-local workers must give a local-access ratio >= 0.95;
+//! a table first-touched by one generating thread and read by workers on all 4 nodes about 0.25
+//! (a placement-unaware static split of the morsels; W2 with stealing is reported too);
+//! both must equal the single-thread reference. Runs only with `LOCI_NUMA_VM=1` (scripts/test).
+
+use std::time::Duration;
+
+#[test]
+fn engine_placement_on_4_nodes() {
+    if !loci_vm::vm_tests_enabled() {
+        return;
+    }
+    let check = env!("CARGO_BIN_EXE_loci-engine-vm-check");
+    let out = loci_vm::NumaVm::new("4n")
+        .timeout(Duration::from_secs(400))
+        .run(check, &["262144"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let report = out.checks();
+    for name in [
+        "engine/bind-per-node/pages-on-home",
+        "engine/bind-per-node/local-access>=0.95",
+        "engine/bind-per-node/answer",
+        "engine/first-touch-1/pages-on-generator-node",
+        "engine/first-touch-1/local-access-about-1/k",
+        "engine/first-touch-1/answer",
+    ] {
+        assert!(
+            report.names().contains(&name),
+            "check {name} did not run:\n{}",
+            out.stdout
+        );
+    }
+    println!("{}", out.stdout);
+    report.print_and_assert();
+}
