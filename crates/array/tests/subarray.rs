@@ -9,31 +9,7 @@ use proptest::prelude::*;
 
 /// This machine as one node with the cpus this process may use.
 fn here() -> Topology {
-    let cpus = loci_place::sys::get_affinity(0).unwrap();
-    Topology {
-        source: "test:affinity".into(),
-        nodes: vec![loci_topo::Node {
-            id: 0,
-            cpus: cpus.clone(),
-            memory_bytes: None,
-            free_bytes: None,
-            allowed: true,
-        }],
-        cpus: cpus
-            .iter()
-            .map(|id| loci_topo::Cpu {
-                id,
-                core: id,
-                package: 0,
-                node: Some(0),
-                online: true,
-                allowed: true,
-            })
-            .collect(),
-        caches: vec![],
-        devices: vec![],
-        distances: vec![vec![10]],
-    }
+    Topology::flat(loci_place::sys::get_affinity(0).unwrap(), "test:affinity")
 }
 
 /// A value that differs in every cell and attribute and is exact in every type.

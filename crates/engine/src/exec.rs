@@ -316,31 +316,10 @@ impl MorselQueue {
 
 /// A one-node topology of the cpus this thread may run on (tests, and machines without sysfs).
 pub fn flat_topology() -> Topology {
-    let cpus = sys::get_affinity(0).unwrap_or_else(|_| CpuSet::single(0));
-    Topology {
-        source: "affinity".into(),
-        nodes: vec![loci_topo::Node {
-            id: 0,
-            cpus: cpus.clone(),
-            memory_bytes: None,
-            free_bytes: None,
-            allowed: true,
-        }],
-        cpus: cpus
-            .iter()
-            .map(|id| loci_topo::Cpu {
-                id,
-                core: id,
-                package: 0,
-                node: Some(0),
-                online: true,
-                allowed: true,
-            })
-            .collect(),
-        caches: vec![],
-        devices: vec![],
-        distances: vec![vec![10]],
-    }
+    Topology::flat(
+        sys::get_affinity(0).unwrap_or_else(|_| CpuSet::single(0)),
+        "affinity",
+    )
 }
 
 #[cfg(test)]

@@ -79,29 +79,8 @@ pub fn regular(nodes: u32, cores: u32, smt: u32, llcs: u32) -> Topology {
 /// This machine as one node holding the cpus this process may run on, with memory: enough to
 /// test binding for real on any Linux box.
 pub fn one_node_here() -> Topology {
-    let cpus = crate::sys::get_affinity(0).expect("sched_getaffinity");
-    Topology {
-        source: "test:affinity".into(),
-        nodes: vec![Node {
-            id: 0,
-            cpus: cpus.clone(),
-            memory_bytes: None,
-            free_bytes: None,
-            allowed: true,
-        }],
-        cpus: cpus
-            .iter()
-            .map(|id| loci_topo::Cpu {
-                id,
-                core: id,
-                package: 0,
-                node: Some(0),
-                online: true,
-                allowed: true,
-            })
-            .collect(),
-        caches: vec![],
-        devices: vec![],
-        distances: vec![vec![10]],
-    }
+    Topology::flat(
+        crate::sys::get_affinity(0).expect("sched_getaffinity"),
+        "test:affinity",
+    )
 }

@@ -5,35 +5,11 @@ use std::sync::{Arc, Mutex};
 
 use loci_sched::workload::{pipeline_expected, run_pipelines, tree, PipelineSpec};
 use loci_sched::{fixtures, Affinity, Config, Policy, RequestError, Rule, SchedError, Scheduler};
-use loci_topo::{Cpu, CpuSet, Node, Topology};
+use loci_topo::{CpuSet, Topology};
 
 /// This machine as one node with the cpus this process may use (no caches known).
 fn this_machine() -> Topology {
-    let cpus = loci_place::sys::get_affinity(0).unwrap();
-    Topology {
-        source: "test:affinity".into(),
-        nodes: vec![Node {
-            id: 0,
-            cpus: cpus.clone(),
-            memory_bytes: None,
-            free_bytes: None,
-            allowed: true,
-        }],
-        cpus: cpus
-            .iter()
-            .map(|id| Cpu {
-                id,
-                core: id,
-                package: 0,
-                node: Some(0),
-                online: true,
-                allowed: true,
-            })
-            .collect(),
-        caches: vec![],
-        devices: vec![],
-        distances: vec![vec![10]],
-    }
+    Topology::flat(loci_place::sys::get_affinity(0).unwrap(), "test:affinity")
 }
 
 fn unpinned_las() -> Config {

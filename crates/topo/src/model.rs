@@ -110,6 +110,36 @@ pub enum ModelError {
 }
 
 impl Topology {
+    /// One node 0 holding `cpus` (one core each, no caches, memory unknown): the machine as seen
+    /// through an affinity mask alone. Used where no /sys is readable and by tests that need
+    /// "the cpus this process may use" as a topology.
+    pub fn flat(cpus: CpuSet, source: &str) -> Topology {
+        Topology {
+            source: source.to_string(),
+            nodes: vec![Node {
+                id: 0,
+                cpus: cpus.clone(),
+                memory_bytes: None,
+                free_bytes: None,
+                allowed: true,
+            }],
+            cpus: cpus
+                .iter()
+                .map(|id| Cpu {
+                    id,
+                    core: id,
+                    package: 0,
+                    node: Some(0),
+                    online: true,
+                    allowed: true,
+                })
+                .collect(),
+            caches: vec![],
+            devices: vec![],
+            distances: vec![vec![10]],
+        }
+    }
+
     /// Checks the invariants every source must establish.
     pub fn validate(&self) -> Result<(), ModelError> {
         if self.nodes.is_empty() {
