@@ -135,6 +135,17 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
             bail!("unknown peer `{p}`; valid: numpy, xarray, tiledb, memcpy");
         }
     }
+    // The Python peers' interpreter, checked before the loci matrix runs (not after minutes of it).
+    let python = a
+        .python
+        .clone()
+        .unwrap_or_else(|| repo_root().join("bench/peers/.venv/bin/python"));
+    if a.peers.iter().any(|p| p != "memcpy") && !python.is_file() {
+        bail!(
+            "the Python peers need {} (create it with bench/peers/setup-subarray, or pass --python)",
+            python.display()
+        );
+    }
     let mem = ChunkMem::parse(&a.mem, &topo)?;
     let huge = !a.no_huge_pages;
     let cpus: Vec<u32> = topo.allowed_cpus().iter().collect();
@@ -303,10 +314,6 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
     let py_peers: Vec<&String> = a.peers.iter().filter(|p| *p != "memcpy").collect();
     if let (false, Some((path, vsum))) = (py_peers.is_empty(), &volume_file) {
         let root = repo_root();
-        let python = a
-            .python
-            .clone()
-            .unwrap_or_else(|| root.join("bench/peers/.venv/bin/python"));
         let tdb = std::env::temp_dir().join(format!("loci-subarray-tiledb-{}", std::process::id()));
         let job = serde_json::json!({
             "file": path, "shape": shape, "dtype": "<f4", "sum32": vsum, "reps": reps,
