@@ -17,7 +17,7 @@ use crate::codec::Codec;
 use crate::config::{ReceiverConfig, StreamPart};
 use crate::proto::{self, kind, Header, Hello};
 use crate::sink::{Sink, SinkSpec, Transfer};
-use crate::stats::{pin, QueueStats, StageStats, StreamReport};
+use crate::stats::{pin, QueueStats, StageStats, StreamReport, Totals};
 
 /// What a receiver needs.
 #[derive(Clone)]
@@ -272,29 +272,18 @@ impl StreamState {
             self.dec_stats.report(secs),
             self.commit_stats.report(secs),
         ];
-        StreamReport {
-            role: "recv".into(),
-            stream: self.id,
+        let totals = Totals {
             chunks: self.t.total_chunks,
             raw_bytes: raw,
             wire_bytes: wire,
             seconds: secs,
-            network_bytes_per_s: wire as f64 / secs,
-            end_to_end_bytes_per_s: raw as f64 / secs,
-            compression_ratio: if wire > 0 {
-                raw as f64 / wire as f64
-            } else {
-                0.0
-            },
-            bottleneck: StreamReport::pick_bottleneck(&stages),
-            stages,
-            queues: vec![self.queue_stats.report()],
-            stream_xxh3: format!("{checksum:016x}"),
+        };
+        let queues = vec![self.queue_stats.report()];
+        StreamReport {
             verified,
-            resent_chunks: 0,
             nacks: self.nacks.load(Relaxed),
-            reconnects: 0,
             skipped_chunks: self.prior,
+            ..StreamReport::from_totals("recv", self.id, totals, stages, queues, checksum)
         }
     }
 }

@@ -17,7 +17,7 @@ use crate::codec::Codec;
 use crate::config::SenderConfig;
 use crate::proto::{self, kind, Header, Hello, ProtoError};
 use crate::source::SourceSpec;
-use crate::stats::{pin, QueueStats, StageStats, StreamReport};
+use crate::stats::{pin, QueueStats, StageStats, StreamReport, Totals};
 
 /// Test hooks that inject faults (used by the fault tests; `loci stream send --fault-corrupt`).
 #[derive(Debug, Clone, Default)]
@@ -439,29 +439,20 @@ pub fn send(opts: SendOptions) -> Result<StreamReport, SendError> {
         sh.comp_stats.report(secs),
         sh.send_stats.report(secs),
     ];
-    Ok(StreamReport {
-        role: "send".into(),
-        stream: cfg.stream,
+    let totals = Totals {
         chunks: total_chunks,
         raw_bytes: raw,
         wire_bytes: wire,
         seconds: secs,
-        network_bytes_per_s: wire as f64 / secs,
-        end_to_end_bytes_per_s: raw as f64 / secs,
-        compression_ratio: if wire > 0 {
-            raw as f64 / wire as f64
-        } else {
-            0.0
-        },
-        bottleneck: StreamReport::pick_bottleneck(&stages),
-        stages,
-        queues: vec![q_raw.report(), q_frame.report()],
-        stream_xxh3: format!("{theirs:016x}"),
+    };
+    let queues = vec![q_raw.report(), q_frame.report()];
+    Ok(StreamReport {
         verified: true,
         resent_chunks: sh.resent.load(Relaxed),
         nacks: sh.nacks.load(Relaxed),
         reconnects: sh.reconnects.load(Relaxed),
         skipped_chunks: skipped,
+        ..StreamReport::from_totals("send", cfg.stream, totals, stages, queues, theirs)
     })
 }
 

@@ -209,7 +209,54 @@ pub struct StreamReport {
     pub skipped_chunks: u64,
 }
 
+/// What one side of a stream measured; [`StreamReport::from_totals`] derives the rest.
+#[derive(Debug, Clone, Copy)]
+pub struct Totals {
+    pub chunks: u64,
+    pub raw_bytes: u64,
+    pub wire_bytes: u64,
+    pub seconds: f64,
+}
+
 impl StreamReport {
+    /// A report from measured totals: rates, compression ratio and bottleneck are derived here,
+    /// in one place. Resend and resume counters start at 0 and `verified` at false; callers set
+    /// what their side knows with struct update syntax.
+    pub fn from_totals(
+        role: &str,
+        stream: u32,
+        t: Totals,
+        stages: Vec<StageReport>,
+        queues: Vec<QueueReport>,
+        checksum: u64,
+    ) -> Self {
+        let (raw, wire, secs) = (t.raw_bytes, t.wire_bytes, t.seconds);
+        StreamReport {
+            role: role.into(),
+            stream,
+            chunks: t.chunks,
+            raw_bytes: raw,
+            wire_bytes: wire,
+            seconds: secs,
+            network_bytes_per_s: wire as f64 / secs,
+            end_to_end_bytes_per_s: raw as f64 / secs,
+            compression_ratio: if wire > 0 {
+                raw as f64 / wire as f64
+            } else {
+                0.0
+            },
+            bottleneck: Self::pick_bottleneck(&stages),
+            stages,
+            queues,
+            stream_xxh3: format!("{checksum:016x}"),
+            verified: false,
+            resent_chunks: 0,
+            nacks: 0,
+            reconnects: 0,
+            skipped_chunks: 0,
+        }
+    }
+
     /// Picks the bottleneck: the busiest stage.
     pub fn pick_bottleneck(stages: &[StageReport]) -> String {
         stages
