@@ -2,20 +2,20 @@
 //! hardware): prints one `LOCI-CHECK ok NAME` / `LOCI-CHECK FAIL NAME -- DETAIL` line per fact and
 //! the measured local-access ratios; exits 1 if any check failed.
 //!
-//! 1. bind-per-node morsels, read by node-local pinned workers that do not steal across nodes:
-//!    every morsel's pages sit on its home node, and the local-access ratio of W2 is >= 0.95;
-//! 2. first touch by one generating thread: every page sits on the generator's node, and a
-//!    placement-unaware static split of the morsels over workers on all k nodes reads 1/k locally
-//!    (W2 with work stealing is also reported: on emulated cpus its share varies, 0.3-0.7);
-//! 3. both give the single-thread reference answer.
+//! 1. bind-per-node morsels processed by W2 under LAS (loci-sched, workers pinned to their
+//!    node's core group, every morsel a task queued on its home node): every morsel's pages sit on
+//!    its home node, and the local-access ratio is >= 0.95;
+//! 2. first touch by one generating thread (one task): every page sits on the generator's node,
+//!    and W2 under NLS (placement-unaware: one shared queue) reads about 1/k of the bytes locally
+//!    (within 0.15 of 1/k; a placement-unaware static split, morsel i to worker i mod n, gives
+//!    exactly 1/k and is reported too, as is W2 under LAS on that table);
+//! 3. every run gives the single-thread reference answer.
 //!
 //! Usage: loci-engine-vm-check [ROWS]   (default 1M rows, 10K groups, zipf)
 
 use loci_engine::agg::w2;
 use loci_engine::storage::local_access_ratio;
-use loci_engine::{
-    generate_agg, reference, AggSpec, Dist, Executor, MemPolicy, PinnedPool, Threads,
-};
+use loci_engine::{generate_agg, reference, AggSpec, Dist, Exec, MemPolicy, Sched, Threads};
 
 fn line(name: &str, r: Result<String, String>, failed: &mut bool) {
     match r {
@@ -48,7 +48,7 @@ fn main() {
         .collect();
     let k = cpu_nodes.len();
     let workers = topo.allowed_cpus().len();
-    println!("# {k} nodes with cpus, {workers} workers, {rows} rows");
+    println!("# {k} nodes with cpus, {workers} workers (one per cpu), {rows} rows");
     let mut failed = false;
     let spec = AggSpec {
         rows,
@@ -58,10 +58,8 @@ fn main() {
     };
     let morsel = 1 << 12;
 
-    // 1. bind-per-node, node-local workers.
-    let pool = PinnedPool::new(&topo, Threads::Sparse, workers)
-        .expect("pool")
-        .with_steal(false);
+    // 1. bind-per-node under LAS.
+    let pool = Exec::new(&topo, Sched::Las, Threads::Sparse, None).expect("scheduler");
     let t = generate_agg(&pool, spec, morsel, &MemPolicy::BindPerNode).expect("generate");
     let place = t.placement(8).expect("move_pages");
     line(
@@ -103,11 +101,10 @@ fn main() {
     );
     drop(t);
 
-    // 2. first touch by one thread, read by workers spread over all nodes.
-    let pool = PinnedPool::new(&topo, Threads::Sparse, workers).expect("pool");
+    // 2. first touch by one task, read by workers spread over all nodes.
     let t = generate_agg(&pool, spec, morsel, &MemPolicy::FirstTouchSingle).expect("generate");
     let place = t.placement(8).expect("move_pages");
-    let gen_node = pool.workers()[0].node;
+    let gen_node = t.morsels.first().and_then(|m| m.home);
     line(
         "engine/first-touch-1/pages-on-generator-node",
         (|| {
@@ -116,34 +113,46 @@ fn main() {
                     return Err(format!("morsel {i}: {p:?}, generator on {gen_node:?}"));
                 }
             }
-            Ok(String::new())
+            Ok(format!("generator on node {gen_node:?}"))
         })(),
         &mut failed,
     );
-    let (got, run) = w2(&pool, &t).expect("w2");
-    let stealing = local_access_ratio(&t, &place, &run.trace.touched).unwrap_or(0.0);
+    let (got_las, run) = w2(&pool, &t).expect("w2");
+    let las = local_access_ratio(&t, &place, &run.trace.touched).unwrap_or(0.0);
+    drop(pool);
+    let nls_pool = Exec::new(&topo, Sched::Nls, Threads::Sparse, None).expect("scheduler");
+    let (got, run) = w2(&nls_pool, &t).expect("w2");
+    let nls = local_access_ratio(&t, &place, &run.trace.touched).unwrap_or(0.0);
     // A placement-unaware static split (morsel i to worker i mod n, as an OpenMP static
     // schedule does): the ratio then depends only on where the pages really are.
-    let nodes: Vec<Option<u32>> = pool.workers().iter().map(|w| w.node).collect();
+    let nodes: Vec<Option<u32>> = nls_pool
+        .scheduler()
+        .layout()
+        .workers
+        .iter()
+        .map(|w| Some(w.node))
+        .collect();
     let split: Vec<(usize, Option<u32>)> = (0..t.morsels.len())
         .map(|i| (i, nodes[i % nodes.len()]))
         .collect();
-    let lar = local_access_ratio(&t, &place, &split).unwrap_or(0.0);
+    let stat = local_access_ratio(&t, &place, &split).unwrap_or(0.0);
     let expect = 1.0 / k.max(1) as f64;
     line(
         "engine/first-touch-1/local-access-about-1/k",
-        if (lar - expect).abs() <= 0.05 {
+        if (nls - expect).abs() <= 0.15 {
             Ok(format!(
-                "static split {lar:.3}, 1/k = {expect:.3}; W2 with work stealing {stealing:.3}"
+                "W2 under NLS {nls:.3}, 1/k = {expect:.3}; static split {stat:.3}; W2 under LAS {las:.3}"
             ))
         } else {
-            Err(format!("static split {lar:.3}, expected about {expect:.3}"))
+            Err(format!(
+                "W2 under NLS {nls:.3}, expected about {expect:.3} (static split {stat:.3}, LAS {las:.3})"
+            ))
         },
         &mut failed,
     );
     line(
         "engine/first-touch-1/answer",
-        if got == want {
+        if got == want && got_las == want {
             Ok(String::new())
         } else {
             Err("differs from the reference".into())
