@@ -4,7 +4,8 @@
 //! optional home node. [`Exec::for_each`] turns every item into a *deferred task queued on a core
 //! group of its home node* (items without a home, or homed on a node without workers, are dealt
 //! round robin over the nodes that have workers), inside one request of the scheduler, and waits
-//! for all of them. What happens next is the scheduler's choice (`--sched`):
+//! for all of them. The item tasks of a node are spawned by one task queued on that node, so
+//! each node's worker fills its own queues and no single thread spawns every task. What happens next is the scheduler's choice (`--sched`):
 //! - **LAS** (seed 003): a worker takes its own group's deferred tasks first and crosses to
 //!   another node only when its group has none left, so a morsel normally runs on the node its
 //!   pages sit on;
@@ -276,31 +277,49 @@ impl Exec {
             })
             .collect();
         if !homes.is_empty() {
-            let (slots, init, body) = (&slots, &init, &body);
+            // Items per target node (homeless ones dealt round robin over the nodes).
+            let k = self.nodes.len();
+            let mut per_node: Vec<Vec<usize>> = vec![Vec::new(); k];
+            let mut rr = 0usize;
+            for (i, h) in homes.iter().enumerate() {
+                let at = match h.and_then(|n| self.nodes.binary_search(&n).ok()) {
+                    Some(x) => x,
+                    None => {
+                        rr += 1;
+                        (rr - 1) % k
+                    }
+                };
+                per_node[at].push(i);
+            }
+            let (slots, init, body, per_node) = (&slots, &init, &body, &per_node);
             self.request(|ctx| {
                 ctx.scope(|s| {
-                    let k = self.nodes.len();
-                    let mut rr = 0usize;
-                    for (i, h) in homes.iter().enumerate() {
-                        let node = match h {
-                            Some(n) if self.has_workers(*n) => *n,
-                            _ => {
-                                rr += 1;
-                                self.nodes[(rr - 1) % k]
-                            }
-                        };
+                    // One spawner task per node, queued there: each node's morsel tasks are
+                    // spawned by a worker of that node (in parallel, without one thread spawning
+                    // thousands of tasks while the others steal them), into that node's groups.
+                    for (x, items) in per_node.iter().enumerate() {
+                        if items.is_empty() {
+                            continue;
+                        }
+                        let node = self.nodes[x];
                         s.spawn_deferred_on(node, move |s| {
-                            let ctx = s.ctx();
-                            let at = self.node_now(ctx);
-                            // One task at a time per worker and bodies cannot open scopes (they
-                            // get no context), so this lock is never contended or re-entered.
-                            let mut g = slots[ctx.worker()]
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner());
-                            let slot = &mut *g;
-                            let st = slot.state.get_or_insert_with(init);
-                            body(st, i);
-                            slot.touched.push((i, at));
+                            for &i in items {
+                                s.spawn_deferred_on(node, move |s| {
+                                    let ctx = s.ctx();
+                                    let at = self.node_now(ctx);
+                                    // One task at a time per worker, and bodies cannot open
+                                    // scopes (they get no context), so this lock is never
+                                    // contended or re-entered.
+                                    let mut g = slots[ctx.worker()]
+                                        .lock()
+                                        .unwrap_or_else(|e| e.into_inner());
+                                    let slot = &mut *g;
+                                    let st = slot.state.get_or_insert_with(init);
+                                    body(st, i);
+                                    slot.touched.push((i, at));
+                                })
+                                .expect("the node has workers");
+                            }
                         })
                         .expect("the node has workers");
                     }

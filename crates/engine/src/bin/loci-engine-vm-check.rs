@@ -4,14 +4,17 @@
 //!
 //! 1. bind-per-node morsels processed by W2 under LAS (loci-sched, workers pinned to their
 //!    node's core group, every morsel a task queued on its home node): every morsel's pages sit on
-//!    its home node, and the local-access ratio is >= 0.95;
+//!    its home node, and the local-access ratio (median of three passes after a warm-up) is
+//!    >= 0.95. What LAS gives up is the tail: a node that runs out of its own morsels takes
+//!    another node's, so the ratio falls when the emulated cpus progress at uneven rates (a
+//!    loaded host); each pass prints which node ran the morsels of which home;
 //! 2. first touch by one generating thread (one task): every page sits on the generator's node,
 //!    and W2 under NLS (placement-unaware: one shared queue) reads about 1/k of the bytes locally
 //!    (within 0.15 of 1/k; a placement-unaware static split, morsel i to worker i mod n, gives
 //!    exactly 1/k and is reported too, as is W2 under LAS on that table);
 //! 3. every run gives the single-thread reference answer.
 //!
-//! Usage: loci-engine-vm-check [ROWS]   (default 1M rows, 10K groups, zipf)
+//! Usage: loci-engine-vm-check [ROWS]   (default 1M rows, 10K groups, zipf; 64 Ki-row morsels)
 
 use loci_engine::agg::w2;
 use loci_engine::storage::local_access_ratio;
@@ -56,7 +59,8 @@ fn main() {
         dist: Dist::Zipf,
         seed: 42,
     };
-    let morsel = 1 << 12;
+    // 64 Ki rows (512 KiB) per morsel: 256 morsels at the test's 16 Mi rows, 64 per node.
+    let morsel = 1 << 16;
 
     // 1. bind-per-node under LAS.
     let pool = Exec::new(&topo, Sched::Las, Threads::Sparse, None).expect("scheduler");
@@ -77,14 +81,45 @@ fn main() {
         })(),
         &mut failed,
     );
-    let (got, run) = w2(&pool, &t).expect("w2");
-    let lar = local_access_ratio(&t, &place, &run.trace.touched).unwrap_or(0.0);
+    // One warm-up pass (first touch of the workers' arrays, first wake-ups), then three passes;
+    // each is one request; the ratio of each is printed, the median is checked.
+    w2(&pool, &t).expect("w2");
+    let mut ratios = Vec::new();
+    let mut got = Vec::new();
+    for pass in 0..3 {
+        let t0 = std::time::Instant::now();
+        let before = pool.scheduler().stats();
+        let (g, run) = w2(&pool, &t).expect("w2");
+        let st = pool.scheduler().stats().since(&before);
+        let lar = local_access_ratio(&t, &place, &run.trace.touched).unwrap_or(0.0);
+        // Morsels by (home node, node that ran them).
+        let mut by: std::collections::BTreeMap<(Option<u32>, Option<u32>), usize> =
+            std::collections::BTreeMap::new();
+        for &(m, n) in &run.trace.touched {
+            *by.entry((t.morsels[m].home, n)).or_default() += 1;
+        }
+        println!(
+            "# W2 under LAS on bind-per-node, pass {pass}: {:.3} s, local-access {lar:.3}, {} tasks, {} taken from another node's queue (rule 4); morsels by (home, ran on): {by:?}",
+            t0.elapsed().as_secs_f64(),
+            st.tasks,
+            st.found_by(loci_sched::Rule::RemoteDeferred)
+        );
+        ratios.push(lar);
+        got = g;
+    }
+    let mut sorted = ratios.clone();
+    sorted.sort_by(f64::total_cmp);
+    let lar = sorted[1];
     line(
         "engine/bind-per-node/local-access>=0.95",
         if lar >= 0.95 {
-            Ok(format!("local-access ratio {lar:.3}"))
+            Ok(format!(
+                "local-access ratio {lar:.3} (median of {ratios:.3?})"
+            ))
         } else {
-            Err(format!("local-access ratio {lar:.3}"))
+            Err(format!(
+                "local-access ratio {lar:.3} (median of {ratios:.3?})"
+            ))
         },
         &mut failed,
     );
