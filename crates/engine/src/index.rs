@@ -76,9 +76,13 @@ impl FromStr for IndexKind {
 
 /// A built index on R.
 pub enum Index {
-    Sorted { keys: Vec<u32>, vals: Vec<u32> },
+    Sorted {
+        keys: Vec<u32>,
+        vals: Vec<u32>,
+    },
     BTree(BTreeMap<u32, u32>),
-    SkipList(SkipMap<u32, u32>),
+    /// Boxed: the map itself is large (its head tower), the other variants are a few words.
+    SkipList(Box<SkipMap<u32, u32>>),
     Art(blart::TreeMap<[u8; 4], u32>),
 }
 
@@ -205,7 +209,7 @@ pub fn build(exec: &Exec, r: &Table, kind: IndexKind) -> Result<Index, EngineErr
             if m.len() != r.rows() {
                 return Err(not_unique(r.rows(), m.len()));
             }
-            Index::SkipList(m)
+            Index::SkipList(Box::new(m))
         }
         IndexKind::Art => {
             // One task on one worker: the crate's map takes no concurrent inserts.

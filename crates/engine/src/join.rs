@@ -103,32 +103,30 @@ pub fn w3_shared(exec: &Exec, r: &Table, s: &Table) -> Result<(JoinResult, JoinR
     const B: usize = 16;
     let probed = exec.for_each(&homes(s), JoinResult::default, |res, m| {
         let mut at = [0usize; B];
-        {
-            let mo = &s.morsels[m];
-            let (ks, vs) = (mo.keys(), mo.vals());
-            for (kc, vc) in ks.chunks(B).zip(vs.chunks(B)) {
-                for (j, &k) in kc.iter().enumerate() {
-                    at[j] = idx(k);
-                    prefetch(&slots[at[j]]);
-                }
-                for (j, (&k, &v)) in kc.iter().zip(vc).enumerate() {
-                    let mut i = at[j];
-                    loop {
-                        let x = slots[i].load(Ordering::Relaxed);
-                        if x == EMPTY {
-                            break;
-                        }
-                        if key_of(x) == k {
-                            res.count += 1;
-                            res.checksum = res.checksum.wrapping_add(val_of(x) as u64 + v as u64);
-                        }
-                        i = (i + 1) & (n - 1);
+        let mo = &s.morsels[m];
+        let (ks, vs) = (mo.keys(), mo.vals());
+        for (kc, vc) in ks.chunks(B).zip(vs.chunks(B)) {
+            for (j, &k) in kc.iter().enumerate() {
+                at[j] = idx(k);
+                prefetch(&slots[at[j]]);
+            }
+            for (j, (&k, &v)) in kc.iter().zip(vc).enumerate() {
+                let mut i = at[j];
+                loop {
+                    let x = slots[i].load(Ordering::Relaxed);
+                    if x == EMPTY {
+                        break;
                     }
-                    if k == u32::MAX {
-                        for &rv in &aside {
-                            res.count += 1;
-                            res.checksum = res.checksum.wrapping_add(rv as u64 + v as u64);
-                        }
+                    if key_of(x) == k {
+                        res.count += 1;
+                        res.checksum = res.checksum.wrapping_add(val_of(x) as u64 + v as u64);
+                    }
+                    i = (i + 1) & (n - 1);
+                }
+                if k == u32::MAX {
+                    for &rv in &aside {
+                        res.count += 1;
+                        res.checksum = res.checksum.wrapping_add(rv as u64 + v as u64);
                     }
                 }
             }

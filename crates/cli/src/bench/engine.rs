@@ -307,7 +307,7 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
                         let rows = data.run(w, &pool, v, sz.reps, &pb)?;
                         for (mut row, ans) in rows {
                             let case = row.case.clone().unwrap_or_default();
-                            let key = format!("{}", d.map(|x| x.to_string()).unwrap_or_default());
+                            let key = d.map(|x| x.to_string()).unwrap_or_default();
                             match answers.iter().find(|x| x.0 == key) {
                                 Some((_, want)) if *want != ans => bail!(
                                     "configuration {sc}/{th}/{mem}/{alloc_name} {case} gave a \

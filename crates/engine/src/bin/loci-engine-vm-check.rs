@@ -4,8 +4,8 @@
 //!
 //! 1. bind-per-node morsels processed by W2 under LAS (loci-sched, workers pinned to their
 //!    node's core group, every morsel a task queued on its home node): every morsel's pages sit on
-//!    its home node, and the local-access ratio (median of three passes after a warm-up) is
-//!    >= 0.95. What LAS gives up is the tail: a node that runs out of its own morsels takes
+//!    its home node, and the local-access ratio (median of three passes after a warm-up) is at
+//!    least 0.95. What LAS gives up is the tail: a node that runs out of its own morsels takes
 //!    another node's, so the ratio falls when the emulated cpus progress at uneven rates (a
 //!    loaded host); each pass prints which node ran the morsels of which home;
 //! 2. first touch by one generating thread (one task): every page sits on the generator's node,
