@@ -76,21 +76,26 @@ fn aggregation_matches_reference_on_every_dataset_and_configuration() {
     }
 }
 
-/// The whole matrix (every scheduler x memory placement) on one small skewed dataset and one
-/// join, every operator and index: re-run under each allocator by `allocators_agree`.
+/// The whole matrix (every scheduler x memory placement) on small versions of every dataset
+/// (one group, 300 groups, more groups than rows: all distinct for `sequential`) and one join,
+/// every operator and index: re-run under each allocator by `allocators_agree`.
 #[test]
 fn matrix_matches_reference() {
-    let spec = AggSpec {
-        rows: 6000,
-        groups: 300,
-        dist: Dist::HeavyHitter,
-        seed: 5,
-    };
     for pool in &execs() {
         for pol in policies() {
             let what = format!("{} {pol}", name(pool));
-            let t = generate_agg(pool, spec, 500, &pol).unwrap();
-            check_agg(pool, &t, &what);
+            for dist in Dist::ALL {
+                for groups in [1, 300, 10_000] {
+                    let spec = AggSpec {
+                        rows: 6000,
+                        groups,
+                        dist,
+                        seed: 5,
+                    };
+                    let t = generate_agg(pool, spec, 500, &pol).unwrap();
+                    check_agg(pool, &t, &format!("{what} {dist} g={groups}"));
+                }
+            }
             let js = JoinSpec::ratio16(400, 8);
             let (r, s) = generate_join(pool, js, 700, &pol).unwrap();
             let (rk, rv) = r.to_vecs();
