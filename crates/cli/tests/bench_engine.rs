@@ -122,6 +122,44 @@ fn joins_run_on_each_scheduler() {
 }
 
 #[test]
+fn w1_and_w3_agree_across_schedulers() {
+    let dir = tempfile::tempdir().unwrap();
+    for (w, extra) in [("w1", ["--groups", "700"]), ("w3", ["--seed", "9"])] {
+        let json = dir.path().join(format!("{w}.json"));
+        let (ok, _, err) = loci(&[
+            "bench",
+            w,
+            "--rows",
+            "48000",
+            extra[0],
+            extra[1],
+            "--reps",
+            "1",
+            "--morsel-rows",
+            "5000",
+            "--sched",
+            "las,nls,unpinned",
+            "--threads",
+            "dense",
+            "--mem",
+            "first-touch-1,interleave",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert!(ok, "{w}: {err}");
+        let rs = rows(&json);
+        // 3 schedulers x 2 policies x 2 variants (w1: partition, lists; w3: shared, partitioned).
+        assert_eq!(rs.len(), 12, "{w}");
+        for r in &rs {
+            assert_eq!(
+                r["extra"]["checksum"], rs[0]["extra"]["checksum"],
+                "{w}: {r}"
+            );
+        }
+    }
+}
+
+#[test]
 fn bad_choices_are_named_with_the_valid_ones() {
     let (ok, _, err) = loci(&["bench", "w2", "--rows", "100", "--sched", "las,lass"]);
     assert!(!ok);
