@@ -78,6 +78,18 @@ fn case(name: &str, chunks: usize, span: Span, sel: f64, h: Homes, threads: usiz
     }
 }
 
+/// The 4-node E7-4820 with 16 threads copying 70% of all 100 chunks, bound round robin.
+fn e7_all_chunks_round_robin_16() -> Case {
+    case(
+        "xeon-e7-4820-4s",
+        100,
+        Span::All,
+        0.7,
+        Homes::RoundRobin,
+        16,
+    )
+}
+
 fn cost(c: &Case, p: &Pinning) -> f64 {
     CostModel::default().cost(&c.topo, &c.workload, p)
 }
@@ -219,14 +231,7 @@ fn threads_without_work_never_share_a_core_with_working_ones() {
 fn model_limits_name_the_bottleneck() {
     // All threads on one node of the E7-4820 reading data spread over four nodes: the busiest
     // node's memory or the interconnect limits, not the threads; the cost is the largest limit.
-    let c = case(
-        "xeon-e7-4820-4s",
-        100,
-        Span::All,
-        0.7,
-        Homes::RoundRobin,
-        16,
-    );
+    let c = e7_all_chunks_round_robin_16();
     let p = search::node_pinning(&c.topo, 0, 16).unwrap();
     let l = CostModel::default().limits(&c.topo, &c.workload, &p);
     assert_eq!(l.time(), cost(&c, &p));
@@ -332,14 +337,7 @@ fn search_caches_its_winner_and_starts_from_it() {
 
 #[test]
 fn elastic_grows_while_it_pays() {
-    let c = case(
-        "xeon-e7-4820-4s",
-        100,
-        Span::All,
-        0.7,
-        Homes::RoundRobin,
-        16,
-    );
+    let c = e7_all_chunks_round_robin_16();
     let e = run(&c, &ThreadStrategy::Elastic, None);
     assert!(e.trials.len() >= 2);
     // Every trial but the last improved on the one before; the choice is the best trial.
