@@ -12,6 +12,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+
 use loci_array::strategy::{choose, RunInfo, ThreadStrategy};
 use loci_array::{
     seismic_layout, subarray, Array, BuildOptions, ChunkMem, Chunking, DType, Evaluator,
@@ -63,6 +64,64 @@ pub struct SubarrayArgs {
     /// Python with numpy/xarray/tiledb (default: bench/peers/.venv/bin/python).
     #[arg(long)]
     pub python: Option<PathBuf>,
+}
+
+/// Progress of the sweep: an indicatif bar on a terminal; elsewhere (a log, a CI job) one line
+/// per finished step on stderr, since indicatif draws nothing there.
+struct Progress {
+    bar: ProgressBar,
+    what: std::cell::RefCell<String>,
+    started: Instant,
+}
+
+impl Progress {
+    fn new(steps: u64) -> Self {
+        let bar = ProgressBar::new(steps);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} (eta {eta}) {msg}",
+            )
+            .expect("valid template"),
+        );
+        Self {
+            bar,
+            what: Default::default(),
+            started: Instant::now(),
+        }
+    }
+
+    /// Names the step now running.
+    fn start(&self, what: String) {
+        self.bar.set_message(what.clone());
+        *self.what.borrow_mut() = what;
+    }
+
+    /// The step named last finished.
+    fn done(&self) {
+        self.bar.inc(1);
+        if self.bar.is_hidden() {
+            eprintln!(
+                "[{}/{} {:.0}s] {} done",
+                self.bar.position(),
+                self.bar.length().unwrap_or(0),
+                self.started.elapsed().as_secs_f64(),
+                self.what.borrow()
+            );
+        }
+    }
+
+    /// A line for the user, above the bar.
+    fn say(&self, line: String) {
+        if self.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
+        }
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
 }
 
 /// A measured subarray run as an evaluator for the adaptive strategies: one run per trial.
@@ -179,21 +238,15 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
     } else {
         0
     };
-    let pb = ProgressBar::new(cases * strategies.len() as u64 + memcpy_steps + py_steps);
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} (eta {eta}) {msg}",
-        )
-        .expect("valid template"),
-    );
+    let pb = Progress::new(cases * strategies.len() as u64 + memcpy_steps + py_steps);
     let mut loci_sums = std::collections::HashMap::new();
     let mut volume_file: Option<(PathBuf, u64)> = None;
     for &count in &a.chunks {
         let layout = seismic_layout(shape, DType::F32, &Chunking::Count(count))?;
         let t = Instant::now();
-        pb.set_message(format!("generating the volume in {count} chunks"));
+        pb.start(format!("generating the volume in {count} chunks"));
         let src = Array::build(layout, &gen, &topo, |c| Seismic::default().fill(c))?;
-        pb.println(format!(
+        pb.say(format!(
             "volume {side}^3 f32 in {} chunks (asked {count}) generated in {:.2}s",
             src.chunks().len(),
             t.elapsed().as_secs_f64()
@@ -224,7 +277,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                     ),
                 };
                 for s in &strategies {
-                    pb.set_message(format!("{case} {s}"));
+                    pb.start(format!("{case} {s}"));
                     let mut eval = Measure {
                         src: &src,
                         bounds: &q.bounds,
@@ -242,7 +295,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                     };
                     let choice = choose(&topo, s, nthreads, &info, &mut eval, cache_ref, &cfg)?;
                     for n in &choice.notes {
-                        pb.println(format!("note: {n}"));
+                        pb.say(format!("note: {n}"));
                     }
                     let mut times = Vec::with_capacity(reps);
                     let mut last = None;
@@ -284,10 +337,10 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                     }
                     row.local_access_ratio = stats.local_access_ratio;
                     rep.results.push(row);
-                    pb.inc(1);
+                    pb.done();
                 }
                 if a.peers.iter().any(|p| p == "memcpy") {
-                    pb.set_message(format!("{case} memcpy"));
+                    pb.start(format!("{case} memcpy"));
                     let srcbuf = vec![0x5au8; bytes];
                     let mut pre = vec![0u8; bytes];
                     let mut fresh = Vec::with_capacity(reps);
@@ -315,7 +368,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                                 .work(bytes as f64, "B/s"),
                         );
                     }
-                    pb.inc(1);
+                    pb.done();
                 }
                 queries.push(serde_json::json!({
                     "case": case,
@@ -336,7 +389,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
         });
         let job_path = path.with_extension("json");
         std::fs::write(&job_path, serde_json::to_string(&job)?)?;
-        pb.set_message(format!(
+        pb.start(format!(
             "peers {py_peers:?} with {} (all cases)",
             python.display()
         ));
@@ -347,7 +400,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
         let _ = std::fs::remove_file(path);
         let _ = std::fs::remove_file(&job_path);
         let _ = std::fs::remove_dir_all(&tdb);
-        pb.inc(1);
+        pb.done();
         let out = out.with_context(|| {
             format!(
                 "cannot run {} (create it with bench/peers/setup --subarray, or pass --python)",
@@ -368,7 +421,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                 bail!("peer failed: {e}");
             }
             if let Some(why) = v.get("skipped") {
-                pb.println(format!("note: {} skipped: {why}", v["system"]));
+                pb.say(format!("note: {} skipped: {why}", v["system"]));
                 continue;
             }
             let case = v["case"].as_str().unwrap_or_default().to_string();
@@ -398,6 +451,6 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
             );
         }
     }
-    pb.finish_and_clear();
+    pb.finish();
     Ok(rep)
 }
