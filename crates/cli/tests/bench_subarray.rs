@@ -52,7 +52,10 @@ fn tiny_sweep_gives_a_row_per_case_and_strategy() {
     // Not a terminal: progress comes as one line per step (4 cases x 4 strategies + 4 memcpy).
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("[1/20 "), "{err}");
-    assert!(err.contains("[20/20 ") && err.contains("c10/all/s0.5 memcpy done"), "{err}");
+    assert!(
+        err.contains("[20/20 ") && err.contains("c10/all/s0.5 memcpy done"),
+        "{err}"
+    );
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = v["results"].as_array().unwrap();
     let loci: Vec<&Value> = rows.iter().filter(|r| r["system"] == "loci").collect();

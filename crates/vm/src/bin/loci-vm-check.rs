@@ -157,40 +157,10 @@ impl Region {
     /// Maps `len` bytes starting on a huge-page boundary (so THP can back all of it and interleave counts are
     /// exact), by over-mapping and trimming.
     fn map(len: usize) -> Result<Region, String> {
-        let total = len + HUGE_PAGE;
-        // SAFETY: anonymous private mapping; no file, no fixed address.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                total,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(format!(
-                "mmap {total} bytes: {}",
-                io::Error::last_os_error()
-            ));
-        }
-        let start = p as usize;
-        let aligned = (start + HUGE_PAGE - 1) & !(HUGE_PAGE - 1);
-        let head = aligned - start;
-        let tail = total - head - len;
-        // SAFETY: both pieces lie inside the mapping just created and are page aligned (mmap returns page-aligned
-        // addresses, HUGE_PAGE and len are page multiples); the kept range is untouched.
-        unsafe {
-            if head > 0 {
-                libc::munmap(p, head);
-            }
-            if tail > 0 {
-                libc::munmap((aligned + len) as *mut libc::c_void, tail);
-            }
-        }
+        let p = sys::map_anonymous_aligned(len, HUGE_PAGE)
+            .map_err(|e| format!("mmap {len} bytes aligned to {HUGE_PAGE}: {e}"))?;
         Ok(Region {
-            ptr: aligned as *mut u8,
+            ptr: p.as_ptr(),
             len,
         })
     }
