@@ -136,7 +136,7 @@ impl Region {
         }
         let ps = loci_place::sys::page_size();
         let mapped = len.next_multiple_of(ps);
-        let p = loci_place::sys::map_anonymous_aligned(mapped, ps)
+        let p = loci_place::sys::map_anonymous_aligned(mapped, ps, 0)
             .map_err(|e| ArrayError::Memory(format!("mmap of {mapped} bytes failed: {e}")))?;
         if huge {
             // SAFETY: the range is the mapping just created. Advice only: failure is harmless

@@ -143,8 +143,13 @@ pub fn buffer_pages_nodes(addr: *const u8, len: usize) -> io::Result<Vec<i32>> {
 /// Maps `len` bytes of anonymous, private, read-write memory whose address is a multiple of
 /// `align` (a power of two; `len` and `align` multiples of the page size), untouched. For an
 /// alignment above the page size it maps `len + align` and unmaps the unaligned head and tail.
+/// `flags` are added to `MAP_PRIVATE | MAP_ANONYMOUS` (e.g. `libc::MAP_NORESERVE`, or 0).
 /// Allocates nothing on the heap, so an allocator may call it. Unmap with `libc::munmap(p, len)`.
-pub fn map_anonymous_aligned(len: usize, align: usize) -> io::Result<std::ptr::NonNull<u8>> {
+pub fn map_anonymous_aligned(
+    len: usize,
+    align: usize,
+    flags: i32,
+) -> io::Result<std::ptr::NonNull<u8>> {
     let ps = page_size();
     if len == 0 || !align.is_power_of_two() || len % ps != 0 || align % ps != 0 {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
@@ -159,7 +164,7 @@ pub fn map_anonymous_aligned(len: usize, align: usize) -> io::Result<std::ptr::N
             std::ptr::null_mut(),
             total,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
             -1,
             0,
         )
@@ -342,7 +347,7 @@ mod tests {
         let ps = page_size();
         for align in [ps, 2 << 20] {
             let len = 3 * ps;
-            let p = map_anonymous_aligned(len, align).unwrap();
+            let p = map_anonymous_aligned(len, align, libc::MAP_NORESERVE).unwrap();
             assert_eq!(p.as_ptr() as usize % align, 0);
             // SAFETY: the mapping is ours, `len` bytes, read-write.
             unsafe {
@@ -352,7 +357,7 @@ mod tests {
             }
         }
         for (len, align) in [(0, ps), (ps + 1, ps), (ps, 3 * ps), (ps, ps / 2)] {
-            let e = map_anonymous_aligned(len, align).unwrap_err();
+            let e = map_anonymous_aligned(len, align, 0).unwrap_err();
             assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{len} {align}");
         }
     }

@@ -278,25 +278,23 @@ impl BufferPages {
         if total == 0 {
             return 0.0;
         }
-        let remote: usize = self
-            .per_node
+        self.pages_outside(expected) as f64 / total as f64
+    }
+
+    /// Pages on a node that is not in `nodes`.
+    pub fn pages_outside(&self, nodes: &NodeSet) -> usize {
+        self.per_node
             .iter()
-            .filter(|(n, _)| !expected.contains(**n))
+            .filter(|(n, _)| !nodes.contains(**n))
             .map(|(_, p)| p)
-            .sum();
-        remote as f64 / total as f64
+            .sum()
     }
 
     /// Checks that every page whose node is known is resident on `want`: no page on another
     /// node, none missing, no error, and at least one page known. Pages of unknown node
     /// ([`PageStatus::Unknown`]) are neither evidence for nor against; the message counts them.
     pub fn check_all_on(&self, want: &NodeSet) -> Result<(), String> {
-        let outside: usize = self
-            .per_node
-            .iter()
-            .filter(|(n, _)| !want.contains(**n))
-            .map(|(_, c)| c)
-            .sum();
+        let outside = self.pages_outside(want);
         let known: usize = self.per_node.values().sum();
         let unknown = if self.unknown > 0 {
             format!(", {} of unknown node (-EFAULT)", self.unknown)

@@ -157,7 +157,7 @@ impl Region {
     /// Maps `len` bytes starting on a huge-page boundary (so THP can back all of it and interleave counts are
     /// exact), by over-mapping and trimming.
     fn map(len: usize) -> Result<Region, String> {
-        let p = sys::map_anonymous_aligned(len, HUGE_PAGE)
+        let p = sys::map_anonymous_aligned(len, HUGE_PAGE, 0)
             .map_err(|e| format!("mmap {len} bytes aligned to {HUGE_PAGE}: {e}"))?;
         Ok(Region {
             ptr: p.as_ptr(),
