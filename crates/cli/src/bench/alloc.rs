@@ -157,7 +157,7 @@ pub struct ChildResult {
 
 /// The counters of libloci_malloc.so when this process runs on it.
 fn loci_stats() -> Option<std::collections::BTreeMap<String, u64>> {
-    const NAMES: [&str; 12] = [
+    const NAMES: [&str; 13] = [
         "allocs",
         "frees",
         "bytes_requested",
@@ -170,6 +170,7 @@ fn loci_stats() -> Option<std::collections::BTreeMap<String, u64>> {
         "superblocks_cached",
         "large_bytes",
         "mbind_failures",
+        "memoryless_fallbacks",
     ];
     // SAFETY: dlsym with a NUL-terminated name; the symbol, when present, has this signature.
     unsafe {
@@ -178,7 +179,7 @@ fn loci_stats() -> Option<std::collections::BTreeMap<String, u64>> {
             return None;
         }
         let f: unsafe extern "C" fn(*mut u64, usize) -> usize = std::mem::transmute(f);
-        let mut v = [0u64; 12];
+        let mut v = [0u64; NAMES.len()];
         let n = f(v.as_mut_ptr(), v.len());
         Some(
             NAMES
@@ -392,6 +393,23 @@ pub fn goals(rep: &Report) -> String {
             out += &format!(" [CPU seconds: loci {l:.2}, {} {b:.2}]", best.system);
         }
         out += "\n";
+    }
+    // Threads that ran on a node without memory got memory of another node: loci's rows then
+    // do not measure node-local allocation, and the user should know.
+    for r in rep.results.iter().filter(|r| r.system.starts_with("loci")) {
+        let n = r
+            .extra
+            .get("loci_stats")
+            .and_then(|s| s.get("memoryless_fallbacks"))
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0);
+        if n > 0 {
+            out += &format!(
+                "NOTE {} {}: {n} thread heap(s) started on a node without memory and got memory of the nearest node with memory\n",
+                r.system,
+                r.case.as_deref().unwrap_or("")
+            );
+        }
     }
     for case in CASES {
         let rows: Vec<String> = rep
