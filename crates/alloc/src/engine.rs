@@ -143,31 +143,33 @@ struct Segment {
 /// A page run of a superblock: a class run (blocks of one class), one block, or free.
 #[repr(C, align(64))]
 struct Run {
+    // First cache line: everything a free and a free-list pop touch.
     state: u32,
-    class: u32,
+    /// Blocks handed out and not yet freed back (remote frees count once drained).
+    used: u32,
     /// Class run: 0..NGROUPS (listed in that group), or G_ACTIVE / G_FULL / G_SPARE.
     /// Free span: its span bin.
     group: u32,
+    /// Lowest `used` that still belongs to the current group; below it the run moves down.
+    lo: u32,
+    /// The heap whose sub-allocator serves this class run (null for block and free spans).
+    owner: AtomicPtr<Heap>,
+    /// LIFO list of freed blocks, linked through the blocks.
+    free: *mut Free,
+    /// First block; `end` = data + capacity * bsize.
+    data: usize,
+    magic: u64,
+    bsize: usize,
+    /// Next never-used block (bump <= end).
+    bump: usize,
+    // Second line: the rest.
+    end: usize,
+    class: u32,
+    capacity: u32,
     /// First page (index in the superblock) and length in pages.
     first: u32,
     npages: u32,
-    /// Blocks handed out and not yet freed back (remote frees count once drained).
-    used: u32,
-    capacity: u32,
-    /// Lowest `used` that still belongs to the current group; below it the run moves down.
-    lo: u32,
-    bsize: usize,
-    magic: u64,
-    /// First block; `end` = data + capacity * bsize.
-    data: usize,
-    end: usize,
-    /// Next never-used block (bump <= end).
-    bump: usize,
-    /// LIFO list of freed blocks, linked through the blocks.
-    free: *mut Free,
     seg: *mut Segment,
-    /// The heap whose sub-allocator serves this class run (null for block and free spans).
-    owner: AtomicPtr<Heap>,
     /// Occupancy group list or span bin list.
     prev: *mut Run,
     next: *mut Run,
@@ -175,6 +177,7 @@ struct Run {
     next_desc: u32,
 }
 
+const _: () = assert!(core::mem::offset_of!(Run, bump) < 64);
 const _: () = assert!(core::mem::size_of::<Segment>() <= os::HEADER_STEP);
 const _: () = assert!(core::mem::size_of::<Run>() == 128);
 

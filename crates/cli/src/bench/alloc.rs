@@ -276,7 +276,7 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
             "threads": threads, "ops_per_thread": ops, "blocks_per_thread": blocks,
             "reps": reps, "general_slots_per_thread": GENERAL_SLOTS,
             "general_sizes": "classes 16 B..512 KiB, P(class) ~ 1/size",
-            "buffer_sizes": "classes 8 KiB..512 KiB, P(class) ~ 1/size",
+            "buffer_sizes": "8193 B..512 KiB (power-of-two classes, P(class) ~ 1/size)",
             "buffer_batch": a.batch,
             "rss": "peak RSS minus RSS before the timed phase",
             "requested": "peak of bytes requested and not yet freed",
@@ -604,7 +604,9 @@ fn buffer_passing(threads: usize, blocks: u64, batch: usize) -> ChildResult {
                         let mut out = Vec::with_capacity(batch);
                         let mut got = 0i64;
                         for _ in 0..batch {
-                            let n = r.size(13, 19);
+                            // seed 003's 8 KiB..512 KiB (power-of-two classes (8K,16K] ..
+                            // (256K,512K], the same 1/size law as `general`)
+                            let n = r.size(14, 19);
                             // SAFETY: plain malloc; checked below.
                             let p = unsafe { libc::malloc(n) } as *mut u8;
                             assert!(!p.is_null(), "malloc({n}) failed");
@@ -674,7 +676,7 @@ mod tests {
             assert!((1.7..2.3).contains(&ratio), "class {k}: ratio {ratio}");
         }
         for _ in 0..1000 {
-            assert!((4097..=1 << 19).contains(&r.size(13, 19)));
+            assert!((8193..=1 << 19).contains(&r.size(14, 19)));
         }
     }
 
