@@ -5,8 +5,8 @@
 //!   in the region map ([`os::region_of`]); its first page holds a header
 //!   (at `os::header_of(base)`) whose first word is its kind.
 //! * **superblock**: a region of `superblock size` bytes (10 MiB by default), mapped and bound
-//!   to one node with `mbind`; its node never changes. It is carved into page **runs** (spans
-//!   of whole pages): a page map in its header names the run of every page.
+//!   to one node with `mbind`; its node never changes. It is carved into **runs** (spans of
+//!   whole 1 KiB units): a unit map in its header names the run of every unit.
 //! * **run**: a class run (blocks of one class below 8 KiB, about 64 KiB of them, served by one
 //!   heap's sub-allocator), a block run (one block of 8 KiB or more, see `SPAN_MIN`), or a
 //!   free span. Free spans coalesce with free neighbours; a superblock whose runs are all free
@@ -50,6 +50,10 @@ const G_ACTIVE: u32 = 100;
 const G_FULL: u32 = 101;
 const G_SPARE: u32 = 102;
 const PAGE: usize = 4096;
+/// Granule of runs and spans: 1 KiB, not a page. Rounding blocks of 8..32 KiB up to whole
+/// pages wasted 5% of `buffer-passing`'s bytes (up to 17% of a 9 KiB block); with 1 KiB units
+/// neighbours share their boundary pages instead.
+const UNIT: usize = 1024;
 /// Default superblock size (seed 003 used 10 MB).
 pub const DEFAULT_SUPERBLOCK: usize = 10 << 20;
 /// Default number of released superblocks each node keeps mapped for reuse.
@@ -73,18 +77,19 @@ struct Free {
     next: *mut Free,
 }
 
-/// Blocks of at least this many bytes (seed 003's medium range, 8 KiB..512 KiB) are page
-/// spans of their own, sized to the request in whole pages (a 4 KiB step, finer than the
-/// seed's 1.07 classes from 56 KiB up), handed out by the node (see `alloc_block`).
+/// Blocks of at least this many bytes (seed 003's medium range, 8 KiB..512 KiB) are spans of
+/// their own, sized to the request in whole [`UNIT`]s (a 1 KiB step, finer than the seed's
+/// 1.07 classes everywhere in that range), handed out by the node (see `alloc_block`).
 ///
 /// Why (deviation from seed 003, which has 62 classes of 1.07 spacing there, each with
 /// superblocks of its own): a thread holds few blocks of each of those classes, each class
 /// keeps the pages of its own recent peak, and those peaks add up to far more than the peak
 /// of the total. Measured with `loci bench alloc --quick` (`buffer-passing`, RSS over bytes
 /// requested): 2.7x with a 10 MiB superblock per class, 2.4x with per-class runs of per-thread
-/// superblocks, 1.6-1.8x with spans from 64 KiB up and 1.17-1.38x with spans from 8 KiB up.
-/// As spans that coalesce when freed, memory freed at one size serves the next request of
-/// any size. The 1.07 class table is still used for the few sizes between 7 KiB and 8 KiB.
+/// superblocks, 1.6-1.8x with spans from 64 KiB up and 1.17-1.38x with spans from 8 KiB up
+/// (4 KiB units; the benchmark then still drew half its blocks from 4..8 KiB). As spans that
+/// coalesce when freed, memory freed at one size serves the next request of any size. The
+/// 1.07 class table is still used for the few sizes between 7 KiB and 8 KiB.
 pub const SPAN_MIN: usize = 8 * 1024;
 /// Target bytes of a class run (rounded up to whole blocks and pages).
 const RUN_BYTES: usize = 64 * 1024;
@@ -95,9 +100,9 @@ const R_CLASS: u32 = 1;
 const R_BLOCK: u32 = 2;
 const NO_DESC: u32 = u32::MAX;
 /// Span bins: exact page counts 1..SPAN_BINS-1, the last bin for everything bigger.
-const SPAN_BINS: usize = 129;
+const SPAN_BINS: usize = MEDIUM_MAX / UNIT + 1;
 
-/// Free page spans of some superblocks, by length (bin n: n pages; the last bin: longer).
+/// Free spans of some superblocks, by length (bin n: n units; the last bin: longer).
 #[repr(C)]
 struct SpanPool {
     spans: [*mut Run; SPAN_BINS],
@@ -111,25 +116,29 @@ impl SpanPool {
     };
 }
 
-/// Header of a superblock, at `os::header_of(base)` in its first page. The page map (one u16
-/// per page: the descriptor of the run covering it) starts at the second page, the run
-/// descriptors after it, the data pages after them.
+/// Header of a superblock, at `os::header_of(base)` in its first page. The unit map (one u16
+/// per [`UNIT`]: the descriptor of the run covering it) starts at the second page, the run
+/// descriptors after it, the data after them.
 ///
-/// Deviation from seed 003 (where a superblock serves one class): a superblock belongs to one
-/// heap and is carved into page runs; a class's sub-allocator works on runs of about 64 KiB
-/// instead of whole superblocks (occupancy order, LIFO lists and bump tails as the seed has
-/// them). Why: one 10 MiB superblock per class put the hot blocks of ~90 classes in ~90
-/// different 16 MiB regions; `general` spent about 1.5x mimalloc's time in its own loads of
-/// the blocks (TLB and page-walk misses of the sparse layout), not in the allocator. Runs of
-/// all classes of a thread now sit side by side, and a superblock whose runs are all free
-/// goes back to its node, where any heap of the node takes it.
+/// Deviation from seed 003 (where a superblock serves one class of one thread): superblocks
+/// stay with their node and are carved into runs; a class's sub-allocator works on runs of
+/// about 64 KiB instead of whole superblocks (occupancy order, LIFO lists and bump tails as the
+/// seed has them), and an empty run goes back to the node for any class or thread. Why: with a
+/// superblock per class and thread, each of ~90 classes kept the pages of its own peak
+/// (`general`'s RSS 2.1x the bytes requested; 1.6x with runs), and a thread's hot blocks were
+/// spread over ~90 regions 16 MiB apart. `general` spends most of its time in the benchmark's
+/// own loads of random blocks, 1.2-1.5x longer than on mimalloc; the denser layout did not
+/// measurably change that (no hardware counters on this VM to tell TLB from cache misses).
 #[repr(C, align(64))]
 struct Segment {
     kind: u32,
     node: u32,
-    /// Pages in the superblock; the first `data_page` hold the header, map and descriptors.
-    npages: u32,
-    data_page: u32,
+    /// Units ([`UNIT`]) in the superblock; the first `data_unit` hold the header, the map
+    /// and the descriptors.
+    nunits: u32,
+    data_unit: u32,
+    /// Descriptors the superblock has room for.
+    max_desc: u32,
     /// Descriptors ever handed out (the next fresh index) and the free descriptor list.
     desc_bump: u32,
     desc_free: u32,
@@ -166,9 +175,9 @@ struct Run {
     end: usize,
     class: u32,
     capacity: u32,
-    /// First page (index in the superblock) and length in pages.
+    /// First unit (index in the superblock) and length in units.
     first: u32,
-    npages: u32,
+    nunits: u32,
     seg: *mut Segment,
     /// Occupancy group list or span bin list.
     prev: *mut Run,
@@ -617,20 +626,26 @@ unsafe fn release_sb(seg: *mut Segment) {
 /// # Safety
 /// `seg` comes from [`acquire_sb`] and nobody else references it yet.
 unsafe fn format_sb(seg: *mut Segment) -> *mut Run {
-    let npages = SB_SIZE.load(Relaxed) / PAGE;
+    let size = SB_SIZE.load(Relaxed);
+    let nunits = size / UNIT;
+    // One descriptor per page: runs average far more than a page; when they run out, a span
+    // is handed out whole instead of being split (see `cut`).
+    let max_desc = size / PAGE;
     let base = (*seg).base;
-    let desc_off = PAGE + (npages * 2).div_ceil(LINE) * LINE;
-    let data_page = (desc_off + npages * core::mem::size_of::<Run>()).div_ceil(PAGE);
-    (*seg).npages = npages as u32;
-    (*seg).data_page = data_page as u32;
+    let desc_off = PAGE + (nunits * 2).div_ceil(LINE) * LINE;
+    let data_unit =
+        (desc_off + max_desc * core::mem::size_of::<Run>()).div_ceil(PAGE) * (PAGE / UNIT);
+    (*seg).nunits = nunits as u32;
+    (*seg).data_unit = data_unit as u32;
+    (*seg).max_desc = max_desc as u32;
     (*seg).desc_bump = 0;
     (*seg).desc_free = NO_DESC;
     (*seg).map = (base + PAGE) as *mut u16;
     (*seg).descs = (base + desc_off) as *mut Run;
     (*seg).next = null_mut();
     let r = new_desc(seg);
-    (*r).first = data_page as u32;
-    (*r).npages = (npages - data_page) as u32;
+    (*r).first = data_unit as u32;
+    (*r).nunits = (nunits - data_unit) as u32;
     (*r).state = R_FREE;
     map_ends(r);
     r
@@ -639,18 +654,19 @@ unsafe fn format_sb(seg: *mut Segment) -> *mut Run {
 // ---------------------------------------------------------------------------------------------
 // Runs and spans (a node's spans: with the node lock held)
 
+/// A fresh descriptor of `seg`, or null when all are in use.
 unsafe fn new_desc(seg: *mut Segment) -> *mut Run {
     let i = if (*seg).desc_free != NO_DESC {
         let i = (*seg).desc_free;
         (*seg).desc_free = (*(*seg).descs.add(i as usize)).next_desc;
         i
-    } else {
+    } else if (*seg).desc_bump < (*seg).max_desc {
         let i = (*seg).desc_bump;
         (*seg).desc_bump += 1;
         i
+    } else {
+        return null_mut();
     };
-    // Every run covers at least one data page, so there are never more runs than descriptors.
-    debug_assert!(i < (*seg).npages);
     let r = (*seg).descs.add(i as usize);
     (*r).seg = seg;
     (*r).prev = null_mut();
@@ -666,7 +682,7 @@ unsafe fn desc_index(r: *mut Run) -> u32 {
 unsafe fn free_desc(r: *mut Run) {
     let seg = (*r).seg;
     (*r).state = R_FREE;
-    (*r).npages = 0;
+    (*r).nunits = 0;
     (*r).next_desc = (*seg).desc_free;
     (*seg).desc_free = desc_index(r);
 }
@@ -678,32 +694,32 @@ unsafe fn map_ends(r: *mut Run) {
     let seg = (*r).seg;
     let i = desc_index(r) as u16;
     *(*seg).map.add((*r).first as usize) = i;
-    *(*seg).map.add(((*r).first + (*r).npages - 1) as usize) = i;
+    *(*seg).map.add(((*r).first + (*r).nunits - 1) as usize) = i;
 }
 
 /// Points every page of a run at its descriptor (a pointer anywhere in it finds it).
 unsafe fn map_all(r: *mut Run) {
     let seg = (*r).seg;
     let i = desc_index(r) as u16;
-    for pg in (*r).first..(*r).first + (*r).npages {
-        *(*seg).map.add(pg as usize) = i;
+    for u in (*r).first..(*r).first + (*r).nunits {
+        *(*seg).map.add(u as usize) = i;
     }
 }
 
 /// The run covering `p` (a pointer into a live run of `seg`).
 #[inline]
 unsafe fn run_of(seg: *mut Segment, p: usize) -> *mut Run {
-    let pg = (p - (*seg).base) / PAGE;
-    (*seg).descs.add(*(*seg).map.add(pg) as usize as usize)
+    let u = (p - (*seg).base) / UNIT;
+    (*seg).descs.add(*(*seg).map.add(u) as usize)
 }
 
 #[inline]
-fn span_bin(npages: u32) -> usize {
-    (npages as usize).min(SPAN_BINS - 1)
+fn span_bin(nunits: u32) -> usize {
+    (nunits as usize).min(SPAN_BINS - 1)
 }
 
 unsafe fn push_span(sp: *mut SpanPool, r: *mut Run) {
-    let b = span_bin((*r).npages);
+    let b = span_bin((*r).nunits);
     (*r).group = b as u32;
     (*r).prev = null_mut();
     (*r).next = (*sp).spans[b];
@@ -731,8 +747,8 @@ unsafe fn unlink_span(sp: *mut SpanPool, r: *mut Run) {
     (*r).next = null_mut();
 }
 
-/// Takes the smallest listed free span of at least `n` pages out of the pool (best fit: bins
-/// are exact lengths) and cuts it to `n` pages, the rest going back to the pool.
+/// Takes the smallest listed free span of at least `n` units out of the pool (best fit: bins
+/// are exact lengths) and cuts it to `n` units, the rest going back to the pool.
 unsafe fn take_span(sp: *mut SpanPool, n: usize) -> *mut Run {
     let mut b = span_bin(n as u32);
     while b < SPAN_BINS {
@@ -749,26 +765,29 @@ unsafe fn take_span(sp: *mut SpanPool, n: usize) -> *mut Run {
     null_mut()
 }
 
-/// Cuts an unlisted span to `n` pages; the rest goes to the pool.
+/// Cuts an unlisted span to `n` units; the rest goes to the pool.
 unsafe fn cut(sp: *mut SpanPool, r: *mut Run, n: usize) {
     let n = n as u32;
-    if (*r).npages > n {
+    if (*r).nunits > n {
         let rest = new_desc((*r).seg);
+        if rest.is_null() {
+            return; // no descriptor left: the caller gets the whole span
+        }
         (*rest).first = (*r).first + n;
-        (*rest).npages = (*r).npages - n;
+        (*rest).nunits = (*r).nunits - n;
         (*rest).state = R_FREE;
         map_ends(rest);
         push_span(sp, rest);
-        (*r).npages = n;
+        (*r).nunits = n;
     }
 }
 
-/// A run of exactly `n` pages in state `state` from the free spans of `node` or from a new
+/// A run of exactly `n` units in state `state` from the free spans of `node` or from a new
 /// superblock of the node (its pages are not mapped yet). Takes the node lock.
 ///
 /// The state is set under the lock: a neighbour freed by another thread looks at this run's
 /// descriptor to decide whether to merge with it, and must not see it free once handed out.
-unsafe fn node_pages(node: usize, n: usize, state: u32) -> *mut Run {
+unsafe fn node_units(node: usize, n: usize, state: u32) -> *mut Run {
     let ns = &NODES[node];
     // Only a raw pointer outside the lock; dereferenced with the lock held.
     let sp = &raw mut (*ns.inner.get()).spans;
@@ -800,40 +819,40 @@ unsafe fn node_free(r: *mut Run) {
     let ns = &NODES[(*seg).node as usize];
     let sp = &raw mut (*ns.inner.get()).spans;
     ns.lock.lock();
-    let empty = free_pages(sp, r);
+    let empty = free_units(sp, r);
     ns.lock.unlock();
     if empty {
         release_sb(seg);
     }
 }
 
-/// Gives a run's pages back to a pool, merged with free neighbours. Returns true when that
+/// Gives a run's units back to a pool, merged with free neighbours. Returns true when that
 /// left the superblock with no run in use: the merged span is then not listed, and the
 /// caller releases the superblock.
-unsafe fn free_pages(sp: *mut SpanPool, mut r: *mut Run) -> bool {
+unsafe fn free_units(sp: *mut SpanPool, mut r: *mut Run) -> bool {
     let seg = (*r).seg;
     (*r).state = R_FREE;
-    if (*r).first > (*seg).data_page {
+    if (*r).first > (*seg).data_unit {
         let p = (*seg)
             .descs
             .add(*(*seg).map.add((*r).first as usize - 1) as usize);
-        if (*p).state == R_FREE && (*p).npages != 0 && (*p).first + (*p).npages == (*r).first {
+        if (*p).state == R_FREE && (*p).nunits != 0 && (*p).first + (*p).nunits == (*r).first {
             unlink_span(sp, p);
-            (*p).npages += (*r).npages;
+            (*p).nunits += (*r).nunits;
             free_desc(r);
             r = p;
         }
     }
-    let nx = (*r).first + (*r).npages;
-    if nx < (*seg).npages {
+    let nx = (*r).first + (*r).nunits;
+    if nx < (*seg).nunits {
         let q = (*seg).descs.add(*(*seg).map.add(nx as usize) as usize);
-        if (*q).state == R_FREE && (*q).npages != 0 && (*q).first == nx {
+        if (*q).state == R_FREE && (*q).nunits != 0 && (*q).first == nx {
             unlink_span(sp, q);
-            (*r).npages += (*q).npages;
+            (*r).nunits += (*q).nunits;
             free_desc(q);
         }
     }
-    if (*r).first == (*seg).data_page && (*r).first + (*r).npages == (*seg).npages {
+    if (*r).first == (*seg).data_unit && (*r).first + (*r).nunits == (*seg).nunits {
         free_desc(r);
         return true;
     }
@@ -842,23 +861,23 @@ unsafe fn free_pages(sp: *mut SpanPool, mut r: *mut Run) -> bool {
     false
 }
 
-/// Pages of a run of class `c`: about [`RUN_BYTES`], whole blocks, whole pages.
-fn run_pages(c: usize) -> usize {
+/// Units of a run of class `c`: about [`RUN_BYTES`], whole blocks, whole units.
+fn run_units(c: usize) -> usize {
     let bsize = SIZES[c];
     let blocks = RUN_BYTES.div_ceil(bsize).max(1);
-    (blocks * bsize).div_ceil(PAGE)
+    (blocks * bsize).div_ceil(UNIT)
 }
 
 /// A new run of class `c` for heap `h` (null when out of memory).
 unsafe fn new_class_run(h: *mut Heap, c: usize) -> *mut Run {
-    let r = node_pages((*h).mem_node, run_pages(c), R_CLASS);
+    let r = node_units((*h).mem_node, run_units(c), R_CLASS);
     if r.is_null() {
         return r;
     }
     (*r).owner.store(h, Relaxed);
     let bsize = SIZES[c];
-    let data = (*(*r).seg).base + (*r).first as usize * PAGE;
-    let cap = (*r).npages as usize * PAGE / bsize;
+    let data = (*(*r).seg).base + (*r).first as usize * UNIT;
+    let cap = (*r).nunits as usize * UNIT / bsize;
     (*r).class = c as u32;
     (*r).group = G_ACTIVE;
     (*r).bsize = bsize;
@@ -972,11 +991,11 @@ unsafe fn local_free(h: *mut Heap, r: *mut Run, blk: usize) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Blocks of SPAN_MIN bytes or more: page spans of the node's own superblocks
+// Blocks of SPAN_MIN bytes or more: spans of the node's own superblocks
 //
 // Deviation from seed 003, where such blocks are blocks of per-thread class sub-allocators
 // and a remote free goes to the owner's recollection bin. Here the node's superblock
-// allocator hands them out as page spans, behind the node lock, and any thread frees them
+// allocator hands them out as spans, behind the node lock, and any thread frees them
 // straight back into the node's spans. Why: with per-thread pools, memory freed by another
 // thread comes back to its owner only when the owner next drains, and each thread keeps the
 // pages of its own peak; in `buffer-passing` (blocks allocated on one thread and freed on the
@@ -985,15 +1004,15 @@ unsafe fn local_free(h: *mut Heap, r: *mut Run, blk: usize) {
 // spans are the node's. The lock is taken once per block of 8 KiB or more, whose first write
 // alone costs more than the lock.
 
-/// A block of [`SPAN_MIN`] bytes or more on `node`: a page span of its own.
+/// A block of [`SPAN_MIN`] bytes or more on `node`: a span of its own, in whole units.
 unsafe fn alloc_block(node: usize, size: usize) -> *mut u8 {
-    let r = node_pages(node, size.div_ceil(PAGE), R_BLOCK);
+    let r = node_units(node, size.div_ceil(UNIT), R_BLOCK);
     if r.is_null() {
         return null_mut();
     }
-    let data = (*(*r).seg).base + (*r).first as usize * PAGE;
+    let data = (*(*r).seg).base + (*r).first as usize * UNIT;
     (*r).data = data;
-    (*r).bsize = (*r).npages as usize * PAGE;
+    (*r).bsize = (*r).nunits as usize * UNIT;
     map_all(r);
     NODES[node].block_live.fetch_add((*r).bsize as i64, Relaxed);
     data as *mut u8
