@@ -628,7 +628,9 @@ unsafe fn release_sb(seg: *mut Segment) {
 unsafe fn format_sb(seg: *mut Segment) -> *mut Run {
     let size = SB_SIZE.load(Relaxed);
     let nunits = size / UNIT;
-    // One descriptor per page: runs average far more than a page; when they run out, a span
+    // One descriptor per page (4 units). Enough: every run in use is at least 8 units (blocks
+    // of 8 KiB and more, class runs of about 64 KiB) and free spans never touch each other,
+    // so at most about a quarter of the units start a run. Should they run out anyway, a span
     // is handed out whole instead of being split (see `cut`).
     let max_desc = size / PAGE;
     let base = (*seg).base;
