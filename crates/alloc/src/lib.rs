@@ -176,7 +176,7 @@ pub mod c {
     /// # Safety
     /// `out` is writable.
     pub unsafe fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
-        if !align.is_power_of_two() || align % core::mem::size_of::<*mut c_void>() != 0 {
+        if !align.is_power_of_two() || !align.is_multiple_of(core::mem::size_of::<*mut c_void>()) {
             return libc::EINVAL;
         }
         // SAFETY: power of two checked.
