@@ -10,12 +10,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver as Rx, Sender as Tx};
-use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+use xxhash_rust::xxh3::xxh3_64;
 
 use crate::buf::{Pool, PooledBuf};
 use crate::codec::Codec;
 use crate::config::{ReceiverConfig, StreamPart};
-use crate::proto::{self, kind, Header, Hello};
+use crate::proto::{self, kind, Header, Hello, StreamHasher};
 use crate::sink::{Sink, SinkSpec, Transfer};
 use crate::stats::{pin, QueueStats, StageStats, StreamReport, Totals};
 
@@ -202,42 +202,27 @@ struct Progress {
     inflight: BTreeSet<u64>,
 }
 
-/// Hashes chunks in sequence order as they complete, holding early ones until their turn;
-/// chunks stored before a restart are read back from the sink.
+/// The whole-stream checksum ([`StreamHasher`]) of what this receiver holds: fed with each chunk's
+/// hash once its decoded data passed the check against the frame's `c`; chunks the sink held
+/// before a restart are read back from the sink and hashed when their turn comes.
 struct OrderedHasher {
-    next: u64,
-    h: Xxh3,
-    pending: BTreeMap<u64, PooledBuf>,
+    h: StreamHasher,
     prior: BTreeSet<u64>,
 }
 
 impl OrderedHasher {
-    fn offer(
-        &mut self,
-        seq: u64,
-        buf: Option<PooledBuf>,
-        sink: &Sink,
-        t: &Transfer,
-    ) -> io::Result<()> {
-        if seq >= self.next {
-            if let Some(b) = buf {
-                self.pending.insert(seq, b);
-            }
+    fn offer(&mut self, seq: u64, hash: Option<u64>, sink: &Sink, t: &Transfer) -> io::Result<()> {
+        if let Some(c) = hash {
+            self.h.add(seq, c);
         }
         let mut tmp: Vec<u8> = Vec::new();
-        loop {
-            if let Some(b) = self.pending.remove(&self.next) {
-                self.h.update(&b);
-            } else if self.prior.contains(&self.next) {
-                let off = self.next * t.chunk_bytes;
-                let len = (t.total_bytes - off).min(t.chunk_bytes) as usize;
-                tmp.resize(len, 0);
-                sink.read_at(off, &mut tmp)?;
-                self.h.update(&tmp);
-            } else {
-                break;
-            }
-            self.next += 1;
+        while self.prior.contains(&self.h.hashed()) {
+            let next = self.h.hashed();
+            let off = next * t.chunk_bytes;
+            let len = (t.total_bytes - off).min(t.chunk_bytes) as usize;
+            tmp.resize(len, 0);
+            sink.read_at(off, &mut tmp)?;
+            self.h.add(next, xxh3_64(&tmp));
         }
         Ok(())
     }
@@ -396,9 +381,7 @@ fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, String> {
         changed: Condvar::new(),
         committed_bytes: AtomicU64::new(0),
         hasher: Mutex::new(OrderedHasher {
-            next: 0,
-            h: Xxh3::new(),
-            pending: BTreeMap::new(),
+            h: StreamHasher::new(),
             prior: prior.iter().copied().collect(),
         }),
         conns: Mutex::new(vec![]),
@@ -458,7 +441,8 @@ fn recv_loop(
     r: &mut BufReader<TcpStream>,
     w: &Arc<Mutex<TcpStream>>,
 ) -> io::Result<()> {
-    let pool = Pool::new(
+    // Sized for LZ4's worst case, filled about half: pages fault in as written.
+    let pool = Pool::lazy(
         Codec::bound(st.t.chunk_bytes as usize),
         st.part.recv.mem_of(i),
         st.part.queue_depth + 2,
@@ -487,12 +471,12 @@ fn recv_loop(
                     ))));
                 }
                 let mut buf = pool.get()?;
-                if first_buf {
-                    st.recv_stats.saw_buffer(i, &buf);
-                    first_buf = false;
-                }
                 buf.set_len(hdr.comp_len as usize);
                 r.read_exact(&mut buf)?;
+                if first_buf {
+                    st.recv_stats.saw_buffer(i, &buf); // written: its pages are resident
+                    first_buf = false;
+                }
                 st.wire_bytes.fetch_add(hdr.comp_len as u64, Relaxed);
                 st.recv_stats.saw_cpu(i);
                 if xxh3_64(&buf) != hdr.b {
@@ -571,7 +555,7 @@ fn end_of_stream(
         (2, 0)
     } else {
         let hs = st.hasher.lock().unwrap();
-        if hs.next != st.t.total_chunks {
+        if hs.h.hashed() != st.t.total_chunks {
             (2, 0)
         } else {
             let sum = hs.h.digest();
@@ -611,8 +595,8 @@ fn decompress_loop(
     let stage = &st.part.decompress;
     pin("decompress", i, stage.cpus_of(i), stage.mem_of(i))?;
     st.dec_stats.saw_affinity(i);
-    // Raw chunks wait in the ordered hasher until their turn: keep what comes back.
-    let pool = Pool::new(st.t.chunk_bytes as usize, stage.mem_of(i), 64);
+    // A raw chunk is done once the sink has it: one buffer per thread, and a spare.
+    let pool = Pool::new(st.t.chunk_bytes as usize, stage.mem_of(i), 2);
     let mut first = true;
     for job in rx {
         let t0 = Instant::now();
@@ -629,7 +613,8 @@ fn decompress_loop(
             true
         };
         drop(job.payload);
-        if !ok || xxh3_64(&raw) != job.hdr.c {
+        let hash = if ok { xxh3_64(&raw) } else { 0 };
+        if !ok || hash != job.hdr.c {
             st.nacks.fetch_add(1, Relaxed);
             log(&format!(
                 "chunk {}: decoded data fails its checksum, asking again",
@@ -651,7 +636,7 @@ fn decompress_loop(
         st.hasher
             .lock()
             .unwrap()
-            .offer(job.seq, Some(raw), &st.sink, &st.t)
+            .offer(job.seq, Some(hash), &st.sink, &st.t)
             .map_err(|e| format!("stream {}: {e}", st.id))?;
         st.dec_stats.chunks.fetch_add(1, Relaxed);
         st.dec_stats.busy_since(t0);

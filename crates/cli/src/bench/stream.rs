@@ -34,7 +34,8 @@ pub struct StreamArgs {
 
 const PEERS: [&str; 2] = ["lz4-nc", "raw-tcp"];
 
-pub fn run(a: StreamArgs) -> anyhow::Result<Report> {
+pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
+    a.peers.retain(|p| !p.is_empty()); // `--peers ''`: none
     for p in &a.peers {
         if !PEERS.contains(&p.as_str()) {
             bail!("unknown peer {p:?} (valid: {})", PEERS.join(", "));
