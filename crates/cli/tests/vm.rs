@@ -162,6 +162,13 @@ fn stream_faults_across_namespaces_with_netem_in_a_vm() {
         out.stdout,
         out.stderr
     );
+    for l in out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("netem") || l.contains("retransmit"))
+    {
+        eprintln!("  {l}");
+    }
     eprintln!("VM 2n: stream faults under tc netem passed (receiver kill -9, sender kill -9 + resume, corrupt frames)");
 }
 
@@ -180,4 +187,7 @@ fn netem_faults_inner() {
     faults::receiver_killed_and_restarted(&net, faults::VM);
     faults::sender_killed_and_resumed(&net, faults::VM);
     faults::corrupt_frames_are_resent(&net, faults::VM);
+    let retransmits = net.tcp_retransmits();
+    eprintln!("TCP retransmitted {retransmits} segments across the netem link");
+    assert!(retransmits > 0, "netem's 1% loss caused no retransmission");
 }

@@ -96,6 +96,37 @@ impl Net {
             })
             .collect()
     }
+    /// TCP segments retransmitted in both namespaces so far (`RetransSegs` of /proc/net/snmp):
+    /// proof that the link really lost packets. 0 on loopback.
+    pub fn tcp_retransmits(&self) -> u64 {
+        let Some((a, b)) = &self.ns else {
+            return 0;
+        };
+        [a, b]
+            .iter()
+            .map(|n| {
+                let out = Command::new("ip")
+                    .args(["netns", "exec", n, "cat", "/proc/net/snmp"])
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default();
+                // Two "Tcp:" lines: field names, then values.
+                let tcp: Vec<Vec<&str>> = out
+                    .lines()
+                    .filter(|l| l.starts_with("Tcp:"))
+                    .map(|l| l.split_whitespace().collect())
+                    .collect();
+                match tcp.as_slice() {
+                    [names, values] => names
+                        .iter()
+                        .position(|&f| f == "RetransSegs")
+                        .and_then(|i| values.get(i)?.parse::<u64>().ok())
+                        .unwrap_or(0),
+                    _ => 0,
+                }
+            })
+            .sum()
+    }
     fn cmd(&self, receiver_side: bool) -> Command {
         match &self.ns {
             None => Command::new(loci()),
