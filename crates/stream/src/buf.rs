@@ -180,6 +180,14 @@ impl Pool {
             ..Self::new(cap, node, keep)
         }
     }
+    /// The buffer a thread will use first, with its first page resident (written, for lazy
+    /// pools), to record where the thread's buffers live before any chunk arrives: a thread may
+    /// get no chunk at all in a short stream. Dropping it returns it to the pool.
+    pub fn probe(&self) -> io::Result<PooledBuf> {
+        let mut b = self.get()?;
+        b.spare()[0] = 0;
+        Ok(b)
+    }
     /// A free buffer, or a new one when none is free.
     pub fn get(&self) -> io::Result<PooledBuf> {
         let buf = match self.rx.try_recv() {

@@ -111,7 +111,9 @@ impl Receiver {
                         .map_err(|e| RecvError::Fatal(e.to_string()))?;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(10));
+                    // Up to 10 ms for the next connection, returning as soon as one arrives (a
+                    // plain sleep delayed every connect, the END exchange's included).
+                    wait_readable(&self.listener, 10);
                     let st = shared.streams.lock().unwrap();
                     let mut done = 0;
                     for s in st.values() {
@@ -132,6 +134,18 @@ impl Receiver {
         r.sort_by_key(|r| r.stream);
         Ok(r)
     }
+}
+
+/// Waits until the listener has a connection to accept, at most `ms` milliseconds.
+fn wait_readable(l: &TcpListener, ms: i32) {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: l.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call. Errors (EINTR) just end the wait.
+    unsafe { libc::poll(&mut p, 1, ms) };
 }
 
 fn progress_bar(on: bool) -> Option<indicatif::ProgressBar> {
@@ -448,7 +462,7 @@ fn recv_loop(
         st.part.queue_depth + 2,
     );
     let proto_err = |e: proto::ProtoError| io::Error::other(e.to_string());
-    let mut first_buf = true;
+    st.recv_stats.saw_buffer(i, &*pool.probe()?);
     loop {
         let hdr = match proto::read_header(r) {
             Ok(h) => h,
@@ -473,10 +487,6 @@ fn recv_loop(
                 let mut buf = pool.get()?;
                 buf.set_len(hdr.comp_len as usize);
                 r.read_exact(&mut buf)?;
-                if first_buf {
-                    st.recv_stats.saw_buffer(i, &buf); // written: its pages are resident
-                    first_buf = false;
-                }
                 st.wire_bytes.fetch_add(hdr.comp_len as u64, Relaxed);
                 st.recv_stats.saw_cpu(i);
                 if xxh3_64(&buf) != hdr.b {
@@ -597,14 +607,11 @@ fn decompress_loop(
     st.dec_stats.saw_affinity(i);
     // A raw chunk is done once the sink has it: one buffer per thread, and a spare.
     let pool = Pool::new(st.t.chunk_bytes as usize, stage.mem_of(i), 2);
-    let mut first = true;
+    st.dec_stats
+        .saw_buffer(i, &*pool.probe().map_err(|e| e.to_string())?);
     for job in rx {
         let t0 = Instant::now();
         let mut raw = pool.get().map_err(|e| e.to_string())?;
-        if first {
-            st.dec_stats.saw_buffer(i, &raw);
-            first = false;
-        }
         raw.set_len(job.hdr.raw_len as usize);
         let ok = if job.hdr.flags & proto::FLAG_LZ4 != 0 {
             st.codec.decompress(&job.payload, &mut raw).is_ok()
