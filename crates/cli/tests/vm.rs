@@ -139,7 +139,8 @@ fn stream_faults_across_namespaces_with_netem_in_a_vm() {
     }
     let me = std::env::current_exe().unwrap();
     let out = loci_vm::NumaVm::new("2n")
-        .timeout(Duration::from_secs(540))
+        // About a minute normally; the bound covers an emulated CPU on a heavily loaded host.
+        .timeout(Duration::from_secs(1200))
         .kernel_module("sch_netem")
         .kernel_module("veth")
         .env("LOCI_REQUIRE_NETEM", "1")

@@ -12,18 +12,22 @@ use std::time::{Duration, Instant};
 pub struct Scale {
     pub chunk: usize,
     pub chunks: u64,
+    /// Multiplies every wait's limit (an emulated CPU on a loaded host is many times slower).
+    pub patience: u32,
 }
 
 /// On the host: 48 chunks of 1 MiB.
 pub const HOST: Scale = Scale {
     chunk: 1 << 20,
     chunks: 48,
+    patience: 1,
 };
 
 /// Inside a TCG VM (emulated CPU, netem's 1% loss throttling TCP): 48 chunks of 256 KiB.
 pub const VM: Scale = Scale {
     chunk: 256 << 10,
     chunks: 48,
+    patience: 5,
 };
 
 const SECRET: &str = "fault-test-secret";
@@ -308,7 +312,7 @@ fn start_send(net: &Net, s: &Setup, extra: &[&str]) -> Guard {
             "send",
             "--json",
             "--reconnect-timeout",
-            "60",
+            &(60 * s.scale.patience).to_string(),
             "--to",
         ])
         .arg(format!("{}:{}", net.recv_ip, s.port))
@@ -334,8 +338,8 @@ fn journaled(out: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-fn wait_journaled(out: &Path, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(60);
+fn wait_journaled(out: &Path, n: u64, patience: u32) {
+    let deadline = Instant::now() + Duration::from_secs(60) * patience;
     while journaled(out) < n {
         assert!(
             Instant::now() < deadline,
@@ -376,15 +380,15 @@ pub fn receiver_killed_and_restarted(net: &Net, scale: Scale) {
     let s = setup(free_port(), scale);
     let mut recv = start_recv(net, &s);
     let mut send = start_send(net, &s, &["--fault-delay-ms", "25"]);
-    wait_journaled(&s.out, 12);
+    wait_journaled(&s.out, 12, s.scale.patience);
     recv.kill9();
     let had = journaled(&s.out);
     assert!(had < s.scale.chunks, "killed mid-stream");
     std::thread::sleep(Duration::from_millis(300));
     let mut recv = start_recv(net, &s);
-    let so = send.finish(Duration::from_secs(120));
+    let so = send.finish(Duration::from_secs(120) * s.scale.patience);
     let sr = report(&so, "sender");
-    let ro = recv.finish(Duration::from_secs(30));
+    let ro = recv.finish(Duration::from_secs(30) * s.scale.patience);
     let rr = report(&ro, "receiver");
     check_exact(&s, &sr, &rr);
     assert!(sr["reconnects"].as_u64().unwrap() >= 1, "{sr}");
@@ -398,13 +402,13 @@ pub fn sender_killed_and_resumed(net: &Net, scale: Scale) {
     let s = setup(free_port(), scale);
     let mut recv = start_recv(net, &s);
     let mut send = start_send(net, &s, &["--fault-delay-ms", "25"]);
-    wait_journaled(&s.out, 12);
+    wait_journaled(&s.out, 12, s.scale.patience);
     send.kill9();
     assert!(journaled(&s.out) < s.scale.chunks, "killed mid-stream");
     let mut send = start_send(net, &s, &["--resume"]);
-    let so = send.finish(Duration::from_secs(120));
+    let so = send.finish(Duration::from_secs(120) * s.scale.patience);
     let sr = report(&so, "sender");
-    let ro = recv.finish(Duration::from_secs(30));
+    let ro = recv.finish(Duration::from_secs(30) * s.scale.patience);
     let rr = report(&ro, "receiver");
     check_exact(&s, &sr, &rr);
     assert!(
@@ -424,9 +428,9 @@ pub fn corrupt_frames_are_resent(net: &Net, scale: Scale) {
             &format!("0,5,17-19,{}", s.scale.chunks - 1),
         ],
     );
-    let so = send.finish(Duration::from_secs(120));
+    let so = send.finish(Duration::from_secs(120) * s.scale.patience);
     let sr = report(&so, "sender");
-    let ro = recv.finish(Duration::from_secs(30));
+    let ro = recv.finish(Duration::from_secs(30) * s.scale.patience);
     let rr = report(&ro, "receiver");
     check_exact(&s, &sr, &rr);
     assert!(
