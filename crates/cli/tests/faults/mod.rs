@@ -255,7 +255,7 @@ struct Setup {
 }
 
 fn setup(port: u16, scale: Scale) -> Setup {
-    let Scale { chunk, chunks } = scale;
+    let Scale { chunk, chunks, .. } = scale;
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().to_path_buf();
     let src = dir.join("src.raw");
