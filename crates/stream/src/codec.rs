@@ -3,13 +3,14 @@
 //! Both produce and accept the standard LZ4 *block* format, so either side of a stream may use
 //! either one, and both do the same compression work (greedy LZ4 at acceleration 1, what `lz4 -1`
 //! does; on the phantom the ratios differ by 0.2%: 1.861 vs 1.864). Which is faster on this
-//! project's data was decided by measurement: `loci bench stream --codec-only` compresses and
-//! decompresses 8 phantom projections (88 MB) on one core with both, alternating every
-//! repetition, and prints the time ratio (README "Streaming"). Every run of it on the 2-core
-//! development machine had `lz4_flex` ahead, quiet and loaded alike: quiet, compress 657 vs
-//! 597 MB/s and decompress 2.5 vs 2.4 GB/s; loaded (load 5 to 12, 1 to 11 reps), `lz4_flex` took
-//! 0.88x to 0.97x the C library's median time to compress and 0.85x to 0.94x to decompress.
-//! So the default is [`Codec::Lz4Flex`]; the C library stays selectable (`codec = "lz4-c"`).
+//! project's data was decided by measurement: `loci bench stream --codec-only` (and every
+//! `loci bench stream` run) compresses and decompresses 8 phantom projections (88 MB) on one core
+//! with both, alternating every repetition, and prints the time ratio (README "Streaming"). Over
+//! the nine runs on the 2-core development machine (2026-11-21/22, one quiet, eight at load 4 to
+//! 13), `lz4_flex` was ahead in 7 of 9 for compression (median time 0.97x the C library's, range
+//! 0.88x to 1.07x; quiet: 657 vs 597 MB/s) and in 7 of 9 for decompression (median 0.96x, range
+//! 0.85x to 1.03x; quiet: 2.5 vs 2.4 GB/s). So the default is [`Codec::Lz4Flex`], by a few per
+//! cent; the C library stays selectable (`codec = "lz4-c"`).
 
 use serde::{Deserialize, Serialize};
 
@@ -21,7 +22,8 @@ pub enum Codec {
     /// (the same as `lz4 -1`).
     Lz4C,
     /// The pure-Rust `lz4_flex` crate (unsafe fast paths, bounds-checked decoding); the default,
-    /// faster on the phantom in every `loci bench stream --codec-only` run (see the module doc).
+    /// a few per cent faster on the phantom in most `loci bench stream --codec-only` runs (see
+    /// the module doc).
     #[default]
     Lz4Flex,
 }
