@@ -237,7 +237,7 @@ mod tests {
         let pool = Pool::new(100_000, Some(0), 4);
         let mut a = pool.get().unwrap();
         let cap = a.capacity();
-        assert!(cap >= 100_000 && cap % sys::page_size() == 0);
+        assert!(cap >= 100_000 && cap.is_multiple_of(sys::page_size()));
         a.set_len(10);
         a.copy_from_slice(b"0123456789");
         assert_eq!(&a[..], b"0123456789");

@@ -355,7 +355,7 @@ pub fn send(opts: SendOptions) -> Result<StreamReport, SendError> {
                 sh.opts.config.window,
             );
             match pool.probe() {
-                Ok(b) => sh.comp_stats.saw_buffer(i, &*b),
+                Ok(b) => sh.comp_stats.saw_buffer(i, &b),
                 Err(e) => return sh.fail(SendError::Fatal(format!("buffer: {e}"))),
             }
             for (seq, raw) in rx {
