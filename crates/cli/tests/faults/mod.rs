@@ -376,21 +376,36 @@ fn check_exact(s: &Setup, send: &serde_json::Value, recv: &serde_json::Value) {
     assert!(a == b, "sink content differs from the source");
 }
 
+/// Waits for the sender, then the receiver (bounded, scaled by the patience), checks the sink is
+/// exact and returns both reports.
+fn finish_exact(
+    s: &Setup,
+    mut send: Guard,
+    mut recv: Guard,
+) -> (serde_json::Value, serde_json::Value) {
+    let sr = report(
+        &send.finish(Duration::from_secs(120) * s.scale.patience),
+        "sender",
+    );
+    let rr = report(
+        &recv.finish(Duration::from_secs(30) * s.scale.patience),
+        "receiver",
+    );
+    check_exact(s, &sr, &rr);
+    (sr, rr)
+}
+
 pub fn receiver_killed_and_restarted(net: &Net, scale: Scale) {
     let s = setup(free_port(), scale);
     let mut recv = start_recv(net, &s);
-    let mut send = start_send(net, &s, &["--fault-delay-ms", "25"]);
+    let send = start_send(net, &s, &["--fault-delay-ms", "25"]);
     wait_journaled(&s.out, 12, s.scale.patience);
     recv.kill9();
     let had = journaled(&s.out);
     assert!(had < s.scale.chunks, "killed mid-stream");
     std::thread::sleep(Duration::from_millis(300));
-    let mut recv = start_recv(net, &s);
-    let so = send.finish(Duration::from_secs(120) * s.scale.patience);
-    let sr = report(&so, "sender");
-    let ro = recv.finish(Duration::from_secs(30) * s.scale.patience);
-    let rr = report(&ro, "receiver");
-    check_exact(&s, &sr, &rr);
+    let recv = start_recv(net, &s);
+    let (sr, rr) = finish_exact(&s, send, recv);
     assert!(sr["reconnects"].as_u64().unwrap() >= 1, "{sr}");
     assert!(
         rr["skipped_chunks"].as_u64().unwrap() >= 12,
@@ -400,17 +415,13 @@ pub fn receiver_killed_and_restarted(net: &Net, scale: Scale) {
 
 pub fn sender_killed_and_resumed(net: &Net, scale: Scale) {
     let s = setup(free_port(), scale);
-    let mut recv = start_recv(net, &s);
+    let recv = start_recv(net, &s);
     let mut send = start_send(net, &s, &["--fault-delay-ms", "25"]);
     wait_journaled(&s.out, 12, s.scale.patience);
     send.kill9();
     assert!(journaled(&s.out) < s.scale.chunks, "killed mid-stream");
-    let mut send = start_send(net, &s, &["--resume"]);
-    let so = send.finish(Duration::from_secs(120) * s.scale.patience);
-    let sr = report(&so, "sender");
-    let ro = recv.finish(Duration::from_secs(30) * s.scale.patience);
-    let rr = report(&ro, "receiver");
-    check_exact(&s, &sr, &rr);
+    let send = start_send(net, &s, &["--resume"]);
+    let (sr, _) = finish_exact(&s, send, recv);
     assert!(
         sr["skipped_chunks"].as_u64().unwrap() >= 12,
         "resumed sender skipped: {sr}"
@@ -419,8 +430,8 @@ pub fn sender_killed_and_resumed(net: &Net, scale: Scale) {
 
 pub fn corrupt_frames_are_resent(net: &Net, scale: Scale) {
     let s = setup(free_port(), scale);
-    let mut recv = start_recv(net, &s);
-    let mut send = start_send(
+    let recv = start_recv(net, &s);
+    let send = start_send(
         net,
         &s,
         &[
@@ -428,11 +439,7 @@ pub fn corrupt_frames_are_resent(net: &Net, scale: Scale) {
             &format!("0,5,17-19,{}", s.scale.chunks - 1),
         ],
     );
-    let so = send.finish(Duration::from_secs(120) * s.scale.patience);
-    let sr = report(&so, "sender");
-    let ro = recv.finish(Duration::from_secs(30) * s.scale.patience);
-    let rr = report(&ro, "receiver");
-    check_exact(&s, &sr, &rr);
+    let (sr, rr) = finish_exact(&s, send, recv);
     assert!(
         rr["nacks"].as_u64().unwrap() >= 6,
         "receiver detected every corrupt frame: {rr}"
