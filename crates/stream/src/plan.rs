@@ -16,6 +16,7 @@
 //!    threads on a 32-core sender), sending threads on the sender's NIC node (obs. 4: their
 //!    location barely matters, so they share cores with compressors rather than take cores away).
 //! 6. Each thread's buffers live on its own cpu's node.
+//!
 //! Queue depths and the resend window are sized from the thread counts so that no stage starves
 //! while another holds chunks (see [`plan`]).
 

@@ -1,4 +1,7 @@
-//! The loci-stream wire protocol, version 1. All integers are little-endian.
+//! The loci-stream wire protocol, version 2. All integers are little-endian. (Version 1 defined
+//! END's whole-stream checksum as xxh3 over the raw bytes; version 2 hashes the chunks' hashes,
+//! see [`StreamHasher`]. The labels `loci-stream/1 ...` inside the MACs are fixed domain
+//! separators, not versions.)
 //!
 //! ## Handshake (one per TCP connection)
 //! 1. receiver -> sender, `ServerHello` (44 bytes): magic `LOCISTRM` (8) | version u16 | reserved
@@ -26,7 +29,7 @@
 //! | type | dir | a | b | c |
 //! |---|---|---|---|---|
 //! | 1 DATA | s->r | sequence number | xxh3 of the payload as sent | xxh3 of the raw chunk |
-//! | 2 END | s->r | total chunks | total raw bytes | xxh3 of the whole raw stream in sequence order |
+//! | 2 END | s->r | total chunks | total raw bytes | whole-stream checksum ([`StreamHasher`]) |
 //! | 3 ACK | r->s | first seq | end seq (exclusive) | 0 |
 //! | 4 NACK | r->s | seq | reason (1 payload checksum, 2 raw checksum, 3 decode) | 0 |
 //! | 5 END_ACK | r->s | receiver's whole-stream xxh3 | status (0 equal, 1 differs, 2 chunks missing) | chunks |
@@ -38,18 +41,19 @@
 //! holds it (for a file sink: written, and recorded in the fsync'd journal); the sender keeps
 //! every unacknowledged chunk and resends it after a NACK or a reconnect.
 
+use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use crate::codec::Codec;
 
 /// Protocol magic.
 pub const MAGIC: &[u8; 8] = b"LOCISTRM";
 /// The protocol version this build speaks.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Frame header size.
 pub const HEADER: usize = 48;
 
@@ -406,6 +410,47 @@ impl Header {
     }
 }
 
+/// The whole-stream checksum carried by END: xxh3-64 over the sequence of every chunk's xxh3-64
+/// (the `c` of its DATA frame, 8 bytes little-endian), in sequence order.
+///
+/// Each side already hashes every raw chunk once (the sender to fill `c`, the receiver to check
+/// the decoded data against it), so combining those hashes in order covers every byte, every
+/// chunk's presence and their order without hashing the raw stream a second time on each side
+/// (a hash list, as in BitTorrent or a one-level Merkle tree). Chunks complete out of order; early
+/// ones wait here (8 bytes each) until their turn.
+#[derive(Default)]
+pub struct StreamHasher {
+    next: u64,
+    h: Xxh3,
+    pending: BTreeMap<u64, u64>,
+}
+
+impl StreamHasher {
+    /// An empty stream.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Records chunk `seq`'s hash. A chunk already recorded (a resend) is ignored.
+    pub fn add(&mut self, seq: u64, chunk_hash: u64) {
+        if seq < self.next {
+            return;
+        }
+        self.pending.entry(seq).or_insert(chunk_hash);
+        while let Some(c) = self.pending.remove(&self.next) {
+            self.h.update(&c.to_le_bytes());
+            self.next += 1;
+        }
+    }
+    /// How many chunks from the start are hashed (the first gap).
+    pub fn hashed(&self) -> u64 {
+        self.next
+    }
+    /// The checksum of the chunks hashed so far.
+    pub fn digest(&self) -> u64 {
+        self.h.digest()
+    }
+}
+
 /// Reads one header.
 pub fn read_header<R: Read>(r: &mut R) -> Result<Header, ProtoError> {
     let mut h = [0u8; HEADER];
@@ -554,6 +599,42 @@ mod tests {
         h.flags = 0;
         h.comp_len = 1001;
         assert!(h.check_data(1000, 8).is_err());
+    }
+
+    #[test]
+    fn stream_hasher_orders_chunks_and_ignores_resends() {
+        let hashes: Vec<u64> = (0..50u64).map(|i| xxh3_64(&i.to_le_bytes())).collect();
+        let mut inorder = StreamHasher::new();
+        for (i, &c) in hashes.iter().enumerate() {
+            inorder.add(i as u64, c);
+        }
+        assert_eq!(inorder.hashed(), 50);
+        // Out of order, with resends: the same digest.
+        let mut h = StreamHasher::new();
+        for i in (0..50u64).rev().chain([3, 49, 0]) {
+            h.add(i, hashes[i as usize]);
+        }
+        assert_eq!(h.hashed(), 50);
+        assert_eq!(h.digest(), inorder.digest());
+        // A gap stops it; a changed chunk or a swapped order changes the digest.
+        let mut gap = StreamHasher::new();
+        for i in (0..50u64).filter(|&i| i != 7) {
+            gap.add(i, hashes[i as usize]);
+        }
+        assert_eq!(gap.hashed(), 7);
+        let mut changed = StreamHasher::new();
+        let mut swapped = StreamHasher::new();
+        for i in 0..50u64 {
+            changed.add(i, hashes[i as usize] ^ (i == 20) as u64);
+            let j = match i {
+                4 => 5,
+                5 => 4,
+                i => i,
+            };
+            swapped.add(i, hashes[j as usize]);
+        }
+        assert_ne!(changed.digest(), inorder.digest());
+        assert_ne!(swapped.digest(), inorder.digest());
     }
 
     #[test]

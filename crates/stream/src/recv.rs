@@ -10,12 +10,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver as Rx, Sender as Tx};
-use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+use xxhash_rust::xxh3::xxh3_64;
 
 use crate::buf::{Pool, PooledBuf};
 use crate::codec::Codec;
 use crate::config::{ReceiverConfig, StreamPart};
-use crate::proto::{self, kind, Header, Hello};
+use crate::proto::{self, kind, Header, Hello, StreamHasher};
 use crate::sink::{Sink, SinkSpec, Transfer};
 use crate::stats::{pin, QueueStats, StageStats, StreamReport, Totals};
 
@@ -111,7 +111,9 @@ impl Receiver {
                         .map_err(|e| RecvError::Fatal(e.to_string()))?;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(10));
+                    // Up to 10 ms for the next connection, returning as soon as one arrives (a
+                    // plain sleep delayed every connect, the END exchange's included).
+                    wait_readable(&self.listener, 10);
                     let st = shared.streams.lock().unwrap();
                     let mut done = 0;
                     for s in st.values() {
@@ -132,6 +134,18 @@ impl Receiver {
         r.sort_by_key(|r| r.stream);
         Ok(r)
     }
+}
+
+/// Waits until the listener has a connection to accept, at most `ms` milliseconds.
+fn wait_readable(l: &TcpListener, ms: i32) {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: l.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call. Errors (EINTR) just end the wait.
+    unsafe { libc::poll(&mut p, 1, ms) };
 }
 
 fn progress_bar(on: bool) -> Option<indicatif::ProgressBar> {
@@ -202,42 +216,27 @@ struct Progress {
     inflight: BTreeSet<u64>,
 }
 
-/// Hashes chunks in sequence order as they complete, holding early ones until their turn;
-/// chunks stored before a restart are read back from the sink.
+/// The whole-stream checksum ([`StreamHasher`]) of what this receiver holds: fed with each chunk's
+/// hash once its decoded data passed the check against the frame's `c`; chunks the sink held
+/// before a restart are read back from the sink and hashed when their turn comes.
 struct OrderedHasher {
-    next: u64,
-    h: Xxh3,
-    pending: BTreeMap<u64, PooledBuf>,
+    h: StreamHasher,
     prior: BTreeSet<u64>,
 }
 
 impl OrderedHasher {
-    fn offer(
-        &mut self,
-        seq: u64,
-        buf: Option<PooledBuf>,
-        sink: &Sink,
-        t: &Transfer,
-    ) -> io::Result<()> {
-        if seq >= self.next {
-            if let Some(b) = buf {
-                self.pending.insert(seq, b);
-            }
+    fn offer(&mut self, seq: u64, hash: Option<u64>, sink: &Sink, t: &Transfer) -> io::Result<()> {
+        if let Some(c) = hash {
+            self.h.add(seq, c);
         }
         let mut tmp: Vec<u8> = Vec::new();
-        loop {
-            if let Some(b) = self.pending.remove(&self.next) {
-                self.h.update(&b);
-            } else if self.prior.contains(&self.next) {
-                let off = self.next * t.chunk_bytes;
-                let len = (t.total_bytes - off).min(t.chunk_bytes) as usize;
-                tmp.resize(len, 0);
-                sink.read_at(off, &mut tmp)?;
-                self.h.update(&tmp);
-            } else {
-                break;
-            }
-            self.next += 1;
+        while self.prior.contains(&self.h.hashed()) {
+            let next = self.h.hashed();
+            let off = next * t.chunk_bytes;
+            let len = (t.total_bytes - off).min(t.chunk_bytes) as usize;
+            tmp.resize(len, 0);
+            sink.read_at(off, &mut tmp)?;
+            self.h.add(next, xxh3_64(&tmp));
         }
         Ok(())
     }
@@ -396,9 +395,7 @@ fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, String> {
         changed: Condvar::new(),
         committed_bytes: AtomicU64::new(0),
         hasher: Mutex::new(OrderedHasher {
-            next: 0,
-            h: Xxh3::new(),
-            pending: BTreeMap::new(),
+            h: StreamHasher::new(),
             prior: prior.iter().copied().collect(),
         }),
         conns: Mutex::new(vec![]),
@@ -458,13 +455,14 @@ fn recv_loop(
     r: &mut BufReader<TcpStream>,
     w: &Arc<Mutex<TcpStream>>,
 ) -> io::Result<()> {
-    let pool = Pool::new(
+    // Sized for LZ4's worst case, filled about half: pages fault in as written.
+    let pool = Pool::lazy(
         Codec::bound(st.t.chunk_bytes as usize),
         st.part.recv.mem_of(i),
         st.part.queue_depth + 2,
     );
     let proto_err = |e: proto::ProtoError| io::Error::other(e.to_string());
-    let mut first_buf = true;
+    st.recv_stats.saw_buffer(i, &*pool.probe()?);
     loop {
         let hdr = match proto::read_header(r) {
             Ok(h) => h,
@@ -487,10 +485,6 @@ fn recv_loop(
                     ))));
                 }
                 let mut buf = pool.get()?;
-                if first_buf {
-                    st.recv_stats.saw_buffer(i, &buf);
-                    first_buf = false;
-                }
                 buf.set_len(hdr.comp_len as usize);
                 r.read_exact(&mut buf)?;
                 st.wire_bytes.fetch_add(hdr.comp_len as u64, Relaxed);
@@ -571,7 +565,7 @@ fn end_of_stream(
         (2, 0)
     } else {
         let hs = st.hasher.lock().unwrap();
-        if hs.next != st.t.total_chunks {
+        if hs.h.hashed() != st.t.total_chunks {
             (2, 0)
         } else {
             let sum = hs.h.digest();
@@ -611,16 +605,13 @@ fn decompress_loop(
     let stage = &st.part.decompress;
     pin("decompress", i, stage.cpus_of(i), stage.mem_of(i))?;
     st.dec_stats.saw_affinity(i);
-    // Raw chunks wait in the ordered hasher until their turn: keep what comes back.
-    let pool = Pool::new(st.t.chunk_bytes as usize, stage.mem_of(i), 64);
-    let mut first = true;
+    // A raw chunk is done once the sink has it: one buffer per thread, and a spare.
+    let pool = Pool::new(st.t.chunk_bytes as usize, stage.mem_of(i), 2);
+    st.dec_stats
+        .saw_buffer(i, &*pool.probe().map_err(|e| e.to_string())?);
     for job in rx {
         let t0 = Instant::now();
         let mut raw = pool.get().map_err(|e| e.to_string())?;
-        if first {
-            st.dec_stats.saw_buffer(i, &raw);
-            first = false;
-        }
         raw.set_len(job.hdr.raw_len as usize);
         let ok = if job.hdr.flags & proto::FLAG_LZ4 != 0 {
             st.codec.decompress(&job.payload, &mut raw).is_ok()
@@ -629,7 +620,8 @@ fn decompress_loop(
             true
         };
         drop(job.payload);
-        if !ok || xxh3_64(&raw) != job.hdr.c {
+        let hash = if ok { xxh3_64(&raw) } else { 0 };
+        if !ok || hash != job.hdr.c {
             st.nacks.fetch_add(1, Relaxed);
             log(&format!(
                 "chunk {}: decoded data fails its checksum, asking again",
@@ -651,7 +643,7 @@ fn decompress_loop(
         st.hasher
             .lock()
             .unwrap()
-            .offer(job.seq, Some(raw), &st.sink, &st.t)
+            .offer(job.seq, Some(hash), &st.sink, &st.t)
             .map_err(|e| format!("stream {}: {e}", st.id))?;
         st.dec_stats.chunks.fetch_add(1, Relaxed);
         st.dec_stats.busy_since(t0);

@@ -350,6 +350,7 @@ pub struct NumaVm {
     env: Vec<(String, String)>,
     mem_per_node: Option<String>,
     autonuma: bool,
+    kmods: Vec<String>,
 }
 
 impl NumaVm {
@@ -361,6 +362,7 @@ impl NumaVm {
             env: Vec::new(),
             mem_per_node: None,
             autonuma: false,
+            kmods: Vec::new(),
         }
     }
 
@@ -386,6 +388,14 @@ impl NumaVm {
     /// behind a check's back, and while it scans, `move_pages` reports `-EFAULT` for resident pages.
     pub fn autonuma(mut self, on: bool) -> Self {
         self.autonuma = on;
+        self
+    }
+
+    /// Load this module of the VM's kernel (and what it depends on) before the program starts, e.g. `"sch_netem"`
+    /// and `"veth"` for `tc netem` across a veth pair (`scripts/numa-vm --kmod`). The modules come from the cached
+    /// Debian kernel package, so they match the VM's kernel whatever the host runs.
+    pub fn kernel_module(mut self, name: &str) -> Self {
+        self.kmods.push(name.into());
         self
     }
 
@@ -443,6 +453,9 @@ impl NumaVm {
         c.args(["--autonuma", if self.autonuma { "on" } else { "off" }]);
         for (k, v) in &self.env {
             c.arg("--env").arg(format!("{k}={v}"));
+        }
+        for m in &self.kmods {
+            c.args(["--kmod", m]);
         }
         c.arg("--").arg(program).args(args);
         let out = c.output().map_err(VmError::Spawn)?;

@@ -308,3 +308,23 @@ fn harness_rejects_bad_input_clearly() {
     let e = NumaVm::new("3n").config().unwrap_err().to_string();
     assert!(e.contains("unknown topology '3n'"), "{e}");
 }
+
+/// `kernel_module` with a module the VM's kernel does not have: refused before any VM boots, naming
+/// the module and where it was looked for. (Needs the kernel cache, so it runs with the VM tests;
+/// the stream netem test in crates/cli loads real modules.)
+#[test]
+fn harness_rejects_an_unknown_kernel_module() {
+    if !loci_vm::vm_tests_enabled() {
+        return;
+    }
+    let e = NumaVm::new("2n")
+        .kernel_module("no_such_module")
+        .run("/bin/true", &[] as &[&str])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("--kmod no_such_module: no such module in kernel")
+            && e.contains("modules.order"),
+        "{e}"
+    );
+}

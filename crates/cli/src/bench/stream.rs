@@ -11,7 +11,7 @@ use clap::Args;
 use loci_report::{Machine, Report, Row};
 use loci_stream::config::Sync;
 use loci_stream::plan::{plan, PlanOptions};
-use loci_stream::{Codec, Faults, Receiver, RecvOptions, SendOptions, SinkSpec, SourceSpec};
+use loci_stream::{Codec, Faults, SendOptions, SourceSpec};
 
 #[derive(Args, Debug)]
 pub struct StreamArgs {
@@ -34,7 +34,8 @@ pub struct StreamArgs {
 
 const PEERS: [&str; 2] = ["lz4-nc", "raw-tcp"];
 
-pub fn run(a: StreamArgs) -> anyhow::Result<Report> {
+pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
+    a.peers.retain(|p| !p.is_empty()); // `--peers ''`: none
     for p in &a.peers {
         if !PEERS.contains(&p.as_str()) {
             bail!("unknown peer {p:?} (valid: {})", PEERS.join(", "));
@@ -166,13 +167,16 @@ fn codec_rows(rep: &mut Report, data: &Path, chunk: usize, reps: usize) -> anyho
 }
 
 /// loci over loopback into a discarding sink; seconds from the sender's start to the receiver's
-/// confirmation of the whole-stream checksum.
+/// confirmation of the whole-stream checksum. The receiver is its own process (`loci stream recv`,
+/// this binary), as on a real gateway and as the peers' `nc -l | lz4 -d` is: in one process, the
+/// two sides' buffer mappings and faults would contend on one address space's locks and TLB
+/// shootdowns, which no deployment has. The sender runs in this process (its report feeds the row).
 fn loci_once(
     data: &Path,
     p: &loci_stream::plan::StreamPlan,
     pinned: bool,
 ) -> anyhow::Result<(f64, loci_stream::StreamReport)> {
-    let secret = b"loci-bench".to_vec();
+    let secret = "loci-bench";
     let mut rcfg = if pinned {
         p.receiver.clone()
     } else {
@@ -184,31 +188,67 @@ fn loci_once(
     } else {
         p.senders[0].unpinned()
     };
-    let r = Receiver::bind(
-        "127.0.0.1:0",
-        RecvOptions {
-            config: rcfg,
-            secret: secret.clone(),
-            sink: SinkSpec::Null,
-            progress: false,
-            streams: Some(1),
-        },
-    )?;
-    let addr = r.local_addr().to_string();
-    let h = std::thread::spawn(move || r.run());
+    let dir = data.parent().unwrap_or(Path::new("."));
+    let rpath = dir.join(if pinned {
+        "recv-plan.toml"
+    } else {
+        "recv-os.toml"
+    });
+    std::fs::write(&rpath, rcfg.to_toml())?;
+    let port = free_port()?;
+    let addr = format!("127.0.0.1:{port}");
+    let mut recv = Command::new(std::env::current_exe()?)
+        .args([
+            "stream", "recv", "--listen", &addr, "--sink", "null", "--config",
+        ])
+        .arg(&rpath)
+        .env("LOCI_STREAM_SECRET", secret)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the receiver (`loci stream recv`)")?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !listening(port) {
+        if Instant::now() > deadline || recv.try_wait()?.is_some() {
+            let _ = recv.kill();
+            let out = recv.wait_with_output()?;
+            bail!(
+                "the receiver did not start listening on {addr}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let t = Instant::now();
-    let rep = loci_stream::send(SendOptions {
+    let sent = loci_stream::send(SendOptions {
         to: addr,
         config: scfg,
-        secret,
+        secret: secret.as_bytes().to_vec(),
         source: SourceSpec::File(data.to_path_buf()),
         resume: false,
         progress: false,
         reconnect_timeout: Duration::from_secs(30),
         faults: Faults::default(),
-    })?;
+    });
     let secs = t.elapsed().as_secs_f64();
-    h.join().expect("receiver thread")?;
+    // The receiver exits once its stream ended; bounded, and killed if it does not.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while recv.try_wait()?.is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if recv.try_wait()?.is_none() {
+        let _ = recv.kill();
+    }
+    let out = recv.wait_with_output()?;
+    let rep = sent?;
+    if !out.status.success() {
+        bail!(
+            "the receiver failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
     Ok((secs, rep))
 }
 
