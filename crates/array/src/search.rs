@@ -8,6 +8,8 @@
 //!    data-aware `home`, `home-balanced`, `compact`, `sparse`, `shared`, whole-node subsets...),
 //!    skipping duplicates; threads without known bytes (a small query has fewer parts than
 //!    threads) go last, onto cores of their own, so they never halve a working thread's core;
+//!    with more threads than cpus, the surplus goes onto the cores of the threads with the
+//!    least work;
 //! 2. hill-climbs from the best. Kinds of move, each list most promising first: (1) a thread to
 //!    the node holding most of its bytes, or trading places with a thread there; (2) balancing
 //!    the memory nodes: moves and swaps off the busiest node whose shift of write load is closest
@@ -150,7 +152,9 @@ fn nodes_by_distance(topo: &Topology, from: u32) -> Vec<u32> {
 /// (ties: the node with more free cpus, then the lower id), filling a node in compact order.
 /// Threads with no known bytes (a small query has fewer parts than threads) are placed last,
 /// each on a core no other thread uses while there is one (node with most such cores first), so
-/// that they never share a core with a thread that works.
+/// that they never share a core with a thread that works. With more threads than cpus, a thread
+/// that finds no free cpu joins the core whose slowest thread would finish soonest with it there
+/// (so the biggest threads keep a core each and the surplus shares cores with the smallest).
 pub fn home_pinning(topo: &Topology, bytes_by_node: &[Vec<(u32, f64)>]) -> Pinning {
     home_pinning_weighted(topo, bytes_by_node, 0.0)
 }
@@ -184,6 +188,37 @@ pub fn home_pinning_weighted(
     let mut order: Vec<usize> = (0..bytes_by_node.len()).collect();
     order.sort_by(|&a, &b| total(b).total_cmp(&total(a)).then(a.cmp(&b)));
     let mut out = vec![0u32; bytes_by_node.len()];
+    // Threads per physical core and the largest copy work among them (read slowed by distance,
+    // plus the local write; the cost model's terms): where surplus threads go when every cpu is
+    // taken.
+    let mut on_core: BTreeMap<(u32, u32), (usize, f64)> = BTreeMap::new();
+    let work = |t: usize, c: u32| -> f64 {
+        let n = topo.node_of_cpu(c).unwrap_or(0);
+        let read: f64 = bytes_by_node[t]
+            .iter()
+            .map(|&(m, b)| b * topo.distance(n, m).unwrap_or(10) as f64 / 10.0)
+            .sum();
+        0.5 * read + 0.5 * total(t)
+    };
+    // More threads than cpus: a cpu of the core where the slowest thread finishes soonest with
+    // t added (k threads on a core each get about 1/k of it, so its slowest takes about k x its
+    // work; SMT's extra yield is left out); ties to the lower work of t there (its data's node),
+    // then the lower cpu id.
+    let surplus_cpu = |t: usize, on_core: &BTreeMap<(u32, u32), (usize, f64)>| -> u32 {
+        all.iter()
+            .map(|&c| {
+                let (k, w) = on_core.get(&core_of(topo, c)).copied().unwrap_or((0, 0.0));
+                let mine = work(t, c);
+                ((k + 1) as f64 * w.max(mine), mine, c)
+            })
+            .min_by(|a, b| {
+                a.0.total_cmp(&b.0)
+                    .then(a.1.total_cmp(&b.1))
+                    .then(a.2.cmp(&b.2))
+            })
+            .map(|e| e.2)
+            .unwrap_or(all[t % all.len()])
+    };
     let mut busy: std::collections::HashSet<(u32, u32)> = std::collections::HashSet::new();
     let (working, idle): (Vec<usize>, Vec<usize>) =
         order.into_iter().partition(|&t| total(t) > 0.0);
@@ -216,15 +251,18 @@ pub fn home_pinning_weighted(
                 busy.insert(core_of(topo, c));
                 c
             }
-            // More threads than cpus: wrap around.
-            None => all[t % all.len()],
+            None => surplus_cpu(t, &on_core),
         };
+        let e = on_core.entry(core_of(topo, out[t])).or_default();
+        e.0 += 1;
+        e.1 = e.1.max(work(t, out[t]));
     }
     for t in idle {
         out[t] = match take_idle_core_cpu(topo, &mut free, &mut busy) {
             Some(c) => c,
-            None => all[t % all.len()],
+            None => surplus_cpu(t, &on_core),
         };
+        on_core.entry(core_of(topo, out[t])).or_default().0 += 1;
     }
     Pinning::on_cpus(&out)
 }

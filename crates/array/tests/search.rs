@@ -116,7 +116,8 @@ fn run(c: &Case, s: &ThreadStrategy, cache: Option<&mut SearchCache>) -> strateg
 fn search_beats_static_and_best_of_20_random_on_every_preset() {
     // The grid of the full `loci bench subarray` sweep (chunks 1,10,100,1000; spans one, fifth,
     // all; selectivity 0.2, 0.7), with chunk homes round robin or in blocks, and 2 threads per
-    // node, half the cpus and every cpu (the bench's default): 576 cases, all MODELED costs.
+    // node, half the cpus, every cpu (the bench's default) and more threads than cpus (1.5x + 1:
+    // 25 threads on the Opteron's 16 cpus): 768 cases, all MODELED costs.
     let mut cases = 0;
     let mut trials_needed = Vec::new();
     let mut missed: Vec<String> = Vec::new();
@@ -124,7 +125,7 @@ fn search_beats_static_and_best_of_20_random_on_every_preset() {
         let topo = preset(name);
         let cpus = topo.allowed_cpus().len();
         let nodes = topo.nodes.len();
-        for threads in [nodes * 2, cpus / 2, cpus] {
+        for threads in [nodes * 2, cpus / 2, cpus, cpus + cpus / 2 + 1] {
             for chunks in [1, 10, 100, 1000] {
                 for span in [Span::One, Span::Fifth, Span::All] {
                     for sel in [0.2, 0.7] {
@@ -180,7 +181,7 @@ fn search_beats_static_and_best_of_20_random_on_every_preset() {
             }
         }
     }
-    assert_eq!(cases, PRESETS.len() * 3 * 4 * 3 * 2 * 2);
+    assert_eq!(cases, PRESETS.len() * 4 * 4 * 3 * 2 * 2);
     assert!(
         missed.is_empty(),
         "{} of {cases} cases never reached best-of-20-random in 19 trials:\n{}",

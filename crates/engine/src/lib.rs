@@ -46,6 +46,9 @@ pub enum EngineError {
         what: String,
         source: std::io::Error,
     },
+    /// The kernel would not apply the memory plan to a mapping; names the range and the policy.
+    #[error(transparent)]
+    Placement(#[from] loci_place::apply::RangeError),
 }
 
 /// Default rows per morsel: 1 Mi rows = 8 MiB of key+value, large enough to amortize scheduling

@@ -107,7 +107,8 @@ unsafe impl Sync for Region {}
 
 impl Region {
     /// Maps `len` bytes (rounded up to pages; at least one page), asks for transparent huge pages
-    /// (a hint), and applies the loci-place memory plan with `mbind` before any page is touched.
+    /// (a hint), and applies the loci-place memory plan to it before any page is touched
+    /// (`loci_place::apply::apply_range`, i.e. `mbind`).
     /// `plan` = None (or first-touch) leaves the pages to first touch.
     pub fn map(len: usize, plan: Option<&MemPlan>) -> Result<Region, EngineError> {
         let ps = sys::page_size();
@@ -139,12 +140,7 @@ impl Region {
         }
         if let Some(p) = plan.filter(|p| !p.is_default()) {
             // SAFETY: the range is our own mapping, page aligned, nothing touched yet.
-            unsafe { sys::mbind(r.ptr, len, p.mode(), &p.nodes, 0) }.map_err(|source| {
-                EngineError::Io {
-                    what: format!("mbind({p}) of {len} bytes"),
-                    source,
-                }
-            })?;
+            unsafe { loci_place::apply::apply_range(p, r.ptr, len, false) }?;
         }
         Ok(r)
     }

@@ -8,6 +8,7 @@ use std::process::Command;
 use loci_topo::CpuSet;
 
 use crate::plan::Plan;
+use crate::policy::MemPlan;
 use crate::sys::{self, CpuMask, PolicyMask};
 
 /// Binds the calling thread as thread `index` of `plan`: its cpus (if the plan pins) and the
@@ -29,6 +30,79 @@ pub fn apply_thread(plan: &Plan, index: usize) -> io::Result<()> {
         sys::set_mempolicy(plan.memory.mode(), &plan.memory.nodes)?;
     }
     Ok(())
+}
+
+/// A memory plan that could not be applied to an address range (`mbind(2)` failed or the range
+/// was not page aligned). The message names the range, the policy and, for the usual errno
+/// values, the likely cause.
+#[derive(Debug, thiserror::Error)]
+#[error("applying memory policy {policy} to [{start:#x}, {end:#x}) ({len} bytes) failed: {source}{hint}", end = .start + .len)]
+pub struct RangeError {
+    /// First byte of the range.
+    pub start: usize,
+    /// Length of the range in bytes.
+    pub len: usize,
+    /// The plan as `--mem` prints it (e.g. `interleave:0-3`).
+    pub policy: String,
+    /// What the kernel (or the alignment check) said.
+    pub source: io::Error,
+    /// The likely cause, with a leading `; `, or empty.
+    hint: String,
+}
+
+/// Applies a resolved memory plan (from [`MemPolicy::resolve`](crate::MemPolicy::resolve)) to
+/// `[addr, addr+len)` with `mbind(2)`: pages of the range faulted in later go where the plan
+/// says, whatever the policy of the thread that touches them. `first-touch` resets the range to
+/// the thread's policy (`MPOL_DEFAULT`), `localalloc` places each page on the node of the cpu
+/// that touches it.
+///
+/// With `migrate`, pages already faulted in are moved to conform (`MPOL_MF_MOVE`: only pages
+/// this process alone maps; contents and addresses stay). Without it they stay where they are,
+/// so call it before the first touch. `addr` must be page aligned; the kernel rounds `len` up to
+/// whole pages. An empty range is a no-op.
+///
+/// # Safety
+/// The range must be mapped memory the caller owns (no other code relies on where its pages
+/// live); with `migrate`, its pages may move between nodes while other threads use them.
+pub unsafe fn apply_range(
+    plan: &MemPlan,
+    addr: *mut u8,
+    len: usize,
+    migrate: bool,
+) -> Result<(), RangeError> {
+    let err = |source: io::Error, hint: String| RangeError {
+        start: addr as usize,
+        len,
+        policy: plan.to_string(),
+        source,
+        hint,
+    };
+    let ps = sys::page_size();
+    if (addr as usize) % ps != 0 {
+        return Err(err(
+            io::Error::new(io::ErrorKind::InvalidInput, "start is not page aligned"),
+            format!("; mbind works on whole pages of {ps} bytes"),
+        ));
+    }
+    if len == 0 {
+        return Ok(());
+    }
+    let flags = if migrate { sys::mode::MPOL_MF_MOVE } else { 0 };
+    // SAFETY: the caller guarantees the range is its own mapping; alignment was checked.
+    unsafe { sys::mbind(addr, len, plan.mode(), &plan.nodes, flags) }.map_err(|e| {
+        let hint = match e.raw_os_error() {
+            Some(libc::EFAULT) => "; part of the range is not mapped".to_string(),
+            Some(libc::EINVAL) => format!(
+                "; the kernel rejects mode {} with nodes {} (a mode newer than this kernel, or nodes it does not have)",
+                plan.mode(),
+                plan.nodes
+            ),
+            Some(libc::ENOMEM) => "; the kernel ran out of memory for the range policy".into(),
+            Some(libc::EIO) => "; some pages could not be moved".into(),
+            _ => String::new(),
+        };
+        err(e, hint)
+    })
 }
 
 /// Kernel thread ids of a process (`/proc/PID/task`), ascending.
@@ -128,6 +202,7 @@ mod tests {
     use crate::policy::MemPolicy;
     use crate::strategy::Strategy;
     use crate::testing::one_node_here;
+    use loci_topo::NodeSet;
 
     #[test]
     fn child_gets_affinity_and_policy_before_exec() {
@@ -147,6 +222,105 @@ mod tests {
         assert!(
             text.contains(&format!("Cpus_allowed_list:\t{first}\n")),
             "{text}"
+        );
+    }
+
+    /// Resolves `--mem` text on this machine's one node.
+    fn mem_plan(text: &str) -> MemPlan {
+        let m: MemPolicy = text.parse().unwrap();
+        m.resolve(&one_node_here()).unwrap().0
+    }
+
+    /// Four fresh untouched pages, unmapped on drop.
+    struct Pages(*mut u8, usize);
+    impl Pages {
+        fn new() -> Pages {
+            let len = 4 * sys::page_size();
+            Pages(
+                sys::map_anonymous_aligned(len, sys::page_size(), 0)
+                    .unwrap()
+                    .as_ptr(),
+                len,
+            )
+        }
+    }
+    impl Drop for Pages {
+        fn drop(&mut self) {
+            // SAFETY: our own mapping of this length.
+            unsafe { libc::munmap(self.0 as *mut libc::c_void, self.1) };
+        }
+    }
+
+    #[test]
+    fn range_policy_reads_back_per_page() {
+        let r = Pages::new();
+        let ps = sys::page_size();
+        let bind = mem_plan("bind:0");
+        // SAFETY: our own fresh mapping; pages 1..3 only.
+        unsafe { apply_range(&bind, r.0.add(ps), 2 * ps, false) }.unwrap();
+        let at = |page: usize| sys::get_range_policy(unsafe { r.0.add(page * ps) }).unwrap();
+        assert_eq!(at(1), (sys::mode::MPOL_BIND, NodeSet::single(0)));
+        assert_eq!(at(2), (sys::mode::MPOL_BIND, NodeSet::single(0)));
+        // Outside the range the thread's policy (default here) governs.
+        assert_eq!(at(0).0, sys::mode::MPOL_DEFAULT);
+        assert_eq!(at(3).0, sys::mode::MPOL_DEFAULT);
+        // Interleave over the only node resolves to preferred:0; then first-touch resets.
+        let pref = mem_plan("interleave");
+        assert_eq!(pref.policy, "preferred");
+        // SAFETY: as above; the pages are untouched so nothing migrates.
+        unsafe { apply_range(&pref, r.0, 4 * ps, true) }.unwrap();
+        assert_eq!(at(0), (sys::mode::MPOL_PREFERRED, NodeSet::single(0)));
+        assert_eq!(at(2), (sys::mode::MPOL_PREFERRED, NodeSet::single(0)));
+        // SAFETY: as above.
+        unsafe { apply_range(&mem_plan("first-touch"), r.0, 4 * ps, false) }.unwrap();
+        assert_eq!(at(2).0, sys::mode::MPOL_DEFAULT);
+        // Touched pages moved with `migrate` stay readable and land on the plan's node.
+        // SAFETY: writes inside our mapping.
+        unsafe { r.0.write_bytes(7, 4 * ps) };
+        unsafe { apply_range(&bind, r.0, 4 * ps, true) }.unwrap();
+        assert!(sys::buffer_pages_nodes(r.0, 4 * ps)
+            .unwrap()
+            .iter()
+            .all(|&n| n == 0));
+        // SAFETY: reads inside our mapping.
+        assert!((0..4 * ps).all(|i| unsafe { *r.0.add(i) } == 7));
+        // An empty range is a no-op, even unaligned.
+        assert!(unsafe { apply_range(&bind, r.0, 0, false) }.is_ok());
+    }
+
+    #[test]
+    fn range_errors_name_range_policy_and_cause() {
+        let r = Pages::new();
+        let ps = sys::page_size();
+        let bind = mem_plan("bind:0");
+        // SAFETY: inside our mapping; rejected before any syscall.
+        let e = unsafe { apply_range(&bind, r.0.add(1), ps, false) }.unwrap_err();
+        let msg = e.to_string();
+        let start = format!("{:#x}", r.0 as usize + 1);
+        assert!(msg.contains(&start) && msg.contains("bind:0"), "{msg}");
+        assert!(msg.contains("not page aligned"), "{msg}");
+        assert_eq!(e.len, ps);
+
+        // A range with an unmapped hole: EFAULT, said as such.
+        // SAFETY: unmaps the last page of our own mapping; Pages' drop unmapping it again is harmless.
+        unsafe { libc::munmap(r.0.add(3 * ps) as *mut libc::c_void, ps) };
+        let e = unsafe { apply_range(&bind, r.0, 4 * ps, false) }.unwrap_err();
+        let msg = e.to_string();
+        let end = format!("{:#x}", r.0 as usize + 4 * ps);
+        assert!(msg.contains(&end) && msg.contains("bind:0"), "{msg}");
+        assert!(msg.contains("not mapped"), "{msg}");
+        assert_eq!(e.source.raw_os_error(), Some(libc::EFAULT));
+
+        // A node the kernel does not have (a plan built by hand, not resolved): EINVAL, named.
+        let bad = MemPlan {
+            policy: "bind",
+            nodes: NodeSet::single(1000),
+        };
+        let e = unsafe { apply_range(&bad, r.0, ps, false) }.unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("bind:1000") && msg.contains("rejects"),
+            "{msg}"
         );
     }
 

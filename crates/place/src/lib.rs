@@ -3,7 +3,8 @@
 //! - [`strategy`]: thread strategies (`compact`, `sparse`, `shared:G`, ...) -> one cpu set per thread;
 //! - [`policy`]: memory policies (`interleave`, `bind:NODES`, ...) checked against a topology;
 //! - [`plan`]: both together, printable and diffable, with the stable plan JSON;
-//! - [`apply`]: bind the calling thread, the whole process, or a child before `exec`;
+//! - [`apply`]: bind the calling thread, the whole process, or a child before `exec`; apply a
+//!   memory plan to an address range;
 //! - [`pinenv`]: the contract with the pin library that places threads of unmodified programs;
 //! - [`verify`]: read back affinity, last cpu and pages per node from `/proc`, compare with the plan;
 //! - [`knobs`]: AutoNUMA and transparent huge pages;

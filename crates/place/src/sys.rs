@@ -88,6 +88,26 @@ pub fn get_mempolicy() -> io::Result<(i32, NodeSet)> {
     Ok((mode, mask_nodes(&m)))
 }
 
+/// `get_mempolicy(2)` with `MPOL_F_ADDR`: the policy that governs the page at `addr` (the range
+/// policy set by `mbind`, or the thread's policy when the range has none): (mode, nodes).
+pub fn get_range_policy(addr: *const u8) -> io::Result<(i32, NodeSet)> {
+    let mut mode: i32 = 0;
+    let mut m = [0u64; MASK_WORDS];
+    // SAFETY: both out-pointers are valid for writes of the sizes given (MASK_BITS bits); the
+    // kernel only looks `addr` up in our address space (EFAULT when it is not mapped).
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_get_mempolicy,
+            &mut mode as *mut i32,
+            m.as_mut_ptr(),
+            MASK_BITS,
+            addr,
+            mode::MPOL_F_ADDR,
+        )
+    })?;
+    Ok((mode, mask_nodes(&m)))
+}
+
 /// `mbind(2)` on `[addr, addr+len)`; `addr` must be page aligned.
 ///
 /// # Safety

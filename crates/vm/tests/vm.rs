@@ -27,7 +27,12 @@ fn required_checks(cfg: &VmConfig) -> BTreeSet<String> {
         }
         let cpus = cfg.node_cpus(n.id);
         if n.mem_mib > 0 {
-            for p in ["bind", "preferred", "set_mempolicy-bind"] {
+            for p in [
+                "bind",
+                "preferred",
+                "apply_range-migrate",
+                "set_mempolicy-bind",
+            ] {
                 want.insert(format!("mem/{p}/node{}", n.id));
             }
         } else {

@@ -333,6 +333,21 @@ fn mem_checks(c: &mut Checker, nodes: &[SysNode], region: usize) {
             r.touch();
             r.placement()?.check_all_on(&one)
         });
+        c.check(format!("mem/apply_range-migrate/node{k}"), || {
+            // Pages first-touched wherever this thread runs, then moved by loci-place's
+            // apply_range (mbind with MPOL_MF_MOVE) onto node k: move_pages must find them there.
+            room(k)?;
+            let r = Region::map(region)?;
+            r.touch();
+            let plan = loci_place::MemPlan {
+                policy: "bind",
+                nodes: one.clone(),
+            };
+            // SAFETY: our own mapping; only this thread uses it while its pages move.
+            unsafe { loci_place::apply::apply_range(&plan, r.ptr, r.len, true) }
+                .map_err(|e| e.to_string())?;
+            r.placement()?.check_all_on(&one)
+        });
         c.check(format!("mem/set_mempolicy-bind/node{k}"), || {
             room(k)?;
             on_thread(None, || {
