@@ -47,7 +47,8 @@ fn main() {
                 )
             };
             let detail = format!("{}; {}", summary(&las), summary(&nls));
-            report("sched/locality-run", Ok(detail.clone()));
+            println!("LOCI-INFO {detail}");
+            report("sched/locality-run", Ok(detail));
             report(
                 "sched/las-keeps-each-request",
                 if las.min_share() >= 0.9 {
