@@ -179,7 +179,7 @@ pub fn run(a: SchedArgs) -> anyhow::Result<Report> {
         "--buffer-bytes must be a positive multiple of 8, got {}",
         spec.buffer_bytes
     );
-    let reps = a.common.reps.unwrap_or(if quick { 3 } else { 5 });
+    let reps = a.common.reps.unwrap_or(5);
     anyhow::ensure!(reps > 0, "--reps must be positive");
     let topo = crate::this_machine()?;
     let affinity = if a.pin_cpu {
