@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Peers of `loci bench subarray`: the same subarray boxes on the same volume, in numpy, xarray
-and TileDB. Run by loci (bench/peers/.venv/bin/python, see bench/peers/setup-subarray).
+and TileDB. Run by loci (bench/peers/.venv/bin/python, see bench/peers/setup --subarray).
 
 Input: a raw C-order volume written by loci and a JSON job file:
   {"file": PATH, "shape": [z, y, x], "dtype": "<f4", "sum32": N, "reps": R,

@@ -115,12 +115,13 @@ pub extern "C" fn loci_alloc_task_finished() {
 }
 
 /// Number of counters [`loci_alloc_stats`] writes.
-pub const LOCI_ALLOC_STATS_LEN: usize = 12;
+pub const LOCI_ALLOC_STATS_LEN: usize = 13;
 
-/// Writes the allocator's counters into `out[0..n]` (n <= 12) and returns how many it wrote:
+/// Writes the allocator's counters into `out[0..n]` (n <= 13) and returns how many it wrote:
 /// allocs, frees, bytes requested, live block bytes, cross-thread frees, recollected blocks,
 /// heaps, bytes held from the OS, superblocks in use, superblocks cached, large-block bytes,
-/// mbind failures (the last five summed over nodes).
+/// mbind failures (these five summed over nodes), memoryless fallbacks (thread heaps started
+/// on a node without memory, served by the nearest node with memory).
 ///
 /// # Safety
 /// `out` is valid for `n` writes of u64.
@@ -141,6 +142,7 @@ pub unsafe extern "C" fn loci_alloc_stats(out: *mut u64, n: usize) -> usize {
         sum(|n| n.superblocks_cached),
         sum(|n| n.large_bytes),
         sum(|n| n.mbind_failures),
+        s.memoryless_fallbacks,
     ];
     let k = n.min(LOCI_ALLOC_STATS_LEN);
     for (i, x) in v.iter().take(k).enumerate() {

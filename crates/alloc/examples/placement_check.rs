@@ -4,8 +4,9 @@
 //! `alloc_on(k)` gives to a thread of another node must sit on k as well.
 //!
 //! Prints one `LOCI-CHECK ok|FAIL NAME -- DETAIL` line per fact (the loci-vm check format) and
-//! exits 1 if any failed. Nodes without memory cannot hold pages: there the check is that
-//! allocation works.
+//! exits 1 if any failed. Nodes without memory cannot hold pages: there the blocks must be on
+//! the nearest node with memory (`NodeStats::memory_from`), the allocator must have counted the
+//! fallback (`NodeStats::fallback_heaps`), and `alloc_on` of the node must be an error.
 //! `cargo run --release -p loci-alloc --example placement_check`
 
 use std::alloc::Layout;
@@ -26,8 +27,13 @@ pub struct NodeCheck {
     pub alloc_on_pages: usize,
     pub alloc_on_on_node: usize,
     pub node_of_agrees: bool,
-    /// The node has memory (else only the allocation itself is checked).
+    /// The node has memory. Else the thread's blocks must be on `target`, the nearest node
+    /// with memory, and the allocator must have counted the fallback.
     pub has_memory: bool,
+    /// Where the blocks must be: `node`, or the fallback for a memoryless node.
+    pub target: usize,
+    /// `stats().nodes[node].fallback_heaps` grew (memoryless nodes only; true otherwise).
+    pub fallback_reported: bool,
 }
 
 impl NodeCheck {
@@ -43,7 +49,11 @@ impl NodeCheck {
     }
     pub fn ok(&self) -> bool {
         if !self.has_memory {
-            return self.pages > 0;
+            return self.pages > 0
+                && self.ratio() >= 0.99
+                && self.node_of_agrees
+                && self.fallback_reported
+                && self.target != self.node;
         }
         self.pages > 0
             && self.ratio() >= 0.99
@@ -128,6 +138,13 @@ pub fn check_all() -> Vec<NodeCheck> {
         if cpus.is_empty() {
             continue; // memory-only node or not allowed here
         }
+        let has_memory = with_mem >> k & 1 == 1;
+        let before = loci_alloc::stats();
+        let target = if has_memory {
+            k
+        } else {
+            before.nodes[k].memory_from
+        };
         let (pages, on_node, agrees) = std::thread::spawn(move || {
             // a heap is created before pinning, as in real programs
             let warm = alloc_write(100_000);
@@ -135,16 +152,17 @@ pub fn check_all() -> Vec<NodeCheck> {
             let blocks: Vec<_> = sizes().into_iter().map(alloc_write).collect();
             let agrees = blocks
                 .iter()
-                .all(|&(p, _)| loci_alloc::node_of(p as *const u8) == Some(k));
-            let (pages, on) = count(&blocks, k);
+                .all(|&(p, _)| loci_alloc::node_of(p as *const u8) == Some(target));
+            let (pages, on) = count(&blocks, target);
             free_all(blocks);
             free_all(vec![warm]);
             (pages, on, agrees)
         })
         .join()
         .unwrap();
+        let fallback_reported = has_memory
+            || loci_alloc::stats().nodes[k].fallback_heaps > before.nodes[k].fallback_heaps;
         // alloc_on(k) from a thread pinned to another node (when there is one)
-        let has_memory = with_mem >> k & 1 == 1;
         if !has_memory {
             let l = Layout::from_size_align(4096, 8).unwrap();
             let e =
@@ -190,6 +208,8 @@ pub fn check_all() -> Vec<NodeCheck> {
             alloc_on_on_node: aon,
             node_of_agrees: agrees && aagrees,
             has_memory,
+            target,
+            fallback_reported,
         });
     }
     out
@@ -206,18 +226,19 @@ fn main() {
         let name = if r.has_memory {
             format!("alloc/pinned/node{}", r.node)
         } else {
-            format!("alloc/memoryless-node{}/works", r.node)
+            format!("alloc/memoryless-node{}/falls-back", r.node)
         };
         let detail = format!(
-            "{} of {} pages on node {} ({:.4}); alloc_on: {} of {} ({:.4}); node_of agrees: {}",
+            "{} of {} pages on node {} ({:.4}); alloc_on: {} of {} ({:.4}); node_of agrees: {}; fallback counted: {}",
             r.on_node,
             r.pages,
-            r.node,
+            r.target,
             r.ratio(),
             r.alloc_on_on_node,
             r.alloc_on_pages,
             r.alloc_on_ratio(),
-            r.node_of_agrees
+            r.node_of_agrees,
+            r.fallback_reported
         );
         if r.ok() {
             println!("LOCI-CHECK ok {name} -- {detail}");

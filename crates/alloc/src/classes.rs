@@ -4,6 +4,10 @@
 //! * medium (7169 B ..= 512 KiB): seed 003's classes, the first 8 KiB and each next one 1.07x
 //!   the previous, rounded up to the cache line (64 B): 62 classes, at most 7% internal waste.
 //!
+//! The engine serves requests of 8 KiB and more as page spans (see `engine::SPAN_MIN`), so of
+//! the medium classes only the first (8 KiB, for 7169..8191 B) serves blocks; the table stays
+//! whole because it is the seed's and `class_of` is defined on all of 1..=512 KiB.
+//!
 //! Everything is computed at compile time; lookups are one or two table reads.
 
 /// Cache line size the medium classes are rounded to.

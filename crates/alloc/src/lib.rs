@@ -1,16 +1,22 @@
 //! loci-alloc: a NUMA-aware memory allocator (seed 003, section 5).
 //!
 //! * A local allocator per thread ([`engine`]'s heaps), lock-free on its fast path: one
-//!   sub-allocator per size class; medium classes from 8 KiB to 512 KiB, each 1.07x the previous
-//!   rounded up to the cache line (62 classes). Superblocks are ordered by occupancy and blocks
-//!   come from the most occupied one that has room; free blocks form a LIFO list inside the
-//!   blocks.
+//!   sub-allocator per size class below 8 KiB, working on runs of about 64 KiB carved from its
+//!   node's superblocks. Runs are ordered by occupancy and blocks come from the most occupied
+//!   one that has room; free blocks form a LIFO list inside the blocks.
 //! * A superblock allocator per node: superblocks (10 MiB by default, `LOCI_ALLOC_SUPERBLOCK`)
 //!   mapped and bound to their node with `mbind`, so placement does not depend on which cpu
-//!   first touches a page; a LIFO cache of released superblocks; one lock per node.
-//! * Frees by a thread that does not own a block go to the owner's recollection bin for that
-//!   (owner, freer) pair; the owner drains its bins on allocation and on [`task_finished`].
-//!   A thread that exits hands its heap to its node's pool; the next thread there adopts it.
+//!   first touches a page; carved into page runs that coalesce when freed; a LIFO cache of
+//!   released superblocks; one lock per node.
+//! * Blocks of 8 KiB..512 KiB (seed 003's medium classes) are page spans of the node's
+//!   superblocks, freed straight back to the node by any thread: with per-class and per-thread
+//!   pools the memory held was the sum of their peaks (see [`engine::SPAN_MIN`]).
+//! * Frees of smaller blocks by a thread that does not own them go to the owner's recollection
+//!   bin for that (owner, freer) pair; the owner drains its bins on allocation and on
+//!   [`task_finished`]. A thread that exits hands its heap to its node's pool; the next thread
+//!   there adopts it.
+//! * Threads on a node without memory get memory of the nearest node with memory, counted in
+//!   [`Stats::memoryless_fallbacks`] and said once on stderr.
 //! * Below 8 KiB: small classes of the same design (or glibc, `LOCI_ALLOC_SMALL=system`); see
 //!   [`engine::Config::small_own`] for why own is the default. Above 512 KiB: one node-bound
 //!   mapping per block.
@@ -170,7 +176,7 @@ pub mod c {
     /// # Safety
     /// `out` is writable.
     pub unsafe fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
-        if !align.is_power_of_two() || align % core::mem::size_of::<*mut c_void>() != 0 {
+        if !align.is_power_of_two() || !align.is_multiple_of(core::mem::size_of::<*mut c_void>()) {
             return libc::EINVAL;
         }
         // SAFETY: power of two checked.

@@ -163,6 +163,21 @@ pub fn mark(base: usize, on: bool) -> bool {
     }
 }
 
+/// Header slots a region's header may sit in (see [`header_of`]).
+pub const HEADER_COLORS: usize = 16;
+/// Distance between header slots; a region header must fit in it.
+pub const HEADER_STEP: usize = 256;
+
+/// Where the header of the region starting at `base` sits: at one of [`HEADER_COLORS`] offsets
+/// inside the region's first page, chosen by the region's address. Regions are aligned to
+/// 4 MiB or more, so headers at offset 0 would all fall into the same L1 cache set (its index
+/// bits are the low 12 bits of the address) and evict each other on every free, which reads
+/// the header.
+#[inline]
+pub fn header_of(base: usize) -> usize {
+    base + ((base >> REGION_SHIFT.load(Relaxed)) & (HEADER_COLORS - 1)) * HEADER_STEP
+}
+
 /// Region start of `p` if it lies in a region of this allocator.
 #[inline]
 pub fn region_of(p: usize) -> Option<usize> {
@@ -249,6 +264,8 @@ pub struct NodeMap {
     pub nodes: u64,
     /// Bit n set: node n has memory (`has_memory`; all nodes when the file is missing).
     pub mem_nodes: u64,
+    /// `distance[a][b]`: the firmware's (SLIT) distance from node a to node b; 0 where unknown.
+    pub distance: [[u8; MAX_NODES]; MAX_NODES],
 }
 
 impl NodeMap {
@@ -258,7 +275,57 @@ impl NodeMap {
             cpu_node: [0; MAX_CPUS],
             nodes: 1,
             mem_nodes: 1,
+            distance: [[0; MAX_NODES]; MAX_NODES],
         }
+    }
+
+    /// Records node `node`'s row of distances (`/sys/devices/system/node/nodeN/distance`: one
+    /// number per online node, in node order). False if malformed.
+    pub fn add_distances(&mut self, node: usize, row: &[u8]) -> bool {
+        if node >= MAX_NODES {
+            return false;
+        }
+        let mut to = (0..MAX_NODES).filter(|&n| self.nodes >> n & 1 == 1);
+        let mut v: u32 = 0;
+        let mut digits = 0;
+        for &b in row.iter().chain(b" ") {
+            if b.is_ascii_digit() {
+                v = v * 10 + (b - b'0') as u32;
+                digits += 1;
+                if v > 255 {
+                    return false;
+                }
+            } else if b.is_ascii_whitespace() {
+                if digits > 0 {
+                    let Some(t) = to.next() else { return false };
+                    self.distance[node][t] = v as u8;
+                }
+                v = 0;
+                digits = 0;
+            } else {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The node whose memory threads of `node` get: `node` itself when it has memory, else
+    /// the nearest node with memory by distance (ties and unknown distances: the lowest id),
+    /// which is also where the kernel's own fallback would look first. None when no node has
+    /// memory (cannot happen on a running system).
+    pub fn memory_node(&self, node: usize) -> Option<usize> {
+        if node < MAX_NODES && self.mem_nodes >> node & 1 == 1 {
+            return Some(node);
+        }
+        let dist = |m: usize| -> u32 {
+            match self.distance.get(node).map(|row| row[m]) {
+                Some(d) if d > 0 => d as u32,
+                _ => u32::MAX,
+            }
+        };
+        (0..MAX_NODES)
+            .filter(|&m| self.mem_nodes >> m & 1 == 1)
+            .min_by_key(|&m| (dist(m), m))
     }
 
     /// Adds node `node` with the cpus of `cpulist` (Linux list text). False if malformed.
@@ -326,6 +393,32 @@ impl NodeMap {
             *self = Self::single();
             return;
         }
+        for node in 0..MAX_NODES {
+            if self.nodes >> node & 1 == 0 {
+                continue;
+            }
+            let mut path = [0u8; 64];
+            let prefix = b"/sys/devices/system/node/node";
+            path[..prefix.len()].copy_from_slice(prefix);
+            let mut k = prefix.len();
+            if node >= 10 {
+                path[k] = b'0' + (node / 10) as u8;
+                k += 1;
+            }
+            path[k] = b'0' + (node % 10) as u8;
+            k += 1;
+            let suffix = b"/distance\0";
+            path[k..k + suffix.len()].copy_from_slice(suffix);
+            let Ok(p) = core::ffi::CStr::from_bytes_until_nul(&path) else {
+                continue;
+            };
+            let mut row = [0u8; 1024];
+            if let Some(m) = read_file(p, &mut row) {
+                if !self.add_distances(node, &row[..m]) {
+                    self.distance[node] = [0; MAX_NODES];
+                }
+            }
+        }
         self.mem_nodes = self.nodes;
         if let Some(n) = read_file(c"/sys/devices/system/node/has_memory", &mut buf) {
             let mut m = 0u64;
@@ -337,6 +430,19 @@ impl NodeMap {
             {
                 self.mem_nodes = m & self.nodes;
             }
+        }
+    }
+}
+
+/// Writes `v` in decimal into `buf` and returns the digits (no allocation).
+pub fn fmt_usize(mut v: usize, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            return &buf[i..];
         }
     }
 }
@@ -400,6 +506,41 @@ mod tests {
         assert_eq!(m.nodes, 0b1011);
         assert_eq!(&m.cpu_node[..8], &[0, 0, 1, 1, 0, 0, 1, 1]);
         assert!(!m.add_node(MAX_NODES, b"0"));
+    }
+
+    #[test]
+    fn memoryless_nodes_fall_back_to_the_nearest_node_with_memory() {
+        let mut m = NodeMap::single();
+        m.nodes = 0;
+        for n in 0..4 {
+            assert!(m.add_node(n, b"\n"));
+        }
+        m.mem_nodes = 0b1101; // node 1 has no memory
+        assert!(m.add_distances(0, b"10 20 30 40\n"));
+        assert!(m.add_distances(1, b"20 10 12 12\n"));
+        assert!(m.add_distances(2, b"30 12 10 20\n"));
+        assert!(m.add_distances(3, b"40 12 20 10\n"));
+        assert_eq!(m.memory_node(0), Some(0));
+        assert_eq!(m.memory_node(2), Some(2));
+        // nodes 2 and 3 are equally near node 1: the lower id wins
+        assert_eq!(m.memory_node(1), Some(2));
+        // without distances: the lowest node with memory
+        m.distance = [[0; MAX_NODES]; MAX_NODES];
+        assert_eq!(m.memory_node(1), Some(0));
+        m.mem_nodes = 0;
+        assert_eq!(m.memory_node(1), None);
+        // malformed rows are refused
+        assert!(!m.add_distances(0, b"10 x\n"));
+        assert!(!m.add_distances(0, b"10 20 30 40 50\n"));
+        assert!(!m.add_distances(0, b"10 999\n"));
+    }
+
+    #[test]
+    fn numbers_format_without_allocating() {
+        let mut b = [0u8; 20];
+        assert_eq!(fmt_usize(0, &mut b), b"0");
+        assert_eq!(fmt_usize(63, &mut b), b"63");
+        assert_eq!(fmt_usize(usize::MAX, &mut b), b"18446744073709551615");
     }
 
     #[test]

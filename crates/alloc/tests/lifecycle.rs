@@ -12,13 +12,18 @@ static ALLOC: LociAlloc = LociAlloc;
 fn exited_threads_hand_heaps_and_blocks_back() {
     let base = loci_alloc::stats();
     // Blocks allocated by short-lived threads and freed by the main thread after they exit:
-    // the frees land in bins of abandoned heaps and must be collected, not leaked.
+    // the frees of class blocks (even i, below 8 KiB) land in bins of abandoned heaps and must
+    // be collected, not leaked; page-span blocks (odd i) go straight back to the node.
     let mut keep = Vec::new();
     for round in 0..50 {
         let blocks: Vec<usize> = std::thread::spawn(move || {
             (0..40)
                 .map(|i| {
-                    let size = 8192 + (i * 977 + round * 31) % 100_000;
+                    let size = if i % 2 == 0 {
+                        64 + (i * 977 + round * 31) % 7000
+                    } else {
+                        8192 + (i * 977 + round * 31) % 100_000
+                    };
                     let l = Layout::from_size_align(size, 16).unwrap();
                     // SAFETY: non-zero size; the block is handed out as an address.
                     let p = unsafe { std::alloc::alloc(l) };
@@ -43,7 +48,7 @@ fn exited_threads_hand_heaps_and_blocks_back() {
         unsafe { loci_alloc::free(p as *mut u8) };
     }
     let end = loci_alloc::stats();
-    assert!(end.cross_thread_frees - mid.cross_thread_frees >= 2000);
+    assert!(end.cross_thread_frees - mid.cross_thread_frees >= 1000);
     // Everything the threads allocated came back: live bytes are where they started, give or
     // take what the main thread itself holds (the Vec above is freed by now).
     let grown = end.live_block_bytes - base.live_block_bytes;

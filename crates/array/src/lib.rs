@@ -29,7 +29,7 @@ pub use dtype::DType;
 pub use error::ArrayError;
 pub use layout::{Attr, Bounds, Chunking, Dim, Layout, ShowBox};
 pub use mem::{ChunkMem, Home, Region};
-pub use model::{CostModel, ModelWorkload};
+pub use model::{CostModel, ModelLimits, ModelWorkload};
 pub use pin::{run_pinned, Pinning};
 pub use query::{Query, Span};
 pub use search::{search, Evaluator, ModelEval, SearchCache, SearchConfig, SearchOutcome, Trial};

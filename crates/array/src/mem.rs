@@ -136,30 +136,15 @@ impl Region {
         }
         let ps = loci_place::sys::page_size();
         let mapped = len.next_multiple_of(ps);
-        // SAFETY: anonymous private mapping with no address hint; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                mapped,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(ArrayError::Memory(format!(
-                "mmap of {mapped} bytes failed: {}",
-                std::io::Error::last_os_error()
-            )));
-        }
+        let p = loci_place::sys::map_anonymous_aligned(mapped, ps, 0)
+            .map_err(|e| ArrayError::Memory(format!("mmap of {mapped} bytes failed: {e}")))?;
         if huge {
             // SAFETY: the range is the mapping just created. Advice only: failure is harmless
             // (THP disabled), so the result is ignored on purpose.
-            unsafe { libc::madvise(p, mapped, libc::MADV_HUGEPAGE) };
+            unsafe { libc::madvise(p.as_ptr().cast(), mapped, libc::MADV_HUGEPAGE) };
         }
         Ok(Self {
-            ptr: NonNull::new(p as *mut u8).expect("mmap returned non-null"),
+            ptr: p,
             len,
             mapped,
         })

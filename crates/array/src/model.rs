@@ -154,9 +154,35 @@ pub fn modeled_cpus(topo: &Topology, p: &Pinning) -> Vec<u32> {
         .collect()
 }
 
+/// The three limits of a modeled run, in modeled seconds; the run takes the largest.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ModelLimits {
+    /// The slowest thread's copy time.
+    pub slowest_thread: f64,
+    /// The busiest node's memory: bytes it serves / `node_gbps`.
+    pub busiest_node: f64,
+    /// Remote bytes / the interconnect's capacity.
+    pub interconnect: f64,
+}
+
+impl ModelLimits {
+    /// The modeled run time: the largest limit.
+    pub fn time(&self) -> f64 {
+        self.slowest_thread
+            .max(self.busiest_node)
+            .max(self.interconnect)
+    }
+}
+
 impl CostModel {
     /// Modeled seconds of `w` under pinning `p` on `topo`.
     pub fn cost(&self, topo: &Topology, w: &ModelWorkload, p: &Pinning) -> f64 {
+        self.limits(topo, w, p).time()
+    }
+
+    /// The three limits of `w` under `p` (see the module doc); [`CostModel::cost`] is their
+    /// maximum.
+    pub fn limits(&self, topo: &Topology, w: &ModelWorkload, p: &Pinning) -> ModelLimits {
         assert_eq!(
             p.len(),
             w.threads,
@@ -214,7 +240,11 @@ impl CostModel {
         }
         let slowest_thread = thread_time.iter().cloned().fold(0.0, f64::max);
         let busiest_node = node_bytes.values().cloned().fold(0.0, f64::max) / (self.node_gbps * gb);
-        let links = remote / (self.link_gbps * gb * topo.nodes.len() as f64);
-        slowest_thread.max(busiest_node).max(links)
+        let interconnect = remote / (self.link_gbps * gb * topo.nodes.len() as f64);
+        ModelLimits {
+            slowest_thread,
+            busiest_node,
+            interconnect,
+        }
     }
 }

@@ -102,6 +102,14 @@ impl fmt::Display for Pinning {
 /// Runs `work(i)` on thread `i` of `pinning` (scoped threads, each bound first) and returns the
 /// results in thread order. A thread that cannot be bound does no work and the call fails naming
 /// the thread and its cpus.
+///
+/// Why not loci-sched's workers: a pinning places each individual thread on a chosen cpu or cpu
+/// set (two threads on one cpu, an unpinned thread next to pinned ones, `elastic`'s shared set),
+/// and the static schedule (and the cost model) needs part `p` on thread `p*T/P`. loci-sched
+/// runs one worker per cpu of its core groups (affinity group, cpu or none, even when built on a
+/// restricted topology) and hands tasks out by its stealing rules, so it can express neither a
+/// placement per thread nor which thread runs a part. Threads are started per call; their cost
+/// is measured inside every trial alike, so it does not bias the comparison of strategies.
 pub fn run_pinned<R: Send>(
     pinning: &Pinning,
     work: impl Fn(usize) -> R + Sync,

@@ -2,15 +2,21 @@
 //! candidates and hill-climbs from the best one, with a per-machine, per-workload cache of
 //! winners so the next run starts where the last one ended.
 //!
-//! Every evaluation is one **trial** (a measured run, or a modeled cost on a machine loci is not
-//! on). The search:
+//! Every evaluation is one **trial** (a measured run, or a MODELED cost on a machine loci is not
+//! on; see [`crate::model`]). The search:
 //! 1. evaluates the starting candidates in order (a cached winner first, then the caller's list:
-//!    data-aware `home`, `compact`, `sparse`, `shared`, whole-node subsets...), skipping
-//!    duplicates;
-//! 2. hill-climbs from the best: moves are tried in the order most likely to help (move a thread
-//!    onto the node that holds most of its bytes; move a thread off a core it shares; move a
-//!    thread to a free cpu of another node, nearest first; swap two threads on different nodes),
-//!    taking the first move that improves by more than the noise tolerance;
+//!    data-aware `home`, `home-balanced`, `compact`, `sparse`, `shared`, whole-node subsets...),
+//!    skipping duplicates; threads without known bytes (a small query has fewer parts than
+//!    threads) go last, onto cores of their own, so they never halve a working thread's core;
+//! 2. hill-climbs from the best. Kinds of move, each list most promising first: (1) a thread to
+//!    the node holding most of its bytes, or trading places with a thread there; (2) balancing
+//!    the memory nodes: moves and swaps off the busiest node whose shift of write load is closest
+//!    to half the gap to a less busy node; (3) a thread off a shared core; (4) a thread to another
+//!    node, nearest first, and random swaps. The kinds take turns (the kind that last paid off
+//!    first, the one that last went only sideways last), and the first move better by more than
+//!    the noise tolerance is taken; with a noiseless cost, a few equal moves in a row are taken
+//!    too (plateaus). With more threads than cpus, a thread may move onto the least busy cpu of
+//!    a node;
 //! 3. stops at the trial budget or at a local optimum (a full round of moves without a gain).
 
 use std::collections::BTreeMap;
@@ -141,8 +147,10 @@ fn nodes_by_distance(topo: &Topology, from: u32) -> Vec<u32> {
 
 /// Data-aware placement: threads in order of their bytes (biggest first) each take a free cpu
 /// of the node with the lowest distance-weighted read cost `sum(bytes on n * distance(node, n))`
-/// (ties: the node with more free cpus, then the lower id), filling a node in compact order;
-/// threads with no known bytes go where there is most room.
+/// (ties: the node with more free cpus, then the lower id), filling a node in compact order.
+/// Threads with no known bytes (a small query has fewer parts than threads) are placed last,
+/// each on a core no other thread uses while there is one (node with most such cores first), so
+/// that they never share a core with a thread that works.
 pub fn home_pinning(topo: &Topology, bytes_by_node: &[Vec<(u32, f64)>]) -> Pinning {
     home_pinning_weighted(topo, bytes_by_node, 0.0)
 }
@@ -177,7 +185,9 @@ pub fn home_pinning_weighted(
     order.sort_by(|&a, &b| total(b).total_cmp(&total(a)).then(a.cmp(&b)));
     let mut out = vec![0u32; bytes_by_node.len()];
     let mut busy: std::collections::HashSet<(u32, u32)> = std::collections::HashSet::new();
-    for t in order {
+    let (working, idle): (Vec<usize>, Vec<usize>) =
+        order.into_iter().partition(|&t| total(t) > 0.0);
+    for t in working {
         let row = &bytes_by_node[t];
         let score = |n: u32| -> f64 {
             row.iter()
@@ -210,7 +220,48 @@ pub fn home_pinning_weighted(
             None => all[t % all.len()],
         };
     }
+    for t in idle {
+        out[t] = match take_idle_core_cpu(topo, &mut free, &mut busy) {
+            Some(c) => c,
+            None => all[t % all.len()],
+        };
+    }
     Pinning::on_cpus(&out)
+}
+
+/// Takes a free cpu for a thread without work: on a core nobody uses (from the node with most
+/// such cores, ties to the lower id), else the next free cpu of the node with most free cpus.
+/// `free` holds each node's free cpus in reverse compact order (as [`home_pinning_weighted`]
+/// keeps them); `busy` the cores in use, updated.
+fn take_idle_core_cpu(
+    topo: &Topology,
+    free: &mut BTreeMap<u32, Vec<u32>>,
+    busy: &mut std::collections::HashSet<(u32, u32)>,
+) -> Option<u32> {
+    let idle_cores = |v: &Vec<u32>| -> usize {
+        let mut cores: Vec<(u32, u32)> = v
+            .iter()
+            .map(|&c| core_of(topo, c))
+            .filter(|k| !busy.contains(k))
+            .collect();
+        cores.sort_unstable();
+        cores.dedup();
+        cores.len()
+    };
+    let pick = free
+        .iter()
+        .map(|(&n, v)| (n, idle_cores(v), v.len()))
+        .filter(|e| e.2 > 0)
+        .max_by(|a, b| a.1.cmp(&b.1).then(a.2.cmp(&b.2)).then(b.0.cmp(&a.0)))?;
+    let v = free.get_mut(&pick.0)?;
+    // The last free cpu (front of compact order) whose core is idle, else the last one.
+    let i = v
+        .iter()
+        .rposition(|&c| !busy.contains(&core_of(topo, c)))
+        .unwrap_or(v.len() - 1);
+    let c = v.remove(i);
+    busy.insert(core_of(topo, c));
+    Some(c)
 }
 
 /// Every thread on the cpus of one node, in compact order (wrapping when there are more threads).
@@ -253,6 +304,13 @@ fn moves(
             .filter(|c| !used.contains(c))
             .collect()
     };
+    // More threads than cpus: no cpu is ever free, so a thread moves onto the cpu of the
+    // target node that runs the fewest threads.
+    let oversubscribed = cur.len() > topo.allowed_cpus().len();
+    let mut per_cpu: BTreeMap<u32, usize> = BTreeMap::new();
+    for &c in cur {
+        *per_cpu.entry(c).or_default() += 1;
+    }
     // A free cpu on node n, preferring one whose core is idle.
     let pick = |n: u32| -> Option<u32> {
         let busy: std::collections::HashSet<(u32, u32)> =
@@ -262,6 +320,15 @@ fn moves(
             .copied()
             .find(|&c| !busy.contains(&core_of(topo, c)))
             .or(f.first().copied())
+            .or_else(|| {
+                oversubscribed
+                    .then(|| {
+                        node_cpus_compact(topo, n)
+                            .into_iter()
+                            .min_by_key(|c| per_cpu.get(c).copied().unwrap_or(0))
+                    })
+                    .flatten()
+            })
     };
     let mut out = Vec::new();
     let t_count = cur.len();
@@ -306,38 +373,71 @@ fn moves(
             }
         }
     }
-    // 1b. Unload the busiest memory node (estimated from the hint: bytes read from a node plus
-    // result bytes written by the threads on it): its biggest writers swap with the smallest
-    // threads elsewhere, or move to a free cpu nearby.
+    // 1b. Balance the memory nodes (load estimated from the hint: bytes read from a node plus
+    // result bytes written by the threads on it). Moving a thread of `b` bytes from the busiest
+    // node to another shifts `b` of write load; swapping two shifts their difference. Either
+    // helps only while the shift is below the gap between the two nodes, and helps most at
+    // half the gap, so the shifts closest to half the gap are tried first (the biggest writer
+    // alone usually overshoots).
     if let Some(h) = hint {
         let total =
             |t: usize| -> f64 { h.get(t).map(|r| r.iter().map(|e| e.1).sum()).unwrap_or(0.0) };
         let mut load: BTreeMap<u32, f64> = BTreeMap::new();
+        for n in nodes_by_distance(topo, node(cur[0])) {
+            load.insert(n, 0.0);
+        }
         for (t, &c) in cur.iter().enumerate() {
             *load.entry(node(c)).or_default() += total(t);
             for &(n, b) in h.get(t).map(Vec::as_slice).unwrap_or(&[]) {
                 *load.entry(n).or_default() += b;
             }
         }
-        if let Some((&busy, _)) = load.iter().max_by(|a, b| a.1.total_cmp(b.1)) {
-            let mut on: Vec<usize> = (0..t_count).filter(|&t| node(cur[t]) == busy).collect();
-            let mut off: Vec<usize> = (0..t_count).filter(|&t| node(cur[t]) != busy).collect();
-            on.sort_by(|&a, &b| total(b).total_cmp(&total(a)));
-            off.sort_by(|&a, &b| total(a).total_cmp(&total(b)));
-            for &a in on.iter().take(3) {
-                for &b in off.iter().take(3) {
-                    if total(a) > total(b) {
-                        let mut p = cur.to_vec();
-                        p.swap(a, b);
-                        out.push((2, format!("swap t{a},t{b} (unload node {busy})"), p));
+        if let Some((&busy, &top)) = load.iter().max_by(|a, b| a.1.total_cmp(b.1)) {
+            let mut others: Vec<(u32, f64)> = load
+                .iter()
+                .filter(|e| *e.0 != busy && !topo.allowed_cpus_of(*e.0).is_empty())
+                .map(|(&n, &l)| (n, l))
+                .collect();
+            others.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+            let on: Vec<usize> = (0..t_count).filter(|&t| node(cur[t]) == busy).collect();
+            let mut shifts: Vec<(f64, String, Vec<u32>)> = Vec::new();
+            for &(to, l) in others.iter().take(2) {
+                let gap = top - l;
+                let half = gap / 2.0;
+                for &a in &on {
+                    if total(a) > 0.0 && total(a) < gap {
+                        if let Some(c) = pick(to) {
+                            let mut p = cur.to_vec();
+                            p[a] = c;
+                            shifts.push((
+                                (total(a) - half).abs(),
+                                format!("t{a} off busy node {busy} -> cpu {c}"),
+                                p,
+                            ));
+                        }
+                    }
+                    for b in (0..t_count).filter(|&b| node(cur[b]) == to) {
+                        let d = total(a) - total(b);
+                        if d > 0.0 && d < gap {
+                            let mut p = cur.to_vec();
+                            p.swap(a, b);
+                            shifts.push((
+                                (d - half).abs(),
+                                format!("swap t{a},t{b} (unload node {busy})"),
+                                p,
+                            ));
+                        }
                     }
                 }
-                for n in nodes_by_distance(topo, busy).into_iter().skip(1).take(2) {
-                    if let Some(c) = pick(n) {
-                        let mut p = cur.to_vec();
-                        p[a] = c;
-                        out.push((2, format!("t{a} off busy node {busy} -> cpu {c}"), p));
-                    }
+            }
+            shifts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let mut tried = std::collections::HashSet::new();
+            for (_, label, p) in shifts {
+                if tried.len() >= 6 {
+                    break;
+                }
+                if tried.insert(p.clone()) {
+                    out.push((2, label, p));
                 }
             }
         }
@@ -440,11 +540,33 @@ pub fn search(
         .unwrap_or_else(|| modeled_cpus(topo, &best.pinning));
     // The kind of move that last paid off is tried first in the next round.
     let mut prefer: Option<u8> = None;
+    // The kind of move that last went sideways (tried last in the next round).
+    let mut demote: Option<u8> = None;
     let mut flat = 0;
     'climb: while trials.len() < budget {
         let mut improved = false;
-        let mut ms = moves(topo, &cur, hint, &mut rng);
-        ms.sort_by_key(|m| Some(m.0) != prefer);
+        let ms = moves(topo, &cur, hint, &mut rng);
+        // The kinds take turns (the first move of every kind, then the second of every kind,
+        // ...), the kind that last paid off first in each turn and the one that last went
+        // sideways last, so that no single kind with many moves spends the whole budget.
+        let mut nth: BTreeMap<u8, usize> = BTreeMap::new();
+        let mut keyed: Vec<((usize, u8, u8), (u8, String, Vec<u32>))> = ms
+            .into_iter()
+            .map(|m| {
+                let k = nth.entry(m.0).or_default();
+                *k += 1;
+                let class = if Some(m.0) == prefer {
+                    0
+                } else if Some(m.0) == demote {
+                    2
+                } else {
+                    1
+                };
+                ((*k, class, m.0), m)
+            })
+            .collect();
+        keyed.sort_by_key(|e| e.0);
+        let ms: Vec<(u8, String, Vec<u32>)> = keyed.into_iter().map(|e| e.1).collect();
         for (kind, label, cand) in ms {
             if trials.len() >= budget {
                 break 'climb;
@@ -465,10 +587,23 @@ pub fn search(
             // thread is still the same).
             let sideways = cfg.tolerance == 0.0 && cost <= best.cost && flat < 4;
             if cost < best.cost * (1.0 - cfg.tolerance) || sideways {
-                flat = if cost < best.cost { 0 } else { flat + 1 };
+                // Only a real gain makes its kind of move the first to try next round: a
+                // sideways step says nothing about which kind of move pays.
+                if cost < best.cost {
+                    flat = 0;
+                    prefer = Some(kind);
+                    demote = None;
+                } else {
+                    // A sideways step: let the other kinds of move go first next round, so
+                    // one kind cannot spend the budget wandering on a plateau.
+                    flat += 1;
+                    demote = Some(kind);
+                    if prefer == demote {
+                        prefer = None;
+                    }
+                }
                 best = t;
                 cur = cand;
-                prefer = Some(kind);
                 improved = true;
                 break;
             }

@@ -151,6 +151,24 @@ pub struct Choice {
     pub notes: Vec<String>,
 }
 
+impl Choice {
+    /// The cheapest of `trials` (at least one), keeping every trial.
+    fn best_of(trials: Vec<Trial>) -> Self {
+        let b = trials
+            .iter()
+            .min_by(|a, b| a.cost.total_cmp(&b.cost))
+            .expect("at least one trial")
+            .clone();
+        Choice {
+            pinning: b.pinning,
+            label: b.label,
+            trials,
+            from_cache: false,
+            notes: vec![],
+        }
+    }
+}
+
 /// A loci-place strategy as a pinning of `threads` threads (oversubscribing when there are more
 /// threads than cpus, as a database's worker pool would).
 pub fn place_pinning(
@@ -282,13 +300,6 @@ pub fn choose(
             notes: vec![],
         });
     }
-    let best = |trials: &[Trial]| -> Trial {
-        trials
-            .iter()
-            .min_by(|a, b| a.cost.total_cmp(&b.cost))
-            .expect("at least one trial")
-            .clone()
-    };
     match strategy {
         ThreadStrategy::Random(k) => {
             let mut trials = Vec::with_capacity(*k);
@@ -301,14 +312,7 @@ pub fn choose(
                     cost,
                 });
             }
-            let b = best(&trials);
-            Ok(Choice {
-                pinning: b.pinning,
-                label: b.label,
-                trials,
-                from_cache: false,
-                notes: vec![],
-            })
+            Ok(Choice::best_of(trials))
         }
         ThreadStrategy::Elastic => {
             let order: Vec<u32> =
@@ -344,14 +348,7 @@ pub fn choose(
                 }
                 k = (k + step).min(order.len());
             }
-            let b = best(&trials);
-            Ok(Choice {
-                pinning: b.pinning,
-                label: b.label,
-                trials,
-                from_cache: false,
-                notes: vec![],
-            })
+            Ok(Choice::best_of(trials))
         }
         ThreadStrategy::Search => {
             let mut notes = Vec::new();

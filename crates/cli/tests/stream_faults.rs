@@ -311,21 +311,30 @@ fn check_exact(s: &Setup, send: &serde_json::Value, recv: &serde_json::Value) {
     assert!(a == b, "sink content differs from the source");
 }
 
+/// Waits for the sender (up to 2 min), then the receiver (30 s), checks the sink is exact and
+/// returns both reports.
+fn finish_exact(
+    s: &Setup,
+    mut send: Guard,
+    mut recv: Guard,
+) -> (serde_json::Value, serde_json::Value) {
+    let sr = report(&send.finish(Duration::from_secs(120)), "sender");
+    let rr = report(&recv.finish(Duration::from_secs(30)), "receiver");
+    check_exact(s, &sr, &rr);
+    (sr, rr)
+}
+
 fn receiver_killed_and_restarted(net: &Net) {
     let s = setup(free_port());
     let mut recv = start_recv(net, &s);
-    let mut send = start_send(net, &s, &["--fault-delay-ms", "25"]);
+    let send = start_send(net, &s, &["--fault-delay-ms", "25"]);
     wait_journaled(&s.out, 12);
     recv.kill9();
     let had = journaled(&s.out);
     assert!(had < CHUNKS, "killed mid-stream");
     std::thread::sleep(Duration::from_millis(300));
-    let mut recv = start_recv(net, &s);
-    let so = send.finish(Duration::from_secs(120));
-    let sr = report(&so, "sender");
-    let ro = recv.finish(Duration::from_secs(30));
-    let rr = report(&ro, "receiver");
-    check_exact(&s, &sr, &rr);
+    let recv = start_recv(net, &s);
+    let (sr, rr) = finish_exact(&s, send, recv);
     assert!(sr["reconnects"].as_u64().unwrap() >= 1, "{sr}");
     assert!(
         rr["skipped_chunks"].as_u64().unwrap() >= 12,
@@ -335,17 +344,13 @@ fn receiver_killed_and_restarted(net: &Net) {
 
 fn sender_killed_and_resumed(net: &Net) {
     let s = setup(free_port());
-    let mut recv = start_recv(net, &s);
+    let recv = start_recv(net, &s);
     let mut send = start_send(net, &s, &["--fault-delay-ms", "25"]);
     wait_journaled(&s.out, 12);
     send.kill9();
     assert!(journaled(&s.out) < CHUNKS, "killed mid-stream");
-    let mut send = start_send(net, &s, &["--resume"]);
-    let so = send.finish(Duration::from_secs(120));
-    let sr = report(&so, "sender");
-    let ro = recv.finish(Duration::from_secs(30));
-    let rr = report(&ro, "receiver");
-    check_exact(&s, &sr, &rr);
+    let send = start_send(net, &s, &["--resume"]);
+    let (sr, _) = finish_exact(&s, send, recv);
     assert!(
         sr["skipped_chunks"].as_u64().unwrap() >= 12,
         "resumed sender skipped: {sr}"
@@ -354,13 +359,9 @@ fn sender_killed_and_resumed(net: &Net) {
 
 fn corrupt_frames_are_resent(net: &Net) {
     let s = setup(free_port());
-    let mut recv = start_recv(net, &s);
-    let mut send = start_send(net, &s, &["--fault-corrupt", "0,5,17-19,47"]);
-    let so = send.finish(Duration::from_secs(120));
-    let sr = report(&so, "sender");
-    let ro = recv.finish(Duration::from_secs(30));
-    let rr = report(&ro, "receiver");
-    check_exact(&s, &sr, &rr);
+    let recv = start_recv(net, &s);
+    let send = start_send(net, &s, &["--fault-corrupt", "0,5,17-19,47"]);
+    let (sr, rr) = finish_exact(&s, send, recv);
     assert!(
         rr["nacks"].as_u64().unwrap() >= 6,
         "receiver detected every corrupt frame: {rr}"

@@ -16,7 +16,7 @@
 
 use hashbrown::HashMap;
 
-use crate::exec::{worker_node, Executor, MorselQueue, Worker};
+use crate::exec::Exec;
 use crate::partition::{key_of, partition, val_of, HashPart, PartFn, Partitioned, RangePart};
 use crate::storage::Table;
 use crate::{EngineError, Trace};
@@ -122,27 +122,23 @@ impl Dense {
     }
 }
 
-/// Runs `f(p, scratch)` for every partition on the workers (own node's partitions first) and
-/// returns the per-partition outputs in partition order.
+/// Runs `f(p, scratch)` for every partition on the workers (each partition a task on its home
+/// node) and returns the per-partition outputs in partition order.
 fn per_partition<S, R: Send>(
-    exec: &impl Executor,
+    exec: &Exec,
     parts: &Partitioned,
-    scratch: &(dyn Fn() -> S + Sync),
-    f: &(dyn Fn(usize, &mut S) -> R + Sync),
-) -> Vec<R> {
-    let q = MorselQueue::for_exec(exec, &parts.homes);
-    let topo = exec.topology();
-    let got: Vec<Vec<(usize, R)>> = exec.run(&|w: &Worker| {
-        let mut s = scratch();
-        let mut out = Vec::new();
-        while let Some(p) = q.next(worker_node(topo, w)) {
-            out.push((p, f(p, &mut s)));
-        }
-        out
-    });
-    let mut all: Vec<(usize, R)> = got.into_iter().flatten().collect();
-    all.sort_unstable_by_key(|x| x.0);
-    all.into_iter().map(|x| x.1).collect()
+    scratch: impl Fn() -> S + Sync,
+    f: impl Fn(usize, &mut S) -> R + Sync,
+) -> Vec<R>
+where
+    S: Send,
+{
+    exec.map(&parts.homes, scratch, |s, p| f(p, s)).0
+}
+
+/// Home nodes of a table's morsels.
+fn homes(table: &Table) -> Vec<Option<u32>> {
+    table.morsels.iter().map(|m| m.home).collect()
 }
 
 /// The plan for a table's key range.
@@ -160,28 +156,23 @@ fn hash_bits(rows: usize) -> u32 {
 }
 
 /// W2: count, sum, min, max (and avg) of `val` by `key`, in key order.
-pub fn w2(exec: &impl Executor, table: &Table) -> Result<(Vec<GroupAgg>, AggRun), EngineError> {
+pub fn w2(exec: &Exec, table: &Table) -> Result<(Vec<GroupAgg>, AggRun), EngineError> {
     let Some((min, max, width)) = plan(table) else {
         return Ok((vec![], AggRun::default()));
     };
     if width <= DIRECT_MAX {
-        let q = MorselQueue::for_exec(
-            exec,
-            &table.morsels.iter().map(|m| m.home).collect::<Vec<_>>(),
-        );
-        let topo = exec.topology();
-        let partials = exec.run(&|w: &Worker| {
-            let mut d = Dense::new(width as usize);
-            while let Some(m) = q.next(worker_node(topo, w)) {
+        let pass = exec.for_each(
+            &homes(table),
+            || Dense::new(width as usize),
+            |d, m| {
                 let mo = &table.morsels[m];
                 for (&k, &v) in mo.keys().iter().zip(mo.vals()) {
                     d.add((k - min) as usize, v);
                 }
-            }
-            d
-        });
+            },
+        );
         let mut d = Dense::new(width as usize);
-        for p in partials {
+        for p in pass.states {
             for i in 0..width as usize {
                 d.count[i] += p.count[i];
                 d.sum[i] += p.sum[i];
@@ -195,9 +186,7 @@ pub fn w2(exec: &impl Executor, table: &Table) -> Result<(Vec<GroupAgg>, AggRun)
             out,
             AggRun {
                 plan: "direct",
-                trace: Trace {
-                    touched: q.touched(),
-                },
+                trace: pass.trace,
             },
         ));
     }
@@ -208,8 +197,8 @@ pub fn w2(exec: &impl Executor, table: &Table) -> Result<(Vec<GroupAgg>, AggRun)
         let outs = per_partition(
             exec,
             &parts,
-            &|| Dense::new(1 << shift),
-            &|p, d: &mut Dense| {
+            || Dense::new(1 << shift),
+            |p, d: &mut Dense| {
                 d.reset();
                 for &x in parts.part(p) {
                     d.add(((key_of(x) - min) & ((1 << shift) - 1)) as usize, val_of(x));
@@ -232,25 +221,30 @@ pub fn w2(exec: &impl Executor, table: &Table) -> Result<(Vec<GroupAgg>, AggRun)
         bits: hash_bits(table.rows()),
     };
     let parts = partition(exec, table, &f)?;
-    let outs = per_partition(exec, &parts, &|| (), &|p, _: &mut ()| {
-        let rows = parts.part(p);
-        let mut m: HashMap<u32, GroupAgg> = HashMap::with_capacity(rows.len().min(1 << 16));
-        for &x in rows {
-            let (k, v) = (key_of(x), val_of(x));
-            let g = m.entry(k).or_insert(GroupAgg {
-                key: k,
-                count: 0,
-                sum: 0,
-                min: u32::MAX,
-                max: 0,
-            });
-            g.count += 1;
-            g.sum += v as u64;
-            g.min = g.min.min(v);
-            g.max = g.max.max(v);
-        }
-        m.into_values().collect::<Vec<_>>()
-    });
+    let outs = per_partition(
+        exec,
+        &parts,
+        || (),
+        |p, _: &mut ()| {
+            let rows = parts.part(p);
+            let mut m: HashMap<u32, GroupAgg> = HashMap::with_capacity(rows.len().min(1 << 16));
+            for &x in rows {
+                let (k, v) = (key_of(x), val_of(x));
+                let g = m.entry(k).or_insert(GroupAgg {
+                    key: k,
+                    count: 0,
+                    sum: 0,
+                    min: u32::MAX,
+                    max: 0,
+                });
+                g.count += 1;
+                g.sum += v as u64;
+                g.min = g.min.min(v);
+                g.max = g.max.max(v);
+            }
+            m.into_values().collect::<Vec<_>>()
+        },
+    );
     let mut out: Vec<GroupAgg> = outs.into_iter().flatten().collect();
     out.sort_unstable_by_key(|g| g.key);
     let _ = f.parts();
@@ -278,7 +272,7 @@ fn twice_median(vals: &mut [u32]) -> u64 {
 }
 
 /// W1: exact median of `val` by `key`, in key order, by partition-then-select.
-pub fn w1(exec: &impl Executor, table: &Table) -> Result<(Vec<GroupMedian>, AggRun), EngineError> {
+pub fn w1(exec: &Exec, table: &Table) -> Result<(Vec<GroupMedian>, AggRun), EngineError> {
     let Some((min, max, width)) = plan(table) else {
         return Ok((vec![], AggRun::default()));
     };
@@ -290,8 +284,8 @@ pub fn w1(exec: &impl Executor, table: &Table) -> Result<(Vec<GroupMedian>, AggR
         let outs = per_partition(
             exec,
             &parts,
-            &|| (vec![0u32; n + 1], Vec::<u32>::new()),
-            &|p, (cnt, vals): &mut (Vec<u32>, Vec<u32>)| {
+            || (vec![0u32; n + 1], Vec::<u32>::new()),
+            |p, (cnt, vals): &mut (Vec<u32>, Vec<u32>)| {
                 let rows = parts.part(p);
                 cnt.fill(0);
                 for &x in rows {
@@ -336,10 +330,7 @@ pub fn w1(exec: &impl Executor, table: &Table) -> Result<(Vec<GroupMedian>, AggR
         bits: hash_bits(table.rows()),
     };
     let parts = partition(exec, table, &f)?;
-    let outs = per_partition(exec, &parts, &|| Vec::<u64>::new(), &|p,
-                                                                    buf: &mut Vec<
-        u64,
-    >| {
+    let outs = per_partition(exec, &parts, Vec::<u64>::new, |p, buf: &mut Vec<u64>| {
         buf.clear();
         buf.extend_from_slice(parts.part(p));
         buf.sort_unstable();
@@ -377,26 +368,14 @@ pub fn w1(exec: &impl Executor, table: &Table) -> Result<(Vec<GroupMedian>, AggR
 /// W1 by per-group value lists: every worker appends each row's value to its own list for the
 /// key (a hashbrown map of Vecs), lists of one key are concatenated, and each is selected. The
 /// alternative plan to [`w1`]; kept for measurement (`loci bench w1 --w1-plan lists`).
-pub fn w1_lists(
-    exec: &impl Executor,
-    table: &Table,
-) -> Result<(Vec<GroupMedian>, AggRun), EngineError> {
-    let q = MorselQueue::for_exec(
-        exec,
-        &table.morsels.iter().map(|m| m.home).collect::<Vec<_>>(),
-    );
-    let topo = exec.topology();
-    let maps = exec.run(&|w: &Worker| {
-        let mut m: HashMap<u32, Vec<u32>> = HashMap::new();
-        while let Some(i) = q.next(worker_node(topo, w)) {
-            let mo = &table.morsels[i];
-            for (&k, &v) in mo.keys().iter().zip(mo.vals()) {
-                m.entry(k).or_default().push(v);
-            }
+pub fn w1_lists(exec: &Exec, table: &Table) -> Result<(Vec<GroupMedian>, AggRun), EngineError> {
+    let pass = exec.for_each(&homes(table), HashMap::<u32, Vec<u32>>::new, |m, i| {
+        let mo = &table.morsels[i];
+        for (&k, &v) in mo.keys().iter().zip(mo.vals()) {
+            m.entry(k).or_default().push(v);
         }
-        m
     });
-    let mut it = maps.into_iter();
+    let mut it = pass.states.into_iter();
     let mut all = it.next().unwrap_or_default();
     for m in it {
         for (k, mut v) in m {
@@ -417,9 +396,7 @@ pub fn w1_lists(
         out,
         AggRun {
             plan: "lists",
-            trace: Trace {
-                touched: q.touched(),
-            },
+            trace: pass.trace,
         },
     ))
 }

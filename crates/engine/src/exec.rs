@@ -1,19 +1,37 @@
-//! Running operators on workers: the [`Executor`] trait, a simple pinned pool, and the morsel
-//! queue that hands each worker its own node's morsels first.
+//! Running operators on loci-sched: the [`Exec`] that every operator takes.
 //!
-//! The pool here is the stand-in until loci-sched's LAS/NLS schedulers are wired in behind the
-//! same trait: an operator only asks "run this closure once on every worker" and pulls morsels
-//! from a [`MorselQueue`].
+//! An operator phase is a list of work items (morsels of a table, or partitions), each with an
+//! optional home node. [`Exec::for_each`] turns every item into a *deferred task queued on a core
+//! group of its home node* (items without a home, or homed on a node without workers, are dealt
+//! round robin over the nodes that have workers), inside one request of the scheduler, and waits
+//! for all of them. The item tasks of a node are spawned by one task queued on that node, so
+//! each node's worker fills its own queues and no single thread spawns every task. What happens next is the scheduler's choice (`--sched`):
+//! - **LAS** (seed 003): a worker takes its own group's deferred tasks first and crosses to
+//!   another node only when its group has none left, so a morsel normally runs on the node its
+//!   pages sit on;
+//! - **NLS**: one shared FIFO, any worker takes any morsel (placement-unaware);
+//! - **unpinned**: NLS with workers not pinned at all (the OS places them).
+//!
+//! Which cpus carry workers is the thread placement ([`Threads`]): `sparse` (round robin over
+//! nodes) or `dense` (fill a node first) choose the cpus with loci-place's strategies and pin each
+//! worker to its core group; `os` builds the same layout but leaves the threads unpinned.
+//!
+//! Per-worker state (aggregation arrays, scatter buffers) is created lazily on the first item a
+//! worker runs and handed back at the end; every item records the node of the worker that ran it
+//! (the pinned group's node, or for unpinned workers the node of the cpu it was on when the item
+//! started), which is what the local-access ratio is computed from.
 
 use std::fmt;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex};
 
+use loci_place::strategy::{place_threads, Strategy};
 use loci_place::sys;
+use loci_sched::{Affinity, Config, Ctx, Policy, Scheduler};
 use loci_topo::{CpuSet, Topology};
 
-use crate::EngineError;
+use crate::{EngineError, SendPtr, Trace};
 
 /// How workers are placed on cpus.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,9 +63,9 @@ impl FromStr for Threads {
     type Err = EngineError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Ok(match s {
-            "os" | "none" | "unpinned" => Threads::Os,
+            "os" | "none" => Threads::Os,
             "sparse" => Threads::Sparse,
-            "dense" => Threads::Dense,
+            "dense" | "compact" => Threads::Dense,
             _ => {
                 return Err(EngineError::BadChoice {
                     what: "thread placement",
@@ -59,259 +77,302 @@ impl FromStr for Threads {
     }
 }
 
-/// One worker: the cpu it is pinned to (None: unpinned) and that cpu's node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Worker {
-    /// Index among the executor's workers.
-    pub id: usize,
-    /// Pinned cpu; None when the OS places the thread.
-    pub cpu: Option<u32>,
-    /// Node of the pinned cpu; None when unpinned (then the node is read at each morsel).
-    pub node: Option<u32>,
+/// Parses a scheduler name: `las`, `nls` or `unpinned`.
+pub fn parse_sched(s: &str) -> Result<Policy, EngineError> {
+    Policy::parse(s).map_err(|_| EngineError::BadChoice {
+        what: "scheduler",
+        given: s.into(),
+        valid: "las, nls, unpinned",
+    })
 }
 
-/// Runs a closure once on every worker, in parallel, and returns the results in worker order.
-pub trait Executor: Sync {
-    /// The workers.
-    fn workers(&self) -> &[Worker];
-    /// The topology the workers live on.
-    fn topology(&self) -> &Topology;
-    /// Runs `f` on every worker (each call on that worker's thread, pinned as planned).
-    fn run<R: Send>(&self, f: &(dyn Fn(&Worker) -> R + Sync)) -> Vec<R>;
-    /// Runs `f` on the first worker only (single-threaded phases, `first-touch-1` generation).
-    fn run_one<R: Send>(&self, f: &(dyn Fn(&Worker) -> R + Sync)) -> R;
-    /// Whether a worker that ran out of its own node's items may take items homed on another
-    /// node that has workers of its own (work stealing across nodes). Default: yes.
-    fn steals(&self) -> bool {
-        true
-    }
-}
-
-/// A pool of scoped threads, one per worker, pinned by a [`Threads`] strategy. Threads are
-/// spawned per call: a phase of an operator is long (milliseconds at least), so the ~20 us
-/// spawn cost is noise, and a fresh pinned thread carries no stale state between phases.
-pub struct PinnedPool {
+/// The workers an operator runs on: a loci-sched scheduler over the chosen cpus.
+pub struct Exec {
+    /// The whole machine (memory nodes come from here).
     topo: Topology,
-    workers: Vec<Worker>,
-    steal: bool,
+    sched: Scheduler,
+    policy: Policy,
+    threads: Threads,
+    /// Workers stay on their group's cpus (so a worker's node is its group's node).
+    pinned: bool,
+    /// Nodes that have workers, ascending.
+    nodes: Vec<u32>,
+    workers: usize,
 }
 
-impl PinnedPool {
-    /// `n` workers placed by `threads` over the allowed cpus of `topo`.
-    pub fn new(topo: &Topology, threads: Threads, n: usize) -> Result<PinnedPool, EngineError> {
+impl Exec {
+    /// `workers` workers (default: one per allowed cpu) on the cpus `threads` picks from `topo`,
+    /// scheduled by `policy`.
+    pub fn new(
+        topo: &Topology,
+        policy: Policy,
+        threads: Threads,
+        workers: Option<usize>,
+    ) -> Result<Exec, EngineError> {
+        let allowed = topo.allowed_cpus();
+        let n = workers.unwrap_or(allowed.len());
         if n == 0 {
             return Err(EngineError::Invalid("at least one worker is needed".into()));
         }
-        let nodes: Vec<(u32, Vec<u32>)> = topo
-            .nodes
-            .iter()
-            .map(|nd| {
-                (
-                    nd.id,
-                    topo.allowed_cpus_of(nd.id).iter().collect::<Vec<_>>(),
-                )
-            })
-            .filter(|(_, c)| !c.is_empty())
-            .collect();
-        let total: usize = nodes.iter().map(|x| x.1.len()).sum();
-        if total == 0 {
-            return Err(EngineError::Invalid(
-                "no allowed cpu in the topology".into(),
-            ));
+        if n > allowed.len() {
+            return Err(EngineError::Invalid(format!(
+                "{n} workers but only {} allowed cpus ({allowed}): loci-sched runs one worker per cpu",
+                allowed.len()
+            )));
         }
-        let order: Vec<(u32, u32)> = match threads {
-            Threads::Os => vec![],
-            Threads::Dense => nodes
-                .iter()
-                .flat_map(|(n, cs)| cs.iter().map(move |&c| (c, *n)))
-                .collect(),
-            Threads::Sparse => {
-                let mut v = Vec::new();
-                let deepest = nodes.iter().map(|x| x.1.len()).max().unwrap_or(0);
-                for i in 0..deepest {
-                    for (n, cs) in &nodes {
-                        if let Some(&c) = cs.get(i) {
-                            v.push((c, *n));
-                        }
-                    }
-                }
-                v
-            }
+        // Which cpus: loci-place's strategies (`os` uses the compact order for its layout).
+        let strategy: Strategy = match threads {
+            Threads::Sparse => "sparse",
+            Threads::Dense | Threads::Os => "compact",
+        }
+        .parse()
+        .expect("built-in strategy names parse");
+        let (places, _) = place_threads(topo, &strategy, n, false)
+            .map_err(|e| EngineError::Invalid(format!("placing {n} workers: {e}")))?;
+        let chosen: CpuSet = places.iter().flat_map(|p| p.cpus.iter()).collect();
+        let mut layout_topo = topo.clone();
+        for c in &mut layout_topo.cpus {
+            c.allowed = c.allowed && chosen.contains(c.id);
+        }
+        let pinned = threads != Threads::Os && policy != Policy::Unpinned;
+        let config = Config {
+            policy,
+            affinity: if pinned {
+                Affinity::Group
+            } else {
+                Affinity::None
+            },
+            // The engine submits one request per phase; the per-request records are not read.
+            max_request_records: 0,
+            ..Config::default()
         };
-        let workers = (0..n)
-            .map(|id| match threads {
-                Threads::Os => Worker {
-                    id,
-                    cpu: None,
-                    node: None,
-                },
-                _ => {
-                    let (c, nd) = order[id % order.len()];
-                    Worker {
-                        id,
-                        cpu: Some(c),
-                        node: Some(nd),
-                    }
-                }
-            })
-            .collect();
-        Ok(PinnedPool {
+        let sched = Scheduler::new(&layout_topo, config)
+            .map_err(|e| EngineError::Invalid(format!("starting the scheduler: {e}")))?;
+        let nodes = sched.layout().nodes.clone();
+        let workers = sched.layout().workers.len();
+        Ok(Exec {
             topo: topo.clone(),
+            sched,
+            policy,
+            threads,
+            pinned,
+            nodes,
             workers,
-            steal: true,
         })
     }
 
-    /// Sets whether workers steal items homed on other nodes (see [`Executor::steals`]).
-    /// Without stealing, a node's items are processed by that node's workers only (items on
-    /// nodes without workers are still taken by anyone): every read is local, at the price of
-    /// idle workers when nodes finish unevenly.
-    pub fn with_steal(mut self, steal: bool) -> PinnedPool {
-        self.steal = steal;
-        self
+    /// Number of workers.
+    pub fn workers(&self) -> usize {
+        self.workers
     }
 
-    fn enter(w: &Worker) {
-        if let Some(c) = w.cpu {
-            // A failure here means the cpu left our cpuset after the pool was planned; the work
-            // still runs correctly, only unpinned, and the local-access ratio shows it.
-            let _ = sys::set_affinity(0, &CpuSet::single(c));
-        }
-    }
-}
-
-impl Executor for PinnedPool {
-    fn workers(&self) -> &[Worker] {
-        &self.workers
-    }
-    fn topology(&self) -> &Topology {
+    /// The machine's topology (memory nodes, distances).
+    pub fn topology(&self) -> &Topology {
         &self.topo
     }
-    fn run<R: Send>(&self, f: &(dyn Fn(&Worker) -> R + Sync)) -> Vec<R> {
-        std::thread::scope(|s| {
-            let hs: Vec<_> = self
-                .workers
-                .iter()
-                .map(|w| {
-                    s.spawn(move || {
-                        Self::enter(w);
-                        f(w)
-                    })
+
+    /// The scheduling policy.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// The thread placement.
+    pub fn threads(&self) -> Threads {
+        self.threads
+    }
+
+    /// Nodes that have workers, ascending.
+    pub fn worker_nodes(&self) -> &[u32] {
+        &self.nodes
+    }
+
+    /// The scheduler (layout, counters).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+
+    /// Whether `node` has workers.
+    pub fn has_workers(&self, node: u32) -> bool {
+        self.nodes.binary_search(&node).is_ok()
+    }
+
+    /// The node of the worker running `ctx` now: its group's node when pinned, else the node of
+    /// the cpu it is on (None if the cpu is unknown).
+    fn node_now(&self, ctx: &Ctx) -> Option<u32> {
+        if self.pinned {
+            Some(ctx.node())
+        } else {
+            sys::current_cpu()
+                .ok()
+                .and_then(|c| self.topo.node_of_cpu(c))
+        }
+    }
+
+    /// Runs `f` as the first task of a new request and returns its result once the request and
+    /// every task it spawned are done. `f` may borrow from the caller: loci-sched's `submit` takes
+    /// `'static` closures, and this is the adapter (the scoped-thread pattern): the caller blocks
+    /// until `f` has returned and its captures are gone. Must not be called from inside a task
+    /// (the waiting worker would hold a cpu the request may need).
+    fn request<R: Send>(&self, f: impl FnOnce(&Ctx) -> R + Send) -> R {
+        let mut out: Option<std::thread::Result<R>> = None;
+        let out_ptr = SendPtr(&mut out as *mut Option<std::thread::Result<R>>);
+        let done = Arc::new((Mutex::new(false), Condvar::new()));
+        let done2 = done.clone();
+        let job = move |ctx: &Ctx| {
+            let r = catch_unwind(AssertUnwindSafe(|| f(ctx)));
+            // SAFETY: the caller waits below until `done` is set, so `out` is alive; nobody else
+            // writes it.
+            unsafe { *out_ptr.ptr() = Some(r) };
+            let (m, cv) = &*done2;
+            *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            cv.notify_all();
+            // Only `done2` (an Arc, no borrowed data) is dropped after this point.
+        };
+        let job: Box<dyn FnOnce(&Ctx) + Send + '_> = Box::new(job);
+        // SAFETY: only the lifetime is erased. The job runs exactly once (the scheduler runs every
+        // submitted task, and `self.sched` lives while `&self` does), it consumes `f` and every
+        // borrow before it sets `done`, and this function does not return before `done` is set.
+        let job: Box<dyn FnOnce(&Ctx) + Send + 'static> = unsafe { std::mem::transmute(job) };
+        let _handle = self.sched.submit(move |ctx: &Ctx| job(ctx));
+        let (m, cv) = &*done;
+        let mut d = m.lock().unwrap_or_else(|e| e.into_inner());
+        while !*d {
+            d = cv.wait(d).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(d);
+        match out
+            .take()
+            .expect("the job wrote its result before setting done")
+        {
+            Ok(v) => v,
+            Err(p) => resume_unwind(p),
+        }
+    }
+
+    /// Runs `f` once, on one worker (single-threaded phases: `first-touch-1` generation, an
+    /// index built by one thread). Returns its result and the node of the worker that ran it.
+    pub fn one<R: Send>(&self, f: impl FnOnce() -> R + Send) -> (R, Option<u32>) {
+        self.request(|ctx| {
+            let node = self.node_now(ctx);
+            (f(), node)
+        })
+    }
+
+    /// Runs `body(state, i)` for every item `i` in `0..homes.len()`, each as a deferred task on a
+    /// core group of `homes[i]` (see the module docs), and waits for all. `state` is the running
+    /// worker's own, made by `init` on its first item. Returns the states of the workers that ran
+    /// items and which node ran each item.
+    pub fn for_each<S, I, B>(&self, homes: &[Option<u32>], init: I, body: B) -> Pass<S>
+    where
+        S: Send,
+        I: Fn() -> S + Sync,
+        B: Fn(&mut S, usize) + Sync,
+    {
+        let slots: Vec<Mutex<Slot<S>>> = (0..self.workers)
+            .map(|_| {
+                Mutex::new(Slot {
+                    state: None,
+                    touched: Vec::new(),
                 })
-                .collect();
-            hs.into_iter()
-                .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-                .collect()
-        })
-    }
-    fn steals(&self) -> bool {
-        self.steal
-    }
-    fn run_one<R: Send>(&self, f: &(dyn Fn(&Worker) -> R + Sync)) -> R {
-        let w = &self.workers[0];
-        std::thread::scope(|s| {
-            s.spawn(move || {
-                Self::enter(w);
-                f(w)
             })
-            .join()
-            .unwrap_or_else(|e| std::panic::resume_unwind(e))
-        })
+            .collect();
+        if !homes.is_empty() {
+            // Items per target node (homeless ones dealt round robin over the nodes).
+            let k = self.nodes.len();
+            let mut per_node: Vec<Vec<usize>> = vec![Vec::new(); k];
+            let mut rr = 0usize;
+            for (i, h) in homes.iter().enumerate() {
+                let at = match h.and_then(|n| self.nodes.binary_search(&n).ok()) {
+                    Some(x) => x,
+                    None => {
+                        rr += 1;
+                        (rr - 1) % k
+                    }
+                };
+                per_node[at].push(i);
+            }
+            let (slots, init, body, per_node) = (&slots, &init, &body, &per_node);
+            self.request(|ctx| {
+                ctx.scope(|s| {
+                    // One spawner task per node, queued there: each node's morsel tasks are
+                    // spawned by a worker of that node (in parallel, without one thread spawning
+                    // thousands of tasks while the others steal them), into that node's groups.
+                    for (x, items) in per_node.iter().enumerate() {
+                        if items.is_empty() {
+                            continue;
+                        }
+                        let node = self.nodes[x];
+                        s.spawn_deferred_on(node, move |s| {
+                            for &i in items {
+                                s.spawn_deferred_on(node, move |s| {
+                                    let ctx = s.ctx();
+                                    let at = self.node_now(ctx);
+                                    // One task at a time per worker, and bodies cannot open
+                                    // scopes (they get no context), so this lock is never
+                                    // contended or re-entered.
+                                    let mut g = slots[ctx.worker()]
+                                        .lock()
+                                        .unwrap_or_else(|e| e.into_inner());
+                                    let slot = &mut *g;
+                                    let st = slot.state.get_or_insert_with(init);
+                                    body(st, i);
+                                    slot.touched.push((i, at));
+                                })
+                                .expect("the node has workers");
+                            }
+                        })
+                        .expect("the node has workers");
+                    }
+                })
+            });
+        }
+        let mut states = Vec::new();
+        let mut touched = Vec::with_capacity(homes.len());
+        for s in slots {
+            let s = s.into_inner().unwrap_or_else(|e| e.into_inner());
+            states.extend(s.state);
+            touched.extend(s.touched);
+        }
+        Pass {
+            states,
+            trace: Trace { touched },
+        }
+    }
+
+    /// [`Exec::for_each`] where each item yields a result: the results in item order, and the
+    /// trace.
+    pub fn map<S, R, I, B>(&self, homes: &[Option<u32>], init: I, body: B) -> (Vec<R>, Trace)
+    where
+        S: Send,
+        R: Send,
+        I: Fn() -> S + Sync,
+        B: Fn(&mut S, usize) -> R + Sync,
+    {
+        let pass = self.for_each(
+            homes,
+            || (init(), Vec::new()),
+            |(s, out): &mut (S, Vec<(usize, R)>), i| {
+                let r = body(s, i);
+                out.push((i, r));
+            },
+        );
+        let mut all: Vec<(usize, R)> = pass.states.into_iter().flat_map(|(_, o)| o).collect();
+        all.sort_unstable_by_key(|x| x.0);
+        (all.into_iter().map(|x| x.1).collect(), pass.trace)
     }
 }
 
-/// The node a worker runs on now: its pinned node, or the node of the cpu it is on.
-pub fn worker_node(topo: &Topology, w: &Worker) -> Option<u32> {
-    w.node
-        .or_else(|| sys::current_cpu().ok().and_then(|c| topo.node_of_cpu(c)))
+struct Slot<S> {
+    state: Option<S>,
+    touched: Vec<(usize, Option<u32>)>,
 }
 
-/// Hands out work items (morsels or partitions) to workers: each item has an optional home
-/// node; a worker takes items of its own node first, then items with no home, then steals from
-/// other nodes (HyPer-style morsel-driven scheduling). Records which node ran every item, for the
-/// local-access ratio.
-pub struct MorselQueue {
-    /// Items per node (index into `nodes`), plus one last list for items without a home.
-    lists: Vec<Vec<usize>>,
-    nodes: Vec<u32>,
-    /// Per list: may a worker of another node take its items?
-    open: Vec<bool>,
-    next: Vec<AtomicUsize>,
-    touched: Mutex<Vec<(usize, Option<u32>)>>,
-}
-
-impl MorselQueue {
-    /// A queue over items `0..homes.len()` with the given home nodes.
-    pub fn new(homes: &[Option<u32>]) -> MorselQueue {
-        let mut nodes: Vec<u32> = homes.iter().flatten().copied().collect();
-        nodes.sort_unstable();
-        nodes.dedup();
-        let mut lists = vec![Vec::new(); nodes.len() + 1];
-        for (i, h) in homes.iter().enumerate() {
-            let l = match h {
-                Some(n) => nodes.binary_search(n).expect("node listed"),
-                None => nodes.len(),
-            };
-            lists[l].push(i);
-        }
-        let next = (0..lists.len()).map(|_| AtomicUsize::new(0)).collect();
-        let open = vec![true; lists.len()];
-        MorselQueue {
-            lists,
-            nodes,
-            open,
-            next,
-            touched: Mutex::new(Vec::with_capacity(homes.len())),
-        }
-    }
-
-    /// A queue for the executor's workers: as [`MorselQueue::new`], and when the executor does
-    /// not steal, items homed on a node with pinned workers go to those workers only.
-    pub fn for_exec(exec: &impl Executor, homes: &[Option<u32>]) -> MorselQueue {
-        let mut q = MorselQueue::new(homes);
-        let pinned: Vec<u32> = exec.workers().iter().filter_map(|w| w.node).collect();
-        let all_pinned = exec.workers().iter().all(|w| w.node.is_some());
-        if !exec.steals() && all_pinned {
-            for (i, n) in q.nodes.iter().enumerate() {
-                q.open[i] = !pinned.contains(n);
-            }
-        }
-        q
-    }
-
-    /// Next item for a worker now on node `node` (None: unknown node), or None when all are taken.
-    pub fn next(&self, node: Option<u32>) -> Option<usize> {
-        let own = node.and_then(|n| self.nodes.binary_search(&n).ok());
-        let k = self.lists.len();
-        let start = own.unwrap_or(k - 1);
-        let order = std::iter::once(start)
-            .chain(std::iter::once(k - 1))
-            .chain((1..k).map(|d| (start + d) % k));
-        for l in order {
-            if Some(l) != own && !self.open[l] {
-                continue;
-            }
-            let list = &self.lists[l];
-            if self.next[l].load(Ordering::Relaxed) >= list.len() {
-                continue;
-            }
-            let i = self.next[l].fetch_add(1, Ordering::Relaxed);
-            if i < list.len() {
-                let item = list[i];
-                self.touched
-                    .lock()
-                    .expect("no panics while held")
-                    .push((item, node));
-                return Some(item);
-            }
-        }
-        None
-    }
-
-    /// (item, node of the worker that took it), for every item taken so far.
-    pub fn touched(self) -> Vec<(usize, Option<u32>)> {
-        self.touched.into_inner().expect("no panics while held")
-    }
+/// What one [`Exec::for_each`] left: per-worker states and the trace.
+pub struct Pass<S> {
+    /// The state of every worker that ran at least one item.
+    pub states: Vec<S>,
+    /// Which node ran each item.
+    pub trace: Trace,
 }
 
 /// A one-node topology of the cpus this thread may run on (tests, and machines without sysfs).
@@ -325,82 +386,79 @@ pub fn flat_topology() -> Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
-    fn queue_hands_out_every_item_once_own_node_first() {
-        let homes = vec![Some(1), Some(0), None, Some(1), Some(0)];
-        let q = MorselQueue::new(&homes);
-        assert_eq!(q.next(Some(1)), Some(0));
-        assert_eq!(q.next(Some(1)), Some(3));
-        assert_eq!(q.next(Some(1)), Some(2)); // homeless next
-        assert_eq!(q.next(Some(1)), Some(1)); // then steal
-        assert_eq!(q.next(None), Some(4));
-        assert_eq!(q.next(Some(0)), None);
-        let t = q.touched();
-        assert_eq!(t.len(), 5);
-    }
-
-    #[test]
-    fn queue_under_contention_loses_nothing() {
-        let homes: Vec<Option<u32>> = (0..10_000).map(|i| Some(i % 3)).collect();
-        let q = MorselQueue::new(&homes);
-        let got: Vec<Vec<usize>> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..4)
-                .map(|t| {
-                    let q = &q;
-                    s.spawn(move || {
-                        let mut v = vec![];
-                        while let Some(i) = q.next(Some(t % 3)) {
-                            v.push(i);
-                        }
-                        v
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        let mut all: Vec<usize> = got.into_iter().flatten().collect();
-        all.sort_unstable();
-        assert_eq!(all, (0..10_000).collect::<Vec<_>>());
-    }
-
-    #[test]
-    fn without_stealing_a_nodes_items_stay_on_its_workers() {
-        // Two pretend nodes (queue logic only: nothing is pinned or allocated here).
-        let mut t = flat_topology();
-        let mut n1 = t.nodes[0].clone();
-        n1.id = 1;
-        t.nodes.push(n1);
-        let pool = PinnedPool::new(&t, Threads::Sparse, 2).unwrap();
-        let nodes: Vec<Option<u32>> = pool.workers().iter().map(|w| w.node).collect();
-        assert_eq!(nodes, vec![Some(0), Some(1)]);
-        let homes = vec![Some(0), Some(0), Some(7), None];
-        let q = MorselQueue::for_exec(&pool.with_steal(false), &homes);
-        // Node 1's worker: homeless item, then node 7's (no workers there), never node 0's.
-        assert_eq!(q.next(Some(1)), Some(3));
-        assert_eq!(q.next(Some(1)), Some(2));
-        assert_eq!(q.next(Some(1)), None);
-        assert_eq!(q.next(Some(0)), Some(0));
-        assert_eq!(q.next(Some(0)), Some(1));
-        let pool = PinnedPool::new(&t, Threads::Sparse, 2).unwrap();
-        let q = MorselQueue::for_exec(&pool, &homes);
-        assert_eq!(q.next(Some(1)), Some(3));
-        assert_eq!(q.next(Some(1)), Some(0)); // stealing is on by default
-    }
-
-    #[test]
-    fn pool_pins_sparse_workers() {
+    fn every_item_runs_once_with_per_worker_state() {
         let t = flat_topology();
-        let p = PinnedPool::new(&t, Threads::Sparse, 3).unwrap();
-        let cpus = p.run(&|w| (w.cpu, sys::current_cpu().unwrap()));
-        for (want, got) in cpus {
-            assert_eq!(want, Some(got));
+        for policy in [Policy::Las, Policy::Nls, Policy::Unpinned] {
+            for threads in [Threads::Os, Threads::Sparse, Threads::Dense] {
+                let ex = Exec::new(&t, policy, threads, None).unwrap();
+                let homes: Vec<Option<u32>> = (0..1000)
+                    .map(|i| [Some(0), None, Some(77)][i % 3])
+                    .collect();
+                let hits: Vec<AtomicUsize> = (0..1000).map(|_| AtomicUsize::new(0)).collect();
+                let pass = ex.for_each(
+                    &homes,
+                    || 0usize,
+                    |n, i| {
+                        *n += 1;
+                        hits[i].fetch_add(1, Ordering::Relaxed);
+                    },
+                );
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+                assert!(pass.states.len() <= ex.workers());
+                assert_eq!(pass.states.iter().sum::<usize>(), 1000);
+                let mut items: Vec<usize> = pass.trace.touched.iter().map(|x| x.0).collect();
+                items.sort_unstable();
+                assert_eq!(items, (0..1000).collect::<Vec<_>>());
+                // One node here: every item ran on node 0, pinned or not.
+                assert!(pass.trace.touched.iter().all(|x| x.1 == Some(0)));
+                let (v, _) = ex.map(&homes, || (), |_, i| i * 2);
+                assert_eq!(v, (0..1000).map(|i| i * 2).collect::<Vec<_>>());
+            }
         }
-        assert!(PinnedPool::new(&t, Threads::Os, 0).is_err());
-        assert!("spars"
-            .parse::<Threads>()
-            .unwrap_err()
-            .to_string()
-            .contains("sparse"));
+    }
+
+    #[test]
+    fn borrowed_data_and_panics_come_back_to_the_caller() {
+        let ex = Exec::new(&flat_topology(), Policy::Las, Threads::Sparse, None).unwrap();
+        let data: Vec<u64> = (0..10_000).collect();
+        let (sums, _) = ex.map(
+            &[None; 10],
+            || (),
+            |_, i| data[i * 1000..(i + 1) * 1000].iter().sum::<u64>(),
+        );
+        assert_eq!(sums.iter().sum::<u64>(), data.iter().sum::<u64>());
+        let (v, node) = ex.one(|| data.len());
+        assert_eq!((v, node), (10_000, Some(0)));
+        let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            ex.for_each(&[None; 4], || (), |_, i| assert!(i != 2, "item two failed"))
+        }));
+        let p = r.err().expect("the panic reaches the caller");
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        assert!(msg.contains("item two failed"), "{msg}");
+        // The executor still works after a failed phase.
+        assert_eq!(ex.one(|| 5).0, 5);
+    }
+
+    #[test]
+    fn bad_configurations_are_named() {
+        let t = flat_topology();
+        let n = t.allowed_cpus().len();
+        let e = Exec::new(&t, Policy::Las, Threads::Sparse, Some(n + 1))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("allowed cpus"), "{e}");
+        assert!(Exec::new(&t, Policy::Las, Threads::Os, Some(0)).is_err());
+        let e = "spars".parse::<Threads>().unwrap_err().to_string();
+        assert!(e.contains("sparse"), "{e}");
+        let e = parse_sched("lass").unwrap_err().to_string();
+        assert!(e.contains("las, nls, unpinned"), "{e}");
     }
 }

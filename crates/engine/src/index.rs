@@ -7,7 +7,7 @@
 //! - `btree`: `std::collections::BTreeMap`, bulk-built from the sorted rows;
 //! - `skiplist`: `crossbeam_skiplist::SkipMap`, built concurrently by all workers;
 //! - `art`: `blart::TreeMap` (an adaptive radix tree) on big-endian key bytes, built by one
-//!   thread (the crate's map is not concurrent).
+//!   task on one worker (the crate's map is not concurrent).
 //!
 //! Probes run on all workers against the shared, read-only index.
 
@@ -17,11 +17,11 @@ use std::str::FromStr;
 
 use crossbeam_skiplist::SkipMap;
 
-use crate::exec::{worker_node, Executor, MorselQueue, Worker};
+use crate::exec::Exec;
 use crate::join::{JoinResult, JoinRun};
 use crate::partition::{key_of, partition, val_of, RangePart};
 use crate::storage::Table;
-use crate::{EngineError, Trace};
+use crate::EngineError;
 
 /// Which index structure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,9 +76,13 @@ impl FromStr for IndexKind {
 
 /// A built index on R.
 pub enum Index {
-    Sorted { keys: Vec<u32>, vals: Vec<u32> },
+    Sorted {
+        keys: Vec<u32>,
+        vals: Vec<u32>,
+    },
     BTree(BTreeMap<u32, u32>),
-    SkipList(SkipMap<u32, u32>),
+    /// Boxed: the map itself is large (its head tower), the other variants are a few words.
+    SkipList(Box<SkipMap<u32, u32>>),
     Art(blart::TreeMap<[u8; 4], u32>),
 }
 
@@ -133,7 +137,7 @@ fn not_unique(rows: usize, distinct: usize) -> EngineError {
 
 /// R's rows sorted by key, in parallel: range-partition on the top key bits, sort each
 /// partition. Errors on a duplicate key.
-fn sorted_rows(exec: &impl Executor, r: &Table) -> Result<Vec<u64>, EngineError> {
+fn sorted_rows(exec: &Exec, r: &Table) -> Result<Vec<u64>, EngineError> {
     let Some((min, max)) = r.key_range else {
         return Ok(vec![]);
     };
@@ -149,18 +153,18 @@ fn sorted_rows(exec: &impl Executor, r: &Table) -> Result<Vec<u64>, EngineError>
     }
     let mut out = vec![0u64; total];
     let base = crate::SendPtr(out.as_mut_ptr());
-    let q = MorselQueue::for_exec(exec, &parts.homes);
-    let topo = exec.topology();
-    exec.run(&|w: &Worker| {
-        while let Some(p) = q.next(worker_node(topo, w)) {
+    exec.for_each(
+        &parts.homes,
+        || (),
+        |_, p| {
             let src = parts.part(p);
             // SAFETY: partition p owns out[offsets[p]..offsets[p]+len]; ranges are disjoint.
             let dst =
                 unsafe { std::slice::from_raw_parts_mut(base.ptr().add(offsets[p]), src.len()) };
             dst.copy_from_slice(src);
             dst.sort_unstable();
-        }
-    });
+        },
+    );
     let dups = out
         .windows(2)
         .filter(|w| key_of(w[0]) == key_of(w[1]))
@@ -171,8 +175,13 @@ fn sorted_rows(exec: &impl Executor, r: &Table) -> Result<Vec<u64>, EngineError>
     Ok(out)
 }
 
+/// Home nodes of a table's morsels.
+fn homes(t: &Table) -> Vec<Option<u32>> {
+    t.morsels.iter().map(|m| m.home).collect()
+}
+
 /// Builds the index of `kind` on R.
-pub fn build(exec: &impl Executor, r: &Table, kind: IndexKind) -> Result<Index, EngineError> {
+pub fn build(exec: &Exec, r: &Table, kind: IndexKind) -> Result<Index, EngineError> {
     Ok(match kind {
         IndexKind::Sorted => {
             let rows = sorted_rows(exec, r)?;
@@ -187,29 +196,32 @@ pub fn build(exec: &impl Executor, r: &Table, kind: IndexKind) -> Result<Index, 
         }
         IndexKind::SkipList => {
             let m = SkipMap::new();
-            let q =
-                MorselQueue::for_exec(exec, &r.morsels.iter().map(|m| m.home).collect::<Vec<_>>());
-            let topo = exec.topology();
-            exec.run(&|w: &Worker| {
-                while let Some(i) = q.next(worker_node(topo, w)) {
+            exec.for_each(
+                &homes(r),
+                || (),
+                |_, i| {
                     let mo = &r.morsels[i];
                     for (&k, &v) in mo.keys().iter().zip(mo.vals()) {
                         m.insert(k, v);
                     }
-                }
-            });
+                },
+            );
             if m.len() != r.rows() {
                 return Err(not_unique(r.rows(), m.len()));
             }
-            Index::SkipList(m)
+            Index::SkipList(Box::new(m))
         }
         IndexKind::Art => {
-            let mut m = blart::TreeMap::new();
-            for mo in &r.morsels {
-                for (&k, &v) in mo.keys().iter().zip(mo.vals()) {
-                    m.insert(k.to_be_bytes(), v);
+            // One task on one worker: the crate's map takes no concurrent inserts.
+            let (m, _) = exec.one(|| {
+                let mut m = blart::TreeMap::new();
+                for mo in &r.morsels {
+                    for (&k, &v) in mo.keys().iter().zip(mo.vals()) {
+                        m.insert(k.to_be_bytes(), v);
+                    }
                 }
-            }
+                m
+            });
             if m.len() != r.rows() {
                 return Err(not_unique(r.rows(), m.len()));
             }
@@ -219,23 +231,18 @@ pub fn build(exec: &impl Executor, r: &Table, kind: IndexKind) -> Result<Index, 
 }
 
 /// Probes the index with every S row: count and checksum as in W3.
-pub fn probe(exec: &impl Executor, index: &Index, s: &Table) -> (JoinResult, JoinRun) {
-    let q = MorselQueue::for_exec(exec, &s.morsels.iter().map(|m| m.home).collect::<Vec<_>>());
-    let topo = exec.topology();
-    let parts = exec.run(&|w: &Worker| {
-        let mut res = JoinResult::default();
-        while let Some(i) = q.next(worker_node(topo, w)) {
-            let mo = &s.morsels[i];
-            for (&k, &v) in mo.keys().iter().zip(mo.vals()) {
-                if let Some(rv) = index.get(k) {
-                    res.count += 1;
-                    res.checksum = res.checksum.wrapping_add(rv as u64 + v as u64);
-                }
+pub fn probe(exec: &Exec, index: &Index, s: &Table) -> (JoinResult, JoinRun) {
+    let probed = exec.for_each(&homes(s), JoinResult::default, |res, i| {
+        let mo = &s.morsels[i];
+        for (&k, &v) in mo.keys().iter().zip(mo.vals()) {
+            if let Some(rv) = index.get(k) {
+                res.count += 1;
+                res.checksum = res.checksum.wrapping_add(rv as u64 + v as u64);
             }
         }
-        res
     });
-    let res = parts
+    let res = probed
+        .states
         .into_iter()
         .fold(JoinResult::default(), |a, b| JoinResult {
             count: a.count + b.count,
@@ -244,9 +251,7 @@ pub fn probe(exec: &impl Executor, index: &Index, s: &Table) -> (JoinResult, Joi
     (
         res,
         JoinRun {
-            probe_trace: Trace {
-                touched: q.touched(),
-            },
+            probe_trace: probed.trace,
         },
     )
 }

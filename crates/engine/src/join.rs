@@ -11,12 +11,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use loci_place::sys;
-use loci_topo::NodeSet;
-
-use crate::exec::{worker_node, Executor, MorselQueue, Worker};
+use crate::exec::Exec;
 use crate::partition::{hash, key_of, pack, partition, val_of, HashPart};
-use crate::storage::{Region, Table};
+use crate::storage::{interleave_plan, Region, Table};
 use crate::{EngineError, Trace};
 
 /// Slot value meaning "empty". A real row `(u32::MAX, u32::MAX)` packs to the same value, so
@@ -54,105 +51,95 @@ fn slots_for(n: usize) -> usize {
 }
 
 /// The shared hash table variant.
-pub fn w3_shared(
-    exec: &impl Executor,
-    r: &Table,
-    s: &Table,
-) -> Result<(JoinResult, JoinRun), EngineError> {
+pub fn w3_shared(exec: &Exec, r: &Table, s: &Table) -> Result<(JoinResult, JoinRun), EngineError> {
     let n = slots_for(r.rows());
     let bits = n.trailing_zeros();
     let nodes = crate::mem_nodes(exec);
-    let all: NodeSet = nodes.iter().copied().collect();
-    let pol = (nodes.len() > 1).then_some((sys::mode::MPOL_INTERLEAVE, &all));
-    let region = Region::map(n * 8, pol)?;
+    let plan = if nodes.len() > 1 {
+        Some(interleave_plan(exec.topology(), &nodes)?)
+    } else {
+        None
+    };
+    let region = Region::map(n * 8, plan.as_ref())?;
     // SAFETY: the region holds n u64 slots; AtomicU64 has the layout of u64; every slot is
     // initialised below (by the workers, so first touch spreads pages) before any other use.
     let slots: &[AtomicU64] =
         unsafe { std::slice::from_raw_parts(region.as_ptr() as *const AtomicU64, n) };
-    let topo = exec.topology();
-    let nw = exec.workers().len();
-    exec.run(&|w: &Worker| {
-        let a = w.id * n / nw;
-        let b = (w.id + 1) * n / nw;
-        for x in &slots[a..b] {
-            x.store(EMPTY, Ordering::Relaxed);
-        }
-    });
+    // Initialise in one chunk per worker (homeless: dealt over the nodes, like the pages).
+    let nw = exec.workers();
+    exec.for_each(
+        &vec![None; nw],
+        || (),
+        |_, c| {
+            for x in &slots[c * n / nw..(c + 1) * n / nw] {
+                x.store(EMPTY, Ordering::Relaxed);
+            }
+        },
+    );
     let idx = |k: u32| (hash(k) >> (64 - bits)) as usize;
 
     // Build.
-    let q = MorselQueue::for_exec(exec, &r.morsels.iter().map(|m| m.home).collect::<Vec<_>>());
-    let aside: Vec<Vec<u32>> = exec.run(&|w: &Worker| {
-        let mut aside = Vec::new();
-        while let Some(m) = q.next(worker_node(topo, w)) {
-            let mo = &r.morsels[m];
-            for (&k, &v) in mo.keys().iter().zip(mo.vals()) {
-                let x = pack(k, v);
-                if x == EMPTY {
-                    aside.push(v);
-                    continue;
-                }
-                let mut i = idx(k);
-                loop {
-                    match slots[i].compare_exchange(EMPTY, x, Ordering::Relaxed, Ordering::Relaxed)
-                    {
-                        Ok(_) => break,
-                        Err(_) => i = (i + 1) & (n - 1),
-                    }
+    let homes = |t: &Table| t.morsels.iter().map(|m| m.home).collect::<Vec<_>>();
+    let built = exec.for_each(&homes(r), Vec::new, |aside: &mut Vec<u32>, m| {
+        let mo = &r.morsels[m];
+        for (&k, &v) in mo.keys().iter().zip(mo.vals()) {
+            let x = pack(k, v);
+            if x == EMPTY {
+                aside.push(v);
+                continue;
+            }
+            let mut i = idx(k);
+            loop {
+                match slots[i].compare_exchange(EMPTY, x, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => break,
+                    Err(_) => i = (i + 1) & (n - 1),
                 }
             }
         }
-        aside
     });
-    let aside: Vec<u32> = aside.into_iter().flatten().collect();
+    let aside: Vec<u32> = built.states.into_iter().flatten().collect();
 
     // Probe, 16 rows at a time: hash and prefetch all, then look up all.
     const B: usize = 16;
-    let q = MorselQueue::for_exec(exec, &s.morsels.iter().map(|m| m.home).collect::<Vec<_>>());
-    let parts = exec.run(&|w: &Worker| {
-        let mut res = JoinResult::default();
+    let probed = exec.for_each(&homes(s), JoinResult::default, |res, m| {
         let mut at = [0usize; B];
-        while let Some(m) = q.next(worker_node(topo, w)) {
-            let mo = &s.morsels[m];
-            let (ks, vs) = (mo.keys(), mo.vals());
-            for (kc, vc) in ks.chunks(B).zip(vs.chunks(B)) {
-                for (j, &k) in kc.iter().enumerate() {
-                    at[j] = idx(k);
-                    prefetch(&slots[at[j]]);
-                }
-                for (j, (&k, &v)) in kc.iter().zip(vc).enumerate() {
-                    let mut i = at[j];
-                    loop {
-                        let x = slots[i].load(Ordering::Relaxed);
-                        if x == EMPTY {
-                            break;
-                        }
-                        if key_of(x) == k {
-                            res.count += 1;
-                            res.checksum = res.checksum.wrapping_add(val_of(x) as u64 + v as u64);
-                        }
-                        i = (i + 1) & (n - 1);
+        let mo = &s.morsels[m];
+        let (ks, vs) = (mo.keys(), mo.vals());
+        for (kc, vc) in ks.chunks(B).zip(vs.chunks(B)) {
+            for (j, &k) in kc.iter().enumerate() {
+                at[j] = idx(k);
+                prefetch(&slots[at[j]]);
+            }
+            for (j, (&k, &v)) in kc.iter().zip(vc).enumerate() {
+                let mut i = at[j];
+                loop {
+                    let x = slots[i].load(Ordering::Relaxed);
+                    if x == EMPTY {
+                        break;
                     }
-                    if k == u32::MAX {
-                        for &rv in &aside {
-                            res.count += 1;
-                            res.checksum = res.checksum.wrapping_add(rv as u64 + v as u64);
-                        }
+                    if key_of(x) == k {
+                        res.count += 1;
+                        res.checksum = res.checksum.wrapping_add(val_of(x) as u64 + v as u64);
+                    }
+                    i = (i + 1) & (n - 1);
+                }
+                if k == u32::MAX {
+                    for &rv in &aside {
+                        res.count += 1;
+                        res.checksum = res.checksum.wrapping_add(rv as u64 + v as u64);
                     }
                 }
             }
         }
-        res
     });
-    let res = parts
+    let res = probed
+        .states
         .into_iter()
         .fold(JoinResult::default(), JoinResult::add);
     Ok((
         res,
         JoinRun {
-            probe_trace: Trace {
-                touched: q.touched(),
-            },
+            probe_trace: probed.trace,
         },
     ))
 }
@@ -180,7 +167,7 @@ pub fn join_bits(r_rows: usize) -> u32 {
 
 /// The partitioned (per-node) variant.
 pub fn w3_partitioned(
-    exec: &impl Executor,
+    exec: &Exec,
     r: &Table,
     s: &Table,
 ) -> Result<(JoinResult, JoinRun), EngineError> {
@@ -189,14 +176,11 @@ pub fn w3_partitioned(
     };
     let pr = partition(exec, r, &f)?;
     let ps = partition(exec, s, &f)?;
-    let q = MorselQueue::for_exec(exec, &pr.homes);
-    let topo = exec.topology();
     let cap = slots_for(pr.max_len());
-    let parts = exec.run(&|w: &Worker| {
-        let mut table = vec![EMPTY; cap];
-        let mut aside: Vec<u32> = Vec::new();
-        let mut res = JoinResult::default();
-        while let Some(p) = q.next(worker_node(topo, w)) {
+    let joined = exec.for_each(
+        &pr.homes,
+        || (vec![EMPTY; cap], Vec::<u32>::new(), JoinResult::default()),
+        |(table, aside, res), p| {
             let rp = pr.part(p);
             let n = slots_for(rp.len());
             let bits = n.trailing_zeros();
@@ -232,17 +216,18 @@ pub fn w3_partitioned(
                     i = (i + 1) & (n - 1);
                 }
                 if k == u32::MAX {
-                    for &rv in &aside {
+                    for &rv in aside.iter() {
                         res.count += 1;
                         res.checksum = res.checksum.wrapping_add(rv as u64 + v);
                     }
                 }
             }
-        }
-        res
-    });
-    let res = parts
+        },
+    );
+    let res = joined
+        .states
         .into_iter()
+        .map(|x| x.2)
         .fold(JoinResult::default(), JoinResult::add);
     Ok((
         res,

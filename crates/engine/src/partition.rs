@@ -10,11 +10,8 @@
 //! The scatter goes through a small per-partition write-combining buffer (one cache line) so
 //! the hot loop touches one line per partition instead of one random store per row.
 
-use loci_place::sys;
-use loci_topo::NodeSet;
-
-use crate::exec::{worker_node, Executor, MorselQueue, Worker};
-use crate::storage::{Region, Table};
+use crate::exec::Exec;
+use crate::storage::{bind_plan, Region, Table};
 use crate::{EngineError, SendPtr, Trace};
 
 /// Packs a row.
@@ -104,7 +101,7 @@ pub struct Partitioned {
     parts: Vec<(usize, usize, usize)>,
     /// Home node of each partition.
     pub homes: Vec<Option<u32>>,
-    /// Which node scattered each morsel.
+    /// Which node read each input morsel (histogram pass, then scatter pass).
     pub trace: Trace,
 }
 
@@ -145,30 +142,26 @@ pub fn part_home(nodes: &[u32], p: usize, n: usize) -> u32 {
 }
 
 /// Partitions `table` by `f` on the executor's workers.
-pub fn partition<F: PartFn>(
-    exec: &impl Executor,
-    table: &Table,
-    f: &F,
-) -> Result<Partitioned, EngineError> {
+pub fn partition<F: PartFn>(exec: &Exec, table: &Table, f: &F) -> Result<Partitioned, EngineError> {
     let np = f.parts();
     let nm = table.morsels.len();
     let nodes = crate::mem_nodes(exec);
     let homes: Vec<Option<u32>> = table.morsels.iter().map(|m| m.home).collect();
-    let topo = exec.topology();
 
     // Pass 1: histogram per morsel.
     let mut hist = vec![0u32; nm * np];
     let hp = SendPtr(hist.as_mut_ptr());
-    let q = MorselQueue::for_exec(exec, &homes);
-    exec.run(&|w: &Worker| {
-        while let Some(m) = q.next(worker_node(topo, w)) {
-            // SAFETY: row m of the histogram belongs to the one worker that took morsel m.
+    let counted = exec.for_each(
+        &homes,
+        || (),
+        |_, m| {
+            // SAFETY: row m of the histogram belongs to the one task of morsel m.
             let h = unsafe { std::slice::from_raw_parts_mut(hp.ptr().add(m * np), np) };
             for &k in table.morsels[m].keys() {
                 h[f.part(k)] += 1;
             }
-        }
-    });
+        },
+    );
 
     // Layout: per node one region holding its partitions back to back; per (morsel, partition)
     // the first output slot.
@@ -198,9 +191,12 @@ pub fn partition<F: PartFn>(
         regions.push(if len == 0 {
             None
         } else {
-            let ns = NodeSet::single(nodes[i]);
-            let pol = (nodes.len() > 1).then_some((sys::mode::MPOL_BIND, &ns));
-            Some(Region::map(len * 8, pol)?)
+            let plan = if nodes.len() > 1 {
+                Some(bind_plan(exec.topology(), nodes[i])?)
+            } else {
+                None
+            };
+            Some(Region::map(len * 8, plan.as_ref())?)
         });
     }
     // starts[m * np + p]: first slot of morsel m's rows of partition p (absolute pointer offset
@@ -224,13 +220,11 @@ pub fn partition<F: PartFn>(
         })
         .collect();
 
-    // Pass 2: scatter through one-cache-line write-combining buffers.
-    let q = MorselQueue::for_exec(exec, &homes);
-    exec.run(&|w: &Worker| {
-        let mut buf = vec![[0u64; 8]; np];
-        let mut fill = vec![0u8; np];
-        let mut pos = vec![0usize; np];
-        while let Some(m) = q.next(worker_node(topo, w)) {
+    // Pass 2: scatter through one-cache-line write-combining buffers (per worker).
+    let scattered = exec.for_each(
+        &homes,
+        || (vec![[0u64; 8]; np], vec![0u8; np], vec![0usize; np]),
+        |(buf, fill, pos): &mut (Vec<[u64; 8]>, Vec<u8>, Vec<usize>), m| {
             pos.copy_from_slice(&starts[m * np..(m + 1) * np]);
             fill.iter_mut().for_each(|x| *x = 0);
             let mo = &table.morsels[m];
@@ -267,11 +261,9 @@ pub fn partition<F: PartFn>(
                     };
                 }
             }
-        }
-    });
-    let trace = Trace {
-        touched: q.touched(),
-    };
+        },
+    );
+    let trace = counted.trace.and(scattered.trace);
     Ok(Partitioned {
         regions,
         parts,

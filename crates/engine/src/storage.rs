@@ -10,10 +10,31 @@ use std::fmt;
 use std::io;
 use std::str::FromStr;
 
+use loci_place::policy::{MemPlan, MemPolicy as PlacePolicy};
 use loci_place::sys;
-use loci_topo::NodeSet;
+use loci_topo::{NodeSet, Topology};
 
 use crate::EngineError;
+
+/// Resolves a loci-place policy against the machine: nodes must be present, allowed and have
+/// memory (loci-place's checks and messages); interleaving over one node becomes `preferred`.
+fn resolve(topo: &Topology, p: PlacePolicy) -> Result<MemPlan, EngineError> {
+    let (plan, _notes) = p
+        .resolve(topo)
+        .map_err(|e| EngineError::Invalid(format!("memory policy: {e}")))?;
+    Ok(plan)
+}
+
+/// `bind:NODE` on the machine.
+pub fn bind_plan(topo: &Topology, node: u32) -> Result<MemPlan, EngineError> {
+    resolve(topo, PlacePolicy::Bind(node.to_string()))
+}
+
+/// `interleave:NODES` on the machine.
+pub fn interleave_plan(topo: &Topology, nodes: &[u32]) -> Result<MemPlan, EngineError> {
+    let set: NodeSet = nodes.iter().copied().collect();
+    resolve(topo, PlacePolicy::Interleave(Some(set.to_string())))
+}
 
 /// Where the pages of a table go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,9 +107,9 @@ unsafe impl Sync for Region {}
 
 impl Region {
     /// Maps `len` bytes (rounded up to pages; at least one page), asks for transparent huge pages
-    /// (a hint), and applies `mode`/`nodes` with `mbind` before any page is touched.
-    /// `mode` = None leaves the pages to first touch.
-    pub fn map(len: usize, policy: Option<(i32, &NodeSet)>) -> Result<Region, EngineError> {
+    /// (a hint), and applies the loci-place memory plan with `mbind` before any page is touched.
+    /// `plan` = None (or first-touch) leaves the pages to first touch.
+    pub fn map(len: usize, plan: Option<&MemPlan>) -> Result<Region, EngineError> {
         let ps = sys::page_size();
         let len = len.max(1).div_ceil(ps) * ps;
         // SAFETY: anonymous private mapping; no file, no fixed address.
@@ -116,11 +137,11 @@ impl Region {
             // SAFETY: the range is our own fresh mapping. A failed hint is harmless (THP off).
             unsafe { libc::madvise(ptr, len, libc::MADV_HUGEPAGE) };
         }
-        if let Some((mode, nodes)) = policy {
+        if let Some(p) = plan.filter(|p| !p.is_default()) {
             // SAFETY: the range is our own mapping, page aligned, nothing touched yet.
-            unsafe { sys::mbind(r.ptr, len, mode, nodes, 0) }.map_err(|source| {
+            unsafe { sys::mbind(r.ptr, len, p.mode(), &p.nodes, 0) }.map_err(|source| {
                 EngineError::Io {
-                    what: format!("mbind(mode {mode}, nodes {nodes}) of {len} bytes"),
+                    what: format!("mbind({p}) of {len} bytes"),
                     source,
                 }
             })?;
@@ -201,14 +222,10 @@ pub struct Morsel {
 }
 
 impl Morsel {
-    fn new(
-        rows: usize,
-        home: Option<u32>,
-        policy: Option<(i32, &NodeSet)>,
-    ) -> Result<Self, EngineError> {
+    fn new(rows: usize, home: Option<u32>, plan: Option<&MemPlan>) -> Result<Self, EngineError> {
         let ps = sys::page_size();
         let vals_off = (rows * 4).div_ceil(ps) * ps;
-        let region = Region::map(vals_off + rows * 4, policy)?;
+        let region = Region::map(vals_off + rows * 4, plan)?;
         Ok(Morsel {
             region,
             rows,
@@ -261,14 +278,12 @@ impl Morsel {
 
     /// Where the morsel's pages really are: share of sampled pages per node.
     pub fn actual_nodes(&self, samples: usize) -> io::Result<Vec<(u32, f64)>> {
-        let ps = sys::page_size();
         let mut a = self
             .region
             .sample_nodes(0, self.rows * 4, samples.div_ceil(2))?;
         let b = self
             .region
             .sample_nodes(self.vals_off, self.rows * 4, samples.div_ceil(2))?;
-        let _ = ps;
         // Both columns have the same size: average the two shares.
         for (n, f) in b {
             match a.iter_mut().find(|(m, _)| *m == n) {
@@ -296,9 +311,11 @@ pub struct Table {
 
 impl Table {
     /// Allocates (does not fill) a table of `rows` rows in morsels of `morsel_rows`, placing each
-    /// morsel by `policy` over the allowed memory nodes `nodes` (ascending). For first touch the
+    /// morsel by `policy` over the allowed memory nodes `nodes` (ascending) of `topo`, through
+    /// loci-place's policies (so a bad node is named with the valid ones). For first touch the
     /// homes are left for the generator to set.
     pub fn alloc(
+        topo: &Topology,
         rows: usize,
         morsel_rows: usize,
         policy: &MemPolicy,
@@ -320,25 +337,31 @@ impl Table {
                 });
             }
         }
+        // The plans, resolved once: for bind-per-node one per node.
+        let plans: Vec<Option<MemPlan>> = match policy {
+            MemPolicy::FirstTouch | MemPolicy::FirstTouchSingle => vec![None],
+            MemPolicy::Interleave => vec![Some(interleave_plan(topo, nodes)?)],
+            MemPolicy::Node(n) => vec![Some(bind_plan(topo, *n)?)],
+            MemPolicy::BindPerNode => nodes
+                .iter()
+                .map(|&n| bind_plan(topo, n).map(Some))
+                .collect::<Result<_, _>>()?,
+        };
         let m = rows.div_ceil(morsel_rows);
-        let all: NodeSet = nodes.iter().copied().collect();
         let mut morsels = Vec::with_capacity(m);
         for i in 0..m {
             let r = morsel_rows.min(rows - i * morsel_rows);
-            let (home, pol) = match policy {
-                MemPolicy::FirstTouch | MemPolicy::FirstTouchSingle => (None, None),
-                MemPolicy::Interleave => (None, Some((sys::mode::MPOL_INTERLEAVE, all.clone()))),
-                MemPolicy::Node(n) => (Some(*n), Some((sys::mode::MPOL_BIND, NodeSet::single(*n)))),
+            let (home, plan) = match policy {
+                MemPolicy::FirstTouch | MemPolicy::FirstTouchSingle | MemPolicy::Interleave => {
+                    (None, &plans[0])
+                }
+                MemPolicy::Node(n) => (Some(*n), &plans[0]),
                 MemPolicy::BindPerNode => {
-                    let n = nodes[i * nodes.len() / m];
-                    (Some(n), Some((sys::mode::MPOL_BIND, NodeSet::single(n))))
+                    let k = i * nodes.len() / m;
+                    (Some(nodes[k]), &plans[k])
                 }
             };
-            morsels.push(Morsel::new(
-                r,
-                home,
-                pol.as_ref().map(|(md, ns)| (*md, ns)),
-            )?);
+            morsels.push(Morsel::new(r, home, plan.as_ref())?);
         }
         Ok(Table {
             morsels,
@@ -355,7 +378,13 @@ impl Table {
                 vals.len()
             )));
         }
-        let mut t = Table::alloc(keys.len(), morsel_rows, &MemPolicy::FirstTouch, &[0])?;
+        let mut t = Table::alloc(
+            &Topology::flat(loci_topo::CpuSet::single(0), "from_rows"),
+            keys.len(),
+            morsel_rows,
+            &MemPolicy::FirstTouch,
+            &[0],
+        )?;
         let mut at = 0;
         for m in &mut t.morsels {
             let n = m.rows;

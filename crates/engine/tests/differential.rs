@@ -1,27 +1,37 @@
-//! Differential tests: every placement, thread strategy, worker count and morsel size gives the
-//! same answer as the single-thread reference, on every dataset and the edge cases (empty input,
-//! one group, all-distinct keys, skew, sparse keys, the all-ones row that packs to the
-//! hash table's empty marker). Allocators: `allocators_agree` re-runs this file's core test
-//! under each Debian allocator library found (LD_PRELOAD), as `loci bench --alloc` does.
+//! Differential tests: every memory placement, scheduler (LAS, NLS, unpinned), thread placement,
+//! worker count and morsel size gives the same answer as the single-thread reference, on every
+//! dataset and the edge cases (empty input, one group, all-distinct keys, skew, sparse keys, the
+//! all-ones row that packs to the hash table's empty marker). Allocators: `allocators_agree`
+//! re-runs the matrix and edge-case tests under each Debian allocator library found
+//! (LD_PRELOAD), as `loci bench --alloc` does.
 
 use loci_engine::agg::{w1, w1_lists, w2};
 use loci_engine::exec::flat_topology;
 use loci_engine::index::{build, probe, IndexKind};
 use loci_engine::join::{w3_partitioned, w3_shared};
 use loci_engine::{
-    generate, generate_agg, generate_join, reference, AggSpec, Dist, JoinSpec, MemPolicy,
-    PinnedPool, Table, Threads,
+    generate, generate_agg, generate_join, reference, AggSpec, Dist, Exec, JoinSpec, MemPolicy,
+    Sched, Table, Threads,
 };
 use proptest::prelude::*;
 
-fn pools() -> Vec<PinnedPool> {
+/// Every scheduler, each thread placement, one worker and all cpus.
+fn execs() -> Vec<Exec> {
     let t = flat_topology();
-    vec![
-        PinnedPool::new(&t, Threads::Os, 1).unwrap(),
-        PinnedPool::new(&t, Threads::Sparse, 3).unwrap(),
-        PinnedPool::new(&t, Threads::Dense, 2).unwrap(),
-        PinnedPool::new(&t, Threads::Os, 4).unwrap(),
+    [
+        (Sched::Las, Threads::Sparse, None),
+        (Sched::Las, Threads::Os, Some(1)),
+        (Sched::Nls, Threads::Dense, None),
+        (Sched::Nls, Threads::Sparse, Some(1)),
+        (Sched::Unpinned, Threads::Os, None),
     ]
+    .into_iter()
+    .map(|(s, th, n)| Exec::new(&t, s, th, n).unwrap())
+    .collect()
+}
+
+fn name(ex: &Exec) -> String {
+    format!("{}/{}/{}w", ex.policy().name(), ex.threads(), ex.workers())
 }
 
 fn policies() -> Vec<MemPolicy> {
@@ -34,7 +44,7 @@ fn policies() -> Vec<MemPolicy> {
     ]
 }
 
-fn check_agg(pool: &PinnedPool, t: &Table, what: &str) {
+fn check_agg(pool: &Exec, t: &Table, what: &str) {
     let (k, v) = t.to_vecs();
     let want2 = reference::w2(&k, &v);
     assert_eq!(w2(pool, t).unwrap().0, want2, "w2 {what}");
@@ -45,6 +55,7 @@ fn check_agg(pool: &PinnedPool, t: &Table, what: &str) {
 
 #[test]
 fn aggregation_matches_reference_on_every_dataset_and_configuration() {
+    let execs = execs();
     for dist in Dist::ALL {
         for groups in [1u32, 7, 5000, 40_000] {
             let spec = AggSpec {
@@ -53,13 +64,48 @@ fn aggregation_matches_reference_on_every_dataset_and_configuration() {
                 dist,
                 seed: 11,
             };
-            for (i, pool) in pools().iter().enumerate() {
+            for (i, pool) in execs.iter().enumerate() {
                 for pol in policies() {
                     // Vary the morsel size with the configuration: tiny, odd, and one morsel.
-                    let morsel = [1000, 4097, 30_000, 777][i];
+                    let morsel = [1000, 4097, 30_000, 777, 2048][i];
                     let t = generate_agg(pool, spec, morsel, &pol).unwrap();
-                    check_agg(pool, &t, &format!("{dist} g={groups} pool={i} {pol}"));
+                    check_agg(pool, &t, &format!("{dist} g={groups} {} {pol}", name(pool)));
                 }
+            }
+        }
+    }
+}
+
+/// The whole matrix (every scheduler x memory placement) on small versions of every dataset
+/// (one group, 300 groups, more groups than rows: all distinct for `sequential`) and one join,
+/// every operator and index: re-run under each allocator by `allocators_agree`.
+#[test]
+fn matrix_matches_reference() {
+    for pool in &execs() {
+        for pol in policies() {
+            let what = format!("{} {pol}", name(pool));
+            for dist in Dist::ALL {
+                for groups in [1, 300, 10_000] {
+                    let spec = AggSpec {
+                        rows: 6000,
+                        groups,
+                        dist,
+                        seed: 5,
+                    };
+                    let t = generate_agg(pool, spec, 500, &pol).unwrap();
+                    check_agg(pool, &t, &format!("{what} {dist} g={groups}"));
+                }
+            }
+            let js = JoinSpec::ratio16(400, 8);
+            let (r, s) = generate_join(pool, js, 700, &pol).unwrap();
+            let (rk, rv) = r.to_vecs();
+            let (sk, sv) = s.to_vecs();
+            let want = reference::join(&rk, &rv, &sk, &sv);
+            assert_eq!(w3_shared(pool, &r, &s).unwrap().0, want, "shared {what}");
+            assert_eq!(w3_partitioned(pool, &r, &s).unwrap().0, want, "part {what}");
+            for kind in IndexKind::ALL {
+                let idx = build(pool, &r, kind).unwrap();
+                assert_eq!(probe(pool, &idx, &s).0, want, "{kind} {what}");
             }
         }
     }
@@ -67,7 +113,12 @@ fn aggregation_matches_reference_on_every_dataset_and_configuration() {
 
 #[test]
 fn aggregation_edge_cases() {
-    let pool = &pools()[1];
+    for pool in &execs() {
+        aggregation_edge_cases_on(pool);
+    }
+}
+
+fn aggregation_edge_cases_on(pool: &Exec) {
     // Empty input.
     let t = Table::from_rows(&[], &[], 100).unwrap();
     assert!(w2(pool, &t).unwrap().0.is_empty());
@@ -103,17 +154,17 @@ fn aggregation_edge_cases() {
 
 #[test]
 fn joins_match_reference_on_every_configuration() {
-    for (i, pool) in pools().iter().enumerate() {
+    for (i, pool) in execs().iter().enumerate() {
         for pol in policies() {
             for r_rows in [0usize, 1, 300, 20_000] {
                 let spec = JoinSpec::ratio16(r_rows, 3 + i as u64);
-                let morsel = [1000, 4097, 50_000, 777][i];
+                let morsel = [1000, 4097, 50_000, 777, 3000][i];
                 let (r, s) = generate_join(pool, spec, morsel, &pol).unwrap();
                 let (rk, rv) = r.to_vecs();
                 let (sk, sv) = s.to_vecs();
                 let want = reference::join(&rk, &rv, &sk, &sv);
                 assert_eq!(want.count, spec.s_rows as u64);
-                let what = format!("pool={i} {pol} r={r_rows}");
+                let what = format!("{} {pol} r={r_rows}", name(pool));
                 assert_eq!(w3_shared(pool, &r, &s).unwrap().0, want, "shared {what}");
                 assert_eq!(w3_partitioned(pool, &r, &s).unwrap().0, want, "part {what}");
                 for kind in IndexKind::ALL {
@@ -128,7 +179,12 @@ fn joins_match_reference_on_every_configuration() {
 
 #[test]
 fn joins_handle_duplicates_misses_and_the_empty_marker() {
-    let pool = &pools()[1];
+    for pool in &execs() {
+        joins_edge_cases_on(pool);
+    }
+}
+
+fn joins_edge_cases_on(pool: &Exec) {
     let rk = [5u32, 5, u32::MAX, 7, u32::MAX];
     let rv = [1u32, 2, u32::MAX, 3, 4];
     let sk = [5u32, u32::MAX, 8, 7, 5];
@@ -157,16 +213,16 @@ fn generation_is_independent_of_workers_and_morsels() {
         dist: Dist::Zipf,
         seed: 42,
     };
-    let ps = pools();
-    let a = generate_agg(&ps[0], spec, 50_000, &MemPolicy::FirstTouch).unwrap();
-    let b = generate_agg(&ps[3], spec, 1234, &MemPolicy::Interleave).unwrap();
+    let ps = execs();
+    let a = generate_agg(&ps[1], spec, 50_000, &MemPolicy::FirstTouch).unwrap();
+    let b = generate_agg(&ps[4], spec, 1234, &MemPolicy::Interleave).unwrap();
     assert_eq!(a.to_vecs(), b.to_vecs());
     assert_eq!(a.key_range, b.key_range);
 }
 
 #[test]
 fn first_touch_homes_are_where_the_pages_are() {
-    let pool = &pools()[1];
+    let pool = &execs()[0];
     let (t, trace) = generate(pool, 100_000, 8192, &MemPolicy::FirstTouch, &|s, k, v| {
         for (j, (a, b)) in k.iter_mut().zip(v.iter_mut()).enumerate() {
             *a = (s as u32).wrapping_add(j as u32);
@@ -187,7 +243,7 @@ fn first_touch_homes_are_where_the_pages_are() {
 #[test]
 fn bad_configuration_is_named() {
     let t = flat_topology();
-    let pool = PinnedPool::new(&t, Threads::Sparse, 2).unwrap();
+    let pool = Exec::new(&t, Sched::Las, Threads::Sparse, None).unwrap();
     let spec = AggSpec {
         rows: 10,
         groups: 0,
@@ -214,8 +270,10 @@ proptest! {
         rows in proptest::collection::vec((0u32..50, any::<u32>()), 0..600),
         sparse in any::<bool>(),
         morsel in 1usize..200,
+        which in 0usize..3,
     ) {
-        let pool = &pools()[1];
+        let sched = [Sched::Las, Sched::Nls, Sched::Unpinned][which];
+        let pool = &Exec::new(&flat_topology(), sched, Threads::Sparse, None).unwrap();
         let keys: Vec<u32> = rows.iter().map(|r| if sparse { r.0.wrapping_mul(0x9e37_79b9) } else { r.0 }).collect();
         let vals: Vec<u32> = rows.iter().map(|r| r.1).collect();
         let t = Table::from_rows(&keys, &vals, morsel).unwrap();
@@ -254,6 +312,7 @@ fn allocators_agree() {
                 "--exact",
                 "joins_handle_duplicates_misses_and_the_empty_marker",
                 "aggregation_edge_cases",
+                "matrix_matches_reference",
             ])
             .env("LD_PRELOAD", lib)
             .env("LOCI_ENGINE_ALLOC_CHILD", "1")
@@ -265,7 +324,7 @@ fn allocators_agree() {
             "{lib}: {text}\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(text.contains("2 passed"), "{lib}: {text}");
+        assert!(text.contains("3 passed"), "{lib}: {text}");
         ran += 1;
     }
     eprintln!("allocators_agree: {ran} allocators");

@@ -133,14 +133,7 @@ mod tests {
     fn child_gets_affinity_and_policy_before_exec() {
         let topo = one_node_here();
         let first = topo.allowed_cpus().first().unwrap();
-        let plan = Plan::new(
-            &topo,
-            &format!("cpus:{first}").parse::<Strategy>().unwrap(),
-            1,
-            &"bind:0".parse::<MemPolicy>().unwrap(),
-            false,
-        )
-        .unwrap();
+        let plan = bind0_plan(&topo, &format!("cpus:{first}"), 1);
         let setup = ChildSetup::new(Some(&plan.threads[0].cpus), &plan, Some(true)).unwrap();
         let mut cmd = Command::new("grep");
         cmd.args([
@@ -157,17 +150,17 @@ mod tests {
         );
     }
 
+    /// A plan of `threads` threads under `strategy` with memory bound to node 0.
+    fn bind0_plan(topo: &loci_topo::Topology, strategy: &str, threads: usize) -> Plan {
+        let s: Strategy = strategy.parse().unwrap();
+        let m: MemPolicy = "bind:0".parse().unwrap();
+        Plan::new(topo, &s, threads, &m, false).unwrap()
+    }
+
     #[test]
     fn thread_binding_reads_back() {
         let topo = one_node_here();
-        let plan = Plan::new(
-            &topo,
-            &"compact".parse().unwrap(),
-            1,
-            &"bind:0".parse().unwrap(),
-            false,
-        )
-        .unwrap();
+        let plan = bind0_plan(&topo, "compact", 1);
         std::thread::spawn(move || {
             apply_thread(&plan, 0).unwrap();
             assert_eq!(sys::get_affinity(0).unwrap(), plan.threads[0].cpus);
@@ -205,14 +198,7 @@ mod tests {
         }
         let topo = one_node_here();
         let n = topo.allowed_cpus().len().min(2);
-        let plan = Plan::new(
-            &topo,
-            &"compact".parse().unwrap(),
-            n,
-            &"bind:0".parse().unwrap(),
-            false,
-        )
-        .unwrap();
+        let plan = bind0_plan(&topo, "compact", n);
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
         let helper = {

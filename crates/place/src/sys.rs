@@ -140,6 +140,55 @@ pub fn buffer_pages_nodes(addr: *const u8, len: usize) -> io::Result<Vec<i32>> {
     pages_nodes(0, &pages)
 }
 
+/// Maps `len` bytes of anonymous, private, read-write memory whose address is a multiple of
+/// `align` (a power of two; `len` and `align` multiples of the page size), untouched. For an
+/// alignment above the page size it maps `len + align` and unmaps the unaligned head and tail.
+/// `flags` are added to `MAP_PRIVATE | MAP_ANONYMOUS` (e.g. `libc::MAP_NORESERVE`, or 0).
+/// Allocates nothing on the heap, so an allocator may call it. Unmap with `libc::munmap(p, len)`.
+pub fn map_anonymous_aligned(
+    len: usize,
+    align: usize,
+    flags: i32,
+) -> io::Result<std::ptr::NonNull<u8>> {
+    let ps = page_size();
+    if len == 0 || !align.is_power_of_two() || len % ps != 0 || align % ps != 0 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let extra = if align > ps { align } else { 0 };
+    let total = len
+        .checked_add(extra)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+    // SAFETY: anonymous private mapping at a kernel-chosen address; no existing memory is touched.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            total,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let start = p as usize;
+    let aligned = (start + align - 1) & !(align - 1);
+    let head = aligned - start;
+    let tail = total - head - len;
+    // SAFETY: both trimmed ranges lie inside the mapping just made, are page aligned (mmap returns
+    // page-aligned addresses; align and len are page multiples) and nobody uses them.
+    unsafe {
+        if head > 0 {
+            libc::munmap(p, head);
+        }
+        if tail > 0 {
+            libc::munmap((aligned + len) as *mut libc::c_void, tail);
+        }
+    }
+    Ok(std::ptr::NonNull::new(aligned as *mut u8).expect("mmap never maps address 0 here"))
+}
+
 /// The system page size in bytes.
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions.
@@ -291,6 +340,26 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn aligned_anonymous_mappings() {
+        let ps = page_size();
+        for align in [ps, 2 << 20] {
+            let len = 3 * ps;
+            let p = map_anonymous_aligned(len, align, libc::MAP_NORESERVE).unwrap();
+            assert_eq!(p.as_ptr() as usize % align, 0);
+            // SAFETY: the mapping is ours, `len` bytes, read-write.
+            unsafe {
+                p.as_ptr().write_bytes(7, len);
+                assert_eq!(*p.as_ptr().add(len - 1), 7);
+                assert_eq!(libc::munmap(p.as_ptr().cast(), len), 0);
+            }
+        }
+        for (len, align) in [(0, ps), (ps + 1, ps), (ps, 3 * ps), (ps, ps / 2)] {
+            let e = map_anonymous_aligned(len, align, 0).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{len} {align}");
+        }
     }
 
     #[test]

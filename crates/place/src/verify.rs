@@ -208,43 +208,122 @@ pub fn remote_share(per_node: &BTreeMap<u32, u64>, expected: &NodeSet) -> f64 {
     remote as f64 / total as f64
 }
 
+/// What `move_pages(2)` in query mode says about one page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageStatus {
+    /// Resident on this node.
+    Node(u32),
+    /// Not faulted in yet (`-ENOENT`).
+    NotPresent,
+    /// The kernel did not say (`-EFAULT`). Not a failure and not a node: on Linux 6.1, while
+    /// automatic NUMA balancing scans a range (it makes the pages PROT_NONE to catch the next
+    /// access), `move_pages` reports `-EFAULT` for pages that are resident; it is also what an
+    /// unmapped address gets.
+    Unknown,
+    /// Any other `-errno`.
+    Error(i32),
+}
+
+impl PageStatus {
+    /// Classifies one status word of `move_pages` (a node id or `-errno`).
+    pub fn from_status(s: i32) -> Self {
+        match s {
+            n if n >= 0 => PageStatus::Node(n as u32),
+            s if s == -libc::ENOENT => PageStatus::NotPresent,
+            s if s == -libc::EFAULT => PageStatus::Unknown,
+            s => PageStatus::Error(-s),
+        }
+    }
+}
+
 /// Where the pages of one of this process's own buffers are: pages per node, and pages not yet
 /// faulted in (move_pages(2) in query mode; exact, unlike numa_maps which sums whole mappings).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct BufferPages {
     pub per_node: BTreeMap<u32, usize>,
     pub not_present: usize,
+    /// Pages the kernel gave no node for (`-EFAULT`, see [`PageStatus::Unknown`]): neither
+    /// counted on a node nor as a failure.
+    pub unknown: usize,
+    /// Pages with any other error, by errno.
+    pub errors: BTreeMap<i32, usize>,
 }
 
 impl BufferPages {
+    /// Counts the status words of `move_pages` (see [`PageStatus::from_status`]).
+    pub fn from_statuses(statuses: &[i32]) -> Self {
+        let mut out = BufferPages::default();
+        for &s in statuses {
+            match PageStatus::from_status(s) {
+                PageStatus::Node(n) => *out.per_node.entry(n).or_insert(0) += 1,
+                PageStatus::NotPresent => out.not_present += 1,
+                PageStatus::Unknown => out.unknown += 1,
+                PageStatus::Error(e) => *out.errors.entry(e).or_insert(0) += 1,
+            }
+        }
+        out
+    }
+
+    /// Pages counted in any class.
+    pub fn pages(&self) -> usize {
+        self.per_node.values().sum::<usize>()
+            + self.not_present
+            + self.unknown
+            + self.errors.values().sum::<usize>()
+    }
+
     /// Share of present pages not on `expected` nodes.
     pub fn remote_share(&self, expected: &NodeSet) -> f64 {
         let total: usize = self.per_node.values().sum();
         if total == 0 {
             return 0.0;
         }
-        let remote: usize = self
-            .per_node
+        self.pages_outside(expected) as f64 / total as f64
+    }
+
+    /// Pages on a node that is not in `nodes`.
+    pub fn pages_outside(&self, nodes: &NodeSet) -> usize {
+        self.per_node
             .iter()
-            .filter(|(n, _)| !expected.contains(**n))
+            .filter(|(n, _)| !nodes.contains(**n))
             .map(|(_, p)| p)
-            .sum();
-        remote as f64 / total as f64
+            .sum()
+    }
+
+    /// Checks that every page whose node is known is resident on `want`: no page on another
+    /// node, none missing, no error, and at least one page known. Pages of unknown node
+    /// ([`PageStatus::Unknown`]) are neither evidence for nor against; the message counts them.
+    pub fn check_all_on(&self, want: &NodeSet) -> Result<(), String> {
+        let outside = self.pages_outside(want);
+        let known: usize = self.per_node.values().sum();
+        let unknown = if self.unknown > 0 {
+            format!(", {} of unknown node (-EFAULT)", self.unknown)
+        } else {
+            String::new()
+        };
+        if outside > 0 || self.not_present > 0 || !self.errors.is_empty() || known == 0 {
+            return Err(format!(
+                "pages per node {:?}, {} not present, errors by errno {:?}{unknown}: want all {} on node(s) {want}",
+                self.per_node,
+                self.not_present,
+                self.errors,
+                self.pages()
+            ));
+        }
+        Ok(())
     }
 }
 
 /// Pages per node of `buf`, a buffer of this process.
 pub fn buffer_pages(buf: &[u8]) -> io::Result<BufferPages> {
-    let st = crate::sys::buffer_pages_nodes(buf.as_ptr(), buf.len())?;
-    let mut out = BufferPages::default();
-    for s in st {
-        if s >= 0 {
-            *out.per_node.entry(s as u32).or_insert(0) += 1;
-        } else {
-            out.not_present += 1;
-        }
-    }
-    Ok(out)
+    buffer_pages_at(buf.as_ptr(), buf.len())
+}
+
+/// Pages per node of the range `[addr, addr+len)` of this process (a mapping loci made itself,
+/// for example). Only queries: the range need not be valid (unmapped pages count as unknown).
+pub fn buffer_pages_at(addr: *const u8, len: usize) -> io::Result<BufferPages> {
+    let st = crate::sys::buffer_pages_nodes(addr, len)?;
+    Ok(BufferPages::from_statuses(&st))
 }
 
 /// One thread as read back.
@@ -515,6 +594,47 @@ mod tests {
         assert_eq!(remote_share(&BTreeMap::new(), &NodeSet::single(0)), 0.0);
         assert!(parse_numa_maps("zz default N0=1\n").is_err());
         assert!(parse_numa_maps("1000 default N0=x\n").is_err());
+    }
+
+    #[test]
+    fn page_statuses_are_classified_efault_as_unknown() {
+        assert_eq!(PageStatus::from_status(0), PageStatus::Node(0));
+        assert_eq!(PageStatus::from_status(7), PageStatus::Node(7));
+        assert_eq!(
+            PageStatus::from_status(-libc::ENOENT),
+            PageStatus::NotPresent
+        );
+        assert_eq!(PageStatus::from_status(-libc::EFAULT), PageStatus::Unknown);
+        assert_eq!(
+            PageStatus::from_status(-libc::EACCES),
+            PageStatus::Error(libc::EACCES)
+        );
+        // Three pages on node 1, one on node 0, two unknown (AutoNUMA scanning), one missing.
+        let f = -libc::EFAULT;
+        let b = BufferPages::from_statuses(&[1, 1, f, 0, 1, f, -libc::ENOENT]);
+        assert_eq!(b.per_node, BTreeMap::from([(0, 1), (1, 3)]));
+        assert_eq!((b.unknown, b.not_present, b.pages()), (2, 1, 7));
+        assert!(b.errors.is_empty());
+        // Unknown pages are not remote: the share is over pages with a known node.
+        assert_eq!(b.remote_share(&NodeSet::single(1)), 0.25);
+        // Unknown pages neither fail nor pass a check; the known ones decide.
+        let on1 = BufferPages::from_statuses(&[1, f, 1, f]);
+        assert_eq!(on1.check_all_on(&NodeSet::single(1)), Ok(()));
+        let e = on1.check_all_on(&NodeSet::single(0)).unwrap_err();
+        assert!(e.contains("2 of unknown node (-EFAULT)"), "{e}");
+        let e = BufferPages::from_statuses(&[f, f])
+            .check_all_on(&NodeSet::single(1))
+            .unwrap_err();
+        assert!(
+            e.contains("want all 2 on node(s) 1"),
+            "nothing known proves nothing: {e}"
+        );
+        assert!(BufferPages::from_statuses(&[1, -libc::ENOENT])
+            .check_all_on(&NodeSet::single(1))
+            .is_err());
+        assert!(BufferPages::from_statuses(&[1, -libc::EACCES])
+            .check_all_on(&NodeSet::single(1))
+            .is_err());
     }
 
     #[test]

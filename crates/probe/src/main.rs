@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 use loci_place::policy::name_of_mode;
 use loci_place::sys;
+use loci_place::verify::BufferPages;
 use serde::Serialize;
 
 /// Reports where this process runs and where its memory lands, as JSON on stdout.
@@ -19,7 +20,7 @@ use serde::Serialize;
 ///    "threads": [{"index": 1, "tid": 4243, "cpus": "1", "cpu": 1,
 ///                 "mempolicy": {"policy": "bind", "nodes": "0"}}],
 ///    "alloc": {"bytes": 1048576, "by_thread": 0, "pages": 256,
-///              "pages_per_node": {"0": 256}, "not_present": 0}}
+///              "pages_per_node": {"0": 256}, "not_present": 0, "unknown": 0}}
 ///
 /// `cpus` is the affinity (sched_getaffinity) in the Linux list syntax, `cpu` the cpu it was on
 /// when asked (sched_getcpu), `mempolicy` what get_mempolicy(2) says (policy names as in
@@ -27,7 +28,10 @@ use serde::Serialize;
 /// with pthread_create (so `loci run`'s pin library places them), report after all have started,
 /// and stay alive for --hold milliseconds so an outside observer can see them. `alloc` touches
 /// every page of a fresh buffer (in the main thread, or in thread --alloc-thread) and asks the
-/// kernel where each page is (move_pages(2) in query mode).
+/// kernel where each page is (move_pages(2) in query mode): `not_present` counts pages it says are
+/// not faulted in (-ENOENT), `unknown` pages it gave no node for (-EFAULT: on Linux 6.1 resident
+/// pages get it while automatic NUMA balancing scans them), `errors` other errnos; none of
+/// those are counted on a node.
 ///
 /// Examples:
 ///   loci-probe                                  # the main thread only
@@ -93,8 +97,12 @@ struct AllocReport {
     by_thread: usize,
     pages: usize,
     pages_per_node: BTreeMap<String, usize>,
-    /// Pages the kernel reported as not present or not mapped.
+    /// Pages the kernel reported as not faulted in (-ENOENT).
     not_present: usize,
+    /// Pages the kernel gave no node for (-EFAULT; see `loci_place::verify::PageStatus`).
+    unknown: usize,
+    /// Pages with any other error, by errno.
+    errors: BTreeMap<String, usize>,
 }
 
 #[derive(Serialize)]
@@ -140,21 +148,19 @@ fn touch(bytes: usize, by_thread: usize) -> (AllocReport, Vec<u8>) {
     let buf = vec![1u8; bytes];
     // vec! of a non-zero value writes every byte: every page is faulted in by this thread.
     let st = sys::buffer_pages_nodes(buf.as_ptr(), buf.len()).unwrap_or_default();
-    let mut per = BTreeMap::new();
-    let mut not_present = 0;
-    for s in &st {
-        if *s >= 0 {
-            *per.entry(s.to_string()).or_insert(0) += 1;
-        } else {
-            not_present += 1;
-        }
-    }
+    let b = BufferPages::from_statuses(&st);
     let r = AllocReport {
         bytes,
         by_thread,
         pages: st.len(),
-        pages_per_node: per,
-        not_present,
+        pages_per_node: b
+            .per_node
+            .iter()
+            .map(|(n, c)| (n.to_string(), *c))
+            .collect(),
+        not_present: b.not_present,
+        unknown: b.unknown,
+        errors: b.errors.iter().map(|(e, c)| (e.to_string(), *c)).collect(),
     };
     (r, std::hint::black_box(buf))
 }

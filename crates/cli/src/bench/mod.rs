@@ -129,12 +129,7 @@ fn run_engine(w: engine::Workload, a: engine::EngineArgs) -> anyhow::Result<()> 
         }
         return Ok(());
     }
-    finish(&rep, &common, |r| {
-        r.system == "loci"
-            && r.config.get("threads").map(String::as_str) == Some("os")
-            && r.config.get("mem").map(String::as_str) == Some("first-touch")
-            && r.config.get("alloc").map(String::as_str) == Some("glibc")
-    })?;
+    finish(&rep, &common, engine::baseline(&rep))?;
     for line in engine::peer_ratios(&rep) {
         println!("{line}");
     }

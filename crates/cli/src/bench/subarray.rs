@@ -11,6 +11,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+
 use loci_array::strategy::{choose, RunInfo, ThreadStrategy};
 use loci_array::{
     seismic_layout, subarray, Array, BuildOptions, ChunkMem, Chunking, DType, Evaluator,
@@ -49,7 +51,7 @@ pub struct SubarrayArgs {
     #[arg(long)]
     pub nthreads: Option<usize>,
     /// Peers on the same volume in the same run: numpy, xarray, tiledb (Python, from
-    /// bench/peers/.venv: run bench/peers/setup-subarray once), memcpy (same bytes, one thread).
+    /// bench/peers/.venv: run bench/peers/setup --subarray once), memcpy (same bytes, one thread).
     #[arg(long, value_delimiter = ',', default_value = "numpy,xarray,memcpy")]
     pub peers: Vec<String>,
     /// Home nodes of the volume's chunks: first-touch (by a compact generator on every cpu),
@@ -62,6 +64,64 @@ pub struct SubarrayArgs {
     /// Python with numpy/xarray/tiledb (default: bench/peers/.venv/bin/python).
     #[arg(long)]
     pub python: Option<PathBuf>,
+}
+
+/// Progress of the sweep: an indicatif bar on a terminal; elsewhere (a log, a CI job) one line
+/// per finished step on stderr, since indicatif draws nothing there.
+struct Progress {
+    bar: ProgressBar,
+    what: std::cell::RefCell<String>,
+    started: Instant,
+}
+
+impl Progress {
+    fn new(steps: u64) -> Self {
+        let bar = ProgressBar::new(steps);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} (eta {eta}) {msg}",
+            )
+            .expect("valid template"),
+        );
+        Self {
+            bar,
+            what: Default::default(),
+            started: Instant::now(),
+        }
+    }
+
+    /// Names the step now running.
+    fn start(&self, what: String) {
+        self.bar.set_message(what.clone());
+        *self.what.borrow_mut() = what;
+    }
+
+    /// The step named last finished.
+    fn done(&self) {
+        self.bar.inc(1);
+        if self.bar.is_hidden() {
+            eprintln!(
+                "[{}/{} {:.0}s] {} done",
+                self.bar.position(),
+                self.bar.length().unwrap_or(0),
+                self.started.elapsed().as_secs_f64(),
+                self.what.borrow()
+            );
+        }
+    }
+
+    /// A line for the user, above the bar.
+    fn say(&self, line: String) {
+        if self.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
+        }
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
 }
 
 /// A measured subarray run as an evaluator for the adaptive strategies: one run per trial.
@@ -142,7 +202,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
         .unwrap_or_else(|| repo_root().join("bench/peers/.venv/bin/python"));
     if a.peers.iter().any(|p| p != "memcpy") && !python.is_file() {
         bail!(
-            "the Python peers need {} (create it with bench/peers/setup-subarray, or pass --python)",
+            "the Python peers need {} (create it with bench/peers/setup --subarray, or pass --python)",
             python.display()
         );
     }
@@ -170,17 +230,27 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
         Machine::of(&topo),
     );
     let mut queries = Vec::new(); // for the Python peers
+                                  // One step per (case, strategy), one per case for memcpy, one for the Python peers.
+    let cases = (a.chunks.len() * spans.len() * a.selectivity.len()) as u64;
+    let py_steps = u64::from(a.peers.iter().any(|p| p != "memcpy"));
+    let memcpy_steps = if a.peers.iter().any(|p| p == "memcpy") {
+        cases
+    } else {
+        0
+    };
+    let pb = Progress::new(cases * strategies.len() as u64 + memcpy_steps + py_steps);
     let mut loci_sums = std::collections::HashMap::new();
     let mut volume_file: Option<(PathBuf, u64)> = None;
     for &count in &a.chunks {
         let layout = seismic_layout(shape, DType::F32, &Chunking::Count(count))?;
         let t = Instant::now();
+        pb.start(format!("generating the volume in {count} chunks"));
         let src = Array::build(layout, &gen, &topo, |c| Seismic::default().fill(c))?;
-        eprintln!(
+        pb.say(format!(
             "volume {side}^3 f32 in {} chunks (asked {count}) generated in {:.2}s",
             src.chunks().len(),
             t.elapsed().as_secs_f64()
-        );
+        ));
         if volume_file.is_none() && a.peers.iter().any(|p| p != "memcpy") {
             let dense = src.to_dense(0);
             let path =
@@ -207,6 +277,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                     ),
                 };
                 for s in &strategies {
+                    pb.start(format!("{case} {s}"));
                     let mut eval = Measure {
                         src: &src,
                         bounds: &q.bounds,
@@ -224,7 +295,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                     };
                     let choice = choose(&topo, s, nthreads, &info, &mut eval, cache_ref, &cfg)?;
                     for n in &choice.notes {
-                        eprintln!("note: {n}");
+                        pb.say(format!("note: {n}"));
                     }
                     let mut times = Vec::with_capacity(reps);
                     let mut last = None;
@@ -266,9 +337,10 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                     }
                     row.local_access_ratio = stats.local_access_ratio;
                     rep.results.push(row);
-                    eprintln!("{case} {s}: done");
+                    pb.done();
                 }
                 if a.peers.iter().any(|p| p == "memcpy") {
+                    pb.start(format!("{case} memcpy"));
                     let srcbuf = vec![0x5au8; bytes];
                     let mut pre = vec![0u8; bytes];
                     let mut fresh = Vec::with_capacity(reps);
@@ -287,20 +359,16 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                         fresh.push(t.elapsed().as_secs_f64());
                         std::hint::black_box(&r);
                     }
-                    rep.results.push(
-                        Row::from_times("memcpy", warm)
-                            .case(&case)
-                            .config("dst", "prefaulted")
-                            .config("threads", 1)
-                            .work(bytes as f64, "B/s"),
-                    );
-                    rep.results.push(
-                        Row::from_times("memcpy", fresh)
-                            .case(&case)
-                            .config("dst", "new mapping")
-                            .config("threads", 1)
-                            .work(bytes as f64, "B/s"),
-                    );
+                    for (dst, times) in [("prefaulted", warm), ("new mapping", fresh)] {
+                        rep.results.push(
+                            Row::from_times("memcpy", times)
+                                .case(&case)
+                                .config("dst", dst)
+                                .config("threads", 1)
+                                .work(bytes as f64, "B/s"),
+                        );
+                    }
+                    pb.done();
                 }
                 queries.push(serde_json::json!({
                     "case": case,
@@ -321,7 +389,10 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
         });
         let job_path = path.with_extension("json");
         std::fs::write(&job_path, serde_json::to_string(&job)?)?;
-        eprintln!("peers {py_peers:?} with {}", python.display());
+        pb.start(format!(
+            "peers {py_peers:?} with {} (all cases)",
+            python.display()
+        ));
         let out = Command::new(&python)
             .arg(root.join("bench/peers/subarray.py"))
             .arg(&job_path)
@@ -329,9 +400,10 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
         let _ = std::fs::remove_file(path);
         let _ = std::fs::remove_file(&job_path);
         let _ = std::fs::remove_dir_all(&tdb);
+        pb.done();
         let out = out.with_context(|| {
             format!(
-                "cannot run {} (create it with bench/peers/setup-subarray, or pass --python)",
+                "cannot run {} (create it with bench/peers/setup --subarray, or pass --python)",
                 python.display()
             )
         })?;
@@ -349,7 +421,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                 bail!("peer failed: {e}");
             }
             if let Some(why) = v.get("skipped") {
-                eprintln!("note: {} skipped: {why}", v["system"]);
+                pb.say(format!("note: {} skipped: {why}", v["system"]));
                 continue;
             }
             let case = v["case"].as_str().unwrap_or_default().to_string();
@@ -379,5 +451,6 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
             );
         }
     }
+    pb.finish();
     Ok(rep)
 }

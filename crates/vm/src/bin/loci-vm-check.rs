@@ -5,12 +5,12 @@
 //! itself, so it proves the syscall layer and the VM independently of loci's higher layers; the `cli` group then
 //! checks the `loci` binary against the same facts.
 
-use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 use loci_place::sys::{self, mode};
+use loci_place::verify::{buffer_pages_at, BufferPages};
 use loci_topo::{CpuSet, NodeSet};
 use loci_vm::{Checker, VmConfig};
 
@@ -157,40 +157,10 @@ impl Region {
     /// Maps `len` bytes starting on a huge-page boundary (so THP can back all of it and interleave counts are
     /// exact), by over-mapping and trimming.
     fn map(len: usize) -> Result<Region, String> {
-        let total = len + HUGE_PAGE;
-        // SAFETY: anonymous private mapping; no file, no fixed address.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                total,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(format!(
-                "mmap {total} bytes: {}",
-                io::Error::last_os_error()
-            ));
-        }
-        let start = p as usize;
-        let aligned = (start + HUGE_PAGE - 1) & !(HUGE_PAGE - 1);
-        let head = aligned - start;
-        let tail = total - head - len;
-        // SAFETY: both pieces lie inside the mapping just created and are page aligned (mmap returns page-aligned
-        // addresses, HUGE_PAGE and len are page multiples); the kept range is untouched.
-        unsafe {
-            if head > 0 {
-                libc::munmap(p, head);
-            }
-            if tail > 0 {
-                libc::munmap((aligned + len) as *mut libc::c_void, tail);
-            }
-        }
+        let p = sys::map_anonymous_aligned(len, HUGE_PAGE, 0)
+            .map_err(|e| format!("mmap {len} bytes aligned to {HUGE_PAGE}: {e}"))?;
         Ok(Region {
-            ptr: aligned as *mut u8,
+            ptr: p.as_ptr(),
             len,
         })
     }
@@ -224,19 +194,10 @@ impl Region {
         }
     }
 
-    /// Pages per node (negative keys: errno of pages that are not resident).
-    fn histogram(&self) -> Result<BTreeMap<i32, usize>, String> {
-        let nodes = sys::buffer_pages_nodes(self.ptr, self.len)
-            .map_err(|e| format!("move_pages query: {e}"))?;
-        let mut h = BTreeMap::new();
-        for n in nodes {
-            *h.entry(n).or_insert(0) += 1;
-        }
-        Ok(h)
-    }
-
-    fn pages(&self) -> usize {
-        self.len / sys::page_size()
+    /// Where the pages are (move_pages query, classified by loci-place: per node, not present,
+    /// unknown = -EFAULT while AutoNUMA scans, other errors).
+    fn placement(&self) -> Result<BufferPages, String> {
+        buffer_pages_at(self.ptr, self.len).map_err(|e| format!("move_pages query: {e}"))
     }
 }
 
@@ -244,21 +205,6 @@ impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: exactly the mapping created in `map`.
         unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
-    }
-}
-
-fn all_in(h: &BTreeMap<i32, usize>, want: &NodeSet, pages: usize) -> Result<(), String> {
-    let inside: usize = h
-        .iter()
-        .filter(|(&n, _)| n >= 0 && want.contains(n as u32))
-        .map(|(_, c)| c)
-        .sum();
-    if inside == pages {
-        Ok(())
-    } else {
-        Err(format!(
-            "pages per node {h:?} (negative = -errno, not resident): want all {pages} on node(s) {want}"
-        ))
     }
 }
 
@@ -377,7 +323,7 @@ fn mem_checks(c: &mut Checker, nodes: &[SysNode], region: usize) {
             r.mbind(mode::MPOL_BIND, &one)
                 .map_err(|e| format!("mbind bind {k}: {e}"))?;
             r.touch();
-            all_in(&r.histogram()?, &one, r.pages())
+            r.placement()?.check_all_on(&one)
         });
         c.check(format!("mem/preferred/node{k}"), || {
             room(k)?;
@@ -385,7 +331,7 @@ fn mem_checks(c: &mut Checker, nodes: &[SysNode], region: usize) {
             r.mbind(mode::MPOL_PREFERRED, &one)
                 .map_err(|e| format!("mbind preferred {k}: {e}"))?;
             r.touch();
-            all_in(&r.histogram()?, &one, r.pages())
+            r.placement()?.check_all_on(&one)
         });
         c.check(format!("mem/set_mempolicy-bind/node{k}"), || {
             room(k)?;
@@ -400,7 +346,7 @@ fn mem_checks(c: &mut Checker, nodes: &[SysNode], region: usize) {
                 }
                 let r = Region::map(region)?;
                 r.touch();
-                all_in(&r.histogram()?, &one, r.pages())
+                r.placement()?.check_all_on(&one)
             })
         });
     }
@@ -428,18 +374,18 @@ fn mem_checks(c: &mut Checker, nodes: &[SysNode], region: usize) {
                     r.mbind(mode::MPOL_INTERLEAVE, &set)
                         .map_err(|e| format!("mbind interleave {set}: {e}"))?;
                     r.touch();
-                    let h = r.histogram()?;
-                    all_in(&h, &set, r.pages())?;
+                    let h = r.placement()?;
+                    h.check_all_on(&set)?;
                     let counts: Vec<usize> = set
                         .iter()
-                        .map(|n| h.get(&(n as i32)).copied().unwrap_or(0))
+                        .map(|n| h.per_node.get(&n).copied().unwrap_or(0))
                         .collect();
                     let (lo, hi) = (
                         *counts.iter().min().unwrap(),
                         *counts.iter().max().unwrap(),
                     );
                     let unit = if huge { HUGE_PAGE / ps } else { 1 };
-                    if hi - lo > unit {
+                    if hi - lo > unit + h.unknown {
                         return Err(format!(
                             "pages per node {h:?}: interleave over {set} differs by {} pages (allowed {unit})",
                             hi - lo
@@ -474,7 +420,8 @@ fn mem_checks(c: &mut Checker, nodes: &[SysNode], region: usize) {
                     if !cpus.contains(cpu) {
                         return Err(format!("pinned to {cpus} but ran on cpu {cpu}"));
                     }
-                    all_in(&r.histogram()?, &want, r.pages())
+                    r.placement()?
+                        .check_all_on(&want)
                         .map_err(|e| format!("{e} (thread pinned to node {k}, cpus {cpus})"))
                 })
             });

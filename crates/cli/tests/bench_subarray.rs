@@ -1,0 +1,104 @@
+//! `loci bench subarray` end to end at a tiny size: every case and strategy gives a row with the
+//! same result checksum, adaptive strategies report their trials, and bad input is refused
+//! before any work is done.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn loci() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_loci"))
+}
+
+fn bench(args: &[&str], cache: &std::path::Path) -> Output {
+    Command::new(loci())
+        .args(["bench", "subarray"])
+        .args(args)
+        // The search cache goes to a private directory, not the user's.
+        .env("XDG_CACHE_HOME", cache)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn tiny_sweep_gives_a_row_per_case_and_strategy() {
+    let dir = std::env::temp_dir().join(format!("loci-bench-subarray-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("r.json");
+    let o = bench(
+        &[
+            "--size",
+            "262144",
+            "--chunks",
+            "1,10",
+            "--selectivity",
+            "0.5",
+            "--span",
+            "one,all",
+            "--threads",
+            "os,compact,random:3,search",
+            "--peers",
+            "memcpy",
+            "--reps",
+            "1",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        &dir,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Not a terminal: progress comes as one line per step (4 cases x 4 strategies + 4 memcpy).
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("[1/20 "), "{err}");
+    assert!(
+        err.contains("[20/20 ") && err.contains("c10/all/s0.5 memcpy done"),
+        "{err}"
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = v["results"].as_array().unwrap();
+    let loci: Vec<&Value> = rows.iter().filter(|r| r["system"] == "loci").collect();
+    // 2 chunk counts x 2 spans x 1 selectivity = 4 cases, 4 strategies each.
+    assert_eq!(loci.len(), 16, "{v}");
+    assert_eq!(
+        rows.iter().filter(|r| r["system"] == "memcpy").count(),
+        8,
+        "two memcpy rows per case"
+    );
+    for case in ["c1/one/s0.5", "c1/all/s0.5", "c10/one/s0.5", "c10/all/s0.5"] {
+        let of_case: Vec<&&Value> = loci.iter().filter(|r| r["case"] == case).collect();
+        assert_eq!(of_case.len(), 4, "{case}");
+        let sums: Vec<&Value> = of_case.iter().map(|r| &r["extra"]["sum32"]).collect();
+        assert!(sums.iter().all(|s| *s == sums[0]), "{case}: {sums:?}");
+    }
+    for r in &loci {
+        let trials = r["extra"]["trials"].as_u64().unwrap();
+        match r["config"]["threads"].as_str().unwrap() {
+            "random:3" => assert_eq!(trials, 3, "{r}"),
+            "search" => assert!((1..=19).contains(&trials), "{r}"),
+            _ => assert_eq!(trials, 0, "{r}"),
+        }
+    }
+    // The search cached its winners in the private cache directory.
+    assert!(dir.join("loci").join("search.json").is_file());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_input_is_refused_before_work() {
+    let dir = std::env::temp_dir();
+    for (args, says) in [
+        (vec!["--span", "half"], "one, fifth, all"),
+        (vec!["--selectivity", "1.5"], "not in (0, 1]"),
+        (vec!["--threads", "spread"], "search"),
+        (vec!["--peers", "pandas"], "numpy, xarray, tiledb, memcpy"),
+    ] {
+        let mut all = vec!["--size", "262144", "--peers", "memcpy"];
+        all.extend(args.iter());
+        let o = bench(&all, &dir);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
