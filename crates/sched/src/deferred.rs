@@ -9,16 +9,8 @@
 
 use std::collections::VecDeque;
 
+use crate::rules::{rule4_target, Rule4Class, Rule4Take};
 use crate::sync::{lock, AtomicUsize, Mutex, Ordering};
-
-/// Which end of which request a taker wants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Take {
-    /// Rule 3: youngest task of the oldest request.
-    YoungestOfOldest,
-    /// Rule 4: oldest task of the second-oldest request, or of the oldest if it is alone.
-    OldestOfSecond,
-}
 
 pub(crate) struct DeferredQueue<T> {
     inner: Mutex<Vec<(u64, VecDeque<T>)>>,
@@ -55,51 +47,51 @@ impl<T> DeferredQueue<T> {
         }
     }
 
-    pub(crate) fn take(&self, how: Take) -> Option<T> {
+    /// Rule 3: the youngest task of the oldest request.
+    pub(crate) fn take_own(&self) -> Option<T> {
         let mut v = lock(&self.inner);
-        let i = match how {
-            Take::YoungestOfOldest => 0,
-            Take::OldestOfSecond => usize::from(v.len() >= 2),
-        };
-        let q = &mut v.get_mut(i)?.1;
-        let t = match how {
-            Take::YoungestOfOldest => q.pop_back(),
-            Take::OldestOfSecond => q.pop_front(),
-        };
+        let q = &mut v.first_mut()?.1;
+        let t = q.pop_back();
         if q.is_empty() {
-            v.remove(i);
+            v.remove(0);
             self.requests.store(v.len(), Ordering::SeqCst);
         }
         t
     }
 
-    /// Rule 4 with request migration. With two or more requests queued: the oldest request after
-    /// the first whose tasks have not started anywhere (`fresh` of its first queued task) moves
-    /// whole: its oldest task is returned with all its other queued tasks. If none is fresh, or
-    /// only one request is queued, this is [`Take::OldestOfSecond`] (one task, nothing moves).
-    pub(crate) fn take_migrating(
+    /// Rule 4 ([`rule4_target`] picks the request; `class` classifies a request by its first
+    /// queued task). Returns the task, its request id and, for a whole move, the request's other
+    /// queued tasks (oldest first); `None` when this queue holds nothing rule 4 may take.
+    pub(crate) fn take_remote(
         &self,
-        fresh: impl Fn(&T) -> bool,
+        migrate: bool,
+        class: impl Fn(&T) -> Rule4Class,
     ) -> Option<(T, u64, VecDeque<T>)> {
         let mut v = lock(&self.inner);
-        if v.len() >= 2 {
-            if let Some(i) = (1..v.len()).find(|&i| v[i].1.front().is_some_and(&fresh)) {
+        let pick = rule4_target(
+            v.len(),
+            |i| v[i].1.front().map_or(Rule4Class::Kept, &class),
+            migrate,
+        )?;
+        match pick {
+            Rule4Take::Whole(i) => {
                 let (id, mut rest) = v.remove(i);
                 self.requests.store(v.len(), Ordering::SeqCst);
                 drop(v);
                 let t = rest.pop_front()?;
-                return Some((t, id, rest));
+                Some((t, id, rest))
+            }
+            Rule4Take::Oldest(i) => {
+                let (id, q) = &mut v[i];
+                let id = *id;
+                let t = q.pop_front();
+                if q.is_empty() {
+                    v.remove(i);
+                    self.requests.store(v.len(), Ordering::SeqCst);
+                }
+                t.map(|t| (t, id, VecDeque::new()))
             }
         }
-        let i = usize::from(v.len() >= 2);
-        let (id, q) = v.get_mut(i)?;
-        let id = *id;
-        let t = q.pop_front();
-        if q.is_empty() {
-            v.remove(i);
-            self.requests.store(v.len(), Ordering::SeqCst);
-        }
-        t.map(|t| (t, id, VecDeque::new()))
     }
 
     /// Appends tasks of one request (migrated from another group), oldest first.
@@ -131,54 +123,86 @@ mod tests {
     #[test]
     fn rules_3_and_4_take_the_right_ends() {
         let q = DeferredQueue::new();
-        assert_eq!(q.take(Take::YoungestOfOldest), None::<(u64, u32)>);
+        assert_eq!(q.take_own(), None::<(u64, u32)>);
         for (r, t) in [(5, 1), (3, 1), (5, 2), (3, 2), (7, 1), (3, 3)] {
             q.push(r, (r, t));
         }
         assert_eq!(q.ids(), vec![3, 5, 7]);
         assert_eq!(q.requests(), 3);
         // Rule 3: youngest of the oldest request (3).
-        assert_eq!(q.take(Take::YoungestOfOldest), Some((3, 3)));
+        assert_eq!(q.take_own(), Some((3, 3)));
         // Rule 4: oldest of the second-oldest request (5).
-        assert_eq!(q.take(Take::OldestOfSecond), Some((5, 1)));
-        assert_eq!(q.take(Take::OldestOfSecond), Some((5, 2)));
+        assert_eq!(
+            q.take_remote(false, |_| Rule4Class::Kept).map(|x| x.0),
+            Some((5, 1))
+        );
+        assert_eq!(
+            q.take_remote(false, |_| Rule4Class::Kept).map(|x| x.0),
+            Some((5, 2))
+        );
         assert_eq!(q.ids(), vec![3, 7]);
-        assert_eq!(q.take(Take::OldestOfSecond), Some((7, 1)));
+        assert_eq!(
+            q.take_remote(false, |_| Rule4Class::Kept).map(|x| x.0),
+            Some((7, 1))
+        );
         // Only request 3 left: rule 4 takes its oldest task.
-        assert_eq!(q.take(Take::OldestOfSecond), Some((3, 1)));
-        assert_eq!(q.take(Take::YoungestOfOldest), Some((3, 2)));
+        assert_eq!(
+            q.take_remote(false, |_| Rule4Class::Kept).map(|x| x.0),
+            Some((3, 1))
+        );
+        assert_eq!(q.take_own(), Some((3, 2)));
         assert_eq!(q.requests(), 0);
-        assert_eq!(q.take(Take::OldestOfSecond), None);
+        assert_eq!(
+            q.take_remote(false, |_| Rule4Class::Kept).map(|x| x.0),
+            None
+        );
     }
 
     #[test]
-    fn migration_moves_the_oldest_fresh_request_whole() {
+    fn rule4_moves_fresh_requests_whole_and_skips_kept_ones() {
+        // A task is (request, index, class of its request).
+        use Rule4Class::{Fresh, Kept, Shareable};
+        let class = |t: &(u64, u32, Rule4Class)| t.2;
         let q = DeferredQueue::new();
-        for (r, t) in [(1, 1), (2, 1), (2, 2), (3, 1), (2, 3), (3, 2)] {
-            q.push(r, (r, t));
+        for (r, t, c) in [
+            (1, 1, Kept),
+            (2, 1, Fresh),
+            (2, 2, Fresh),
+            (3, 1, Fresh),
+            (2, 3, Fresh),
+        ] {
+            q.push(r, (r, t, c));
         }
-        // Nothing started: the second-oldest request (2) moves whole.
-        let (t, id, rest) = q.take_migrating(|_| true).unwrap();
-        assert_eq!((t, id), ((2, 1), 2));
-        assert_eq!(rest, VecDeque::from([(2, 2), (2, 3)]));
+        // The second-oldest request (2) is fresh: it moves whole.
+        let (t, id, rest) = q.take_remote(true, class).unwrap();
+        assert_eq!((t.1, id), (1, 2));
+        assert_eq!(rest.iter().map(|t| t.1).collect::<Vec<_>>(), vec![2, 3]);
         assert_eq!(q.ids(), vec![1, 3]);
-        // Request 3 started somewhere already: one task of it, like the seed's rule 4.
-        let (t, _, rest) = q.take_migrating(|t: &(u64, u32)| t.0 != 3).unwrap();
-        assert_eq!((t, rest.len()), ((3, 1), 0));
-        // Request 4 is fresh but request 3 (started) is older: 4 moves.
-        q.push(4, (4, 1));
-        q.push(4, (4, 2));
-        let (t, id, rest) = q.take_migrating(|t: &(u64, u32)| t.0 != 3).unwrap();
-        assert_eq!((t, id, rest.len()), ((4, 1), 4, 1));
         let other = DeferredQueue::new();
-        other.push(5, (5, 1));
+        other.push(5, (5, 1, Kept));
         other.push_all(id, rest);
-        assert_eq!(other.ids(), vec![4, 5]);
-        // Only one request queued: its oldest task, nothing moves (groups cooperate on it).
-        let (t, _, rest) = q.take_migrating(|_| true).unwrap();
-        assert_eq!((t, rest.len()), ((3, 2), 0));
-        let (t, _, rest) = q.take_migrating(|_| true).unwrap();
-        assert_eq!((t, rest.len()), ((1, 1), 0));
-        assert!(q.take_migrating(|_| true).is_none());
+        assert_eq!(other.ids(), vec![2, 5]);
+        // Request 3 moves next; then only the kept request 1 is left: nothing for a thief.
+        assert_eq!(q.take_remote(true, class).map(|x| x.1), Some(3));
+        assert!(q.take_remote(true, class).is_none());
+        assert_eq!(q.ids(), vec![1]);
+        // The seed's rule takes the lone request's oldest task regardless.
+        assert_eq!(
+            q.take_remote(false, class).map(|x| (x.0 .1, x.2.len())),
+            Some((1, 0))
+        );
+        // A shareable request gives one task at a time, second-oldest first.
+        for (r, t, c) in [(7, 1, Shareable), (7, 2, Shareable), (8, 1, Shareable)] {
+            q.push(r, (r, t, c));
+        }
+        assert_eq!(
+            q.take_remote(true, class).map(|x| (x.1, x.2.len())),
+            Some((8, 0))
+        );
+        assert_eq!(
+            q.take_remote(true, class).map(|x| (x.0 .1, x.1)),
+            Some((1, 7))
+        );
+        assert_eq!(q.ids(), vec![7]);
     }
 }

@@ -22,6 +22,11 @@
 //! Idle workers sleep on their group's primitive; a deferred spawn wakes a sleeper of the own
 //! group first, then of groups by increasing NUMA distance; an immediate spawn wakes only within
 //! its node. The choice is the pure function [`rules::choose_las`] over a [`rules::QueueView`].
+//! Rule 4 moves a request to another node only whole unless there are not enough requests to
+//! occupy the nodes ([`Config::migrate_requests`], [`rules::rule4_target`]).
+//!
+//! Tasks must not block waiting for tasks they spawned except through [`Ctx::scope`] (which runs
+//! tasks while it waits).
 //!
 //! **NLS** (seed 003 section 6.1): own immediate queue (youngest), one shared deferred FIFO, then
 //! the oldest immediate task of any other worker. **Unpinned**: NLS with no affinity.
@@ -136,12 +141,14 @@ pub struct Config {
     pub max_request_records: usize,
     /// Stack size of each worker thread in bytes.
     pub stack_size: usize,
-    /// LAS rule 4, when the victim group has two or more requests queued: take the oldest
-    /// request after the first that has not started running anywhere, and move all its queued
-    /// tasks to the thief's group, so a request changes node whole instead of chain by chain
-    /// (loci's extension of the seed's intent: "steal a task of a request which is probably not
-    /// being processed yet"). If every such request has started, or only one is queued, one task
-    /// is taken as in the seed, so groups still cooperate. `false`: exactly the seed's rule.
+    /// LAS rule 4 lets requests change node only whole (loci's rule 4, see
+    /// [`rules::rule4_target`]): a thief takes a request that has not started anywhere with all
+    /// its queued tasks; it splits a started request across nodes only while there are not
+    /// enough requests to occupy the nodes (the request was submitted while fewer requests than
+    /// nodes were live, no crowd formed since, and that is still so), so a request submitted
+    /// among at least one request per node keeps all its tasks on its node. Groups of one node
+    /// always share. `false`: exactly the seed's rule 4 (the oldest task of the second-oldest
+    /// request, or of the only one).
     pub migrate_requests: bool,
 }
 

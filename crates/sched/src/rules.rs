@@ -8,7 +8,9 @@ use crate::layout::Layout;
 pub trait QueueView {
     /// Whether worker `w`'s immediate queue holds a task.
     fn immediate_nonempty(&self, w: usize) -> bool;
-    /// How many requests have tasks in group `g`'s deferred queue (LAS).
+    /// How many requests have tasks in group `g`'s deferred queue (LAS) that the asking worker
+    /// may take (for another group's queue, [`rule4_target`] decides which requests count; the
+    /// runtime reports 0 for a group where it found none).
     fn deferred_requests(&self, g: usize) -> usize;
     /// Whether the one shared deferred FIFO holds a task (NLS).
     fn shared_deferred_nonempty(&self) -> bool;
@@ -25,7 +27,7 @@ pub enum Rule {
     /// LAS 3: own group's deferred queue, youngest task of the oldest request.
     OwnDeferred,
     /// LAS 4: another group's deferred queue (by NUMA distance), oldest task of the second-oldest
-    /// request (of the oldest if it is the only one).
+    /// request (of the oldest if it is the only one); which request exactly: [`rule4_target`].
     RemoteDeferred,
     /// LAS 5: immediate queue of a worker of another group of the same node, oldest task, round
     /// robin.
@@ -100,6 +102,62 @@ impl Pick {
             Pick::Steal { .. } => Rule::NlsSteal,
         }
     }
+}
+
+/// How rule 4 may treat one request queued in another group's deferred queue (loci's rule 4,
+/// `Config::migrate_requests`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule4Class {
+    /// No task of the request has started: it may move to the thief's group whole.
+    Fresh,
+    /// Started, but the thief may take one task of it: the thief is on the victim group's node,
+    /// or the request started while fewer requests than nodes were live and that is still so
+    /// (seed 003: nodes cooperate "in case there are not enough requests in the system to occupy
+    /// all the nodes").
+    Shareable,
+    /// Started while at least as many requests as nodes were live (or more are live now): its
+    /// tasks stay on their node, so no thief from another node takes one.
+    Kept,
+}
+
+/// What rule 4 takes from a victim group's deferred queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule4Take {
+    /// Every queued task of the request at this queue position (oldest first) moves to the
+    /// thief's group; the thief runs the oldest.
+    Whole(usize),
+    /// The oldest task of the request at this queue position.
+    Oldest(usize),
+}
+
+/// Rule 4 over one victim queue holding `n` requests, oldest first; `class(i)` classifies the
+/// request at position `i` (asked lazily, at most twice per request).
+///
+/// `migrate == false` is exactly seed 003: the oldest task of the second-oldest request, or of
+/// the oldest if it is alone. `migrate == true` (loci's default) lets requests change node only
+/// whole: the oldest fresh request after the first moves whole (then the first, if fresh);
+/// otherwise the oldest task of the first shareable request in seed order (second-oldest first,
+/// the oldest last); `Kept` requests are never split, and `None` means this victim has nothing
+/// for the thief (rule 4 goes on to the next group).
+pub fn rule4_target(
+    n: usize,
+    class: impl Fn(usize) -> Rule4Class,
+    migrate: bool,
+) -> Option<Rule4Take> {
+    if n == 0 {
+        return None;
+    }
+    let second = usize::from(n >= 2);
+    if !migrate {
+        return Some(Rule4Take::Oldest(second));
+    }
+    let seed_order = || (1..n).chain(std::iter::once(0));
+    if let Some(i) = seed_order().find(|&i| class(i) == Rule4Class::Fresh) {
+        return Some(Rule4Take::Whole(i));
+    }
+    seed_order()
+        .find(|&i| class(i) == Rule4Class::Shareable)
+        .map(Rule4Take::Oldest)
 }
 
 /// LAS (seed 003 section 4.2) for worker `w`. `rr` is the rule-5 position where the worker last
@@ -448,5 +506,40 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn rule4_moves_fresh_requests_whole_and_never_splits_kept_ones() {
+        use Rule4Class::{Fresh, Kept, Shareable};
+        use Rule4Take::{Oldest, Whole};
+        let rule4_target = |v: &[Rule4Class], m| super::rule4_target(v.len(), |i| v[i], m);
+        // The seed's rule ignores the classes.
+        assert_eq!(rule4_target(&[Kept], false), Some(Oldest(0)));
+        assert_eq!(rule4_target(&[Kept, Kept, Fresh], false), Some(Oldest(1)));
+        assert_eq!(rule4_target(&[], false), None);
+        assert_eq!(rule4_target(&[], true), None);
+        // Fresh requests after the first move whole, the oldest of them first.
+        assert_eq!(
+            rule4_target(&[Kept, Kept, Fresh, Fresh], true),
+            Some(Whole(2))
+        );
+        assert_eq!(
+            rule4_target(&[Fresh, Shareable, Fresh], true),
+            Some(Whole(2))
+        );
+        // A fresh first request moves whole only when no later one is fresh.
+        assert_eq!(rule4_target(&[Fresh, Kept], true), Some(Whole(0)));
+        assert_eq!(rule4_target(&[Fresh], true), Some(Whole(0)));
+        // No fresh request: one task of a shareable one, second-oldest before the oldest.
+        assert_eq!(rule4_target(&[Shareable, Shareable], true), Some(Oldest(1)));
+        assert_eq!(rule4_target(&[Shareable, Kept], true), Some(Oldest(0)));
+        assert_eq!(
+            rule4_target(&[Kept, Kept, Shareable], true),
+            Some(Oldest(2))
+        );
+        assert_eq!(rule4_target(&[Shareable], true), Some(Oldest(0)));
+        // Requests that started among enough others are never split across nodes.
+        assert_eq!(rule4_target(&[Kept], true), None);
+        assert_eq!(rule4_target(&[Kept, Kept, Kept], true), None);
     }
 }

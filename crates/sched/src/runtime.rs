@@ -1,23 +1,43 @@
 //! The running scheduler: worker threads, queues, requests, scopes, sleep and wake.
 //!
 //! Invariants (read these before changing anything here):
-//! - A request's `pending` counts its tasks that exist and have not been *accounted* as finished.
-//!   A spawn adds 1 before the task becomes visible; a worker accounts finished tasks in batches
-//!   (`Run`), always before it looks for work and finds none, and before it runs a task of another
-//!   request. So `pending` reaches 0 exactly once, after the last task of the request finished, and
-//!   a worker never sits idle on an unaccounted task.
+//! - A request's `pending` counts its tasks that exist and have not been *accounted* as finished,
+//!   plus spawn credits that workers reserved and have not used yet. A worker reserves credits in
+//!   batches (`CREDIT_BATCH`, one RMW per batch instead of one per spawn) and spends one before a
+//!   task becomes visible; it accounts finished tasks and gives back unused credits in batches
+//!   (`Run`), always before it looks for work and finds none, and before it runs a task of
+//!   another request. So `pending` reaches 0 exactly once, after the last task of the request
+//!   finished, and a worker never sits idle on an unaccounted task or an unused credit.
 //! - The tasks of a request share one strong reference to its `RequestState` (taken at submit,
 //!   released by whoever brings `pending` to 0); a `Task` holds a raw pointer, valid while it
 //!   exists because it is counted in `pending`.
-//! - Sleep/wake is a Dekker pair: a worker registers as sleeper (SeqCst RMW), fences, then scans
-//!   every queue it may take from; a spawner publishes the task, fences, then reads the sleeper
-//!   count. One of them sees the other. Wake-ups are tokens under the group's mutex, so a wake
-//!   that arrives before the sleeper waits is not lost.
+//! - A task is 16 bytes: a thin pointer to one heap block (a header with the block's call
+//!   function and the spawning worker, then the closure) and the request pointer. Running it
+//!   moves the closure out and frees the block before the closure runs.
+//! - Sleep is two-phase (see `sleep`): an idle worker announces itself *sleepy* in its group's
+//!   word (`GroupState::word`: searching count, wakeable count, jobs event counter) and in the
+//!   scheduler-wide `idle` count, fences, scans every queue it may take from once more, and parks
+//!   only if no spawn bumped its group's event counter meanwhile (a CAS under the group mutex).
+//!   A spawner publishes the task and reads `idle`: zero (the common case when everyone is busy)
+//!   costs one load, no fence, no RMW, no syscall. Otherwise it bumps the event counter of each
+//!   group in its wake order that has a searching worker, and hands a wake token to the first
+//!   that has a parked one. Spawns that only their own worker's group or node can take
+//!   (immediate tasks, deferred tasks into the spawner's own group) skip the fence, as rayon's
+//!   internal pushes do: if the store-load race hides the task from a worker going to sleep, the
+//!   spawner itself takes it later (it looks at its own queues before it idles), so at worst
+//!   parallelism drops for a moment. Spawns into another group's queue and external submits
+//!   fence first (a Dekker pair with the sleeper's fence), so one of the two always sees the
+//!   other and nothing is stranded. Tokens live under the group's mutex, so a wake that arrives
+//!   before the sleeper waits is not lost.
 //! - Only a worker pushes to its own immediate queue, and a worker sleeps only after finding that
-//!   queue empty; every deferred queue is reachable by every worker. So no task is stranded.
+//!   queue and its group's deferred queue empty; every group's deferred queue is served by that
+//!   group's own workers (rule 3). So no task is stranded.
+//! - Tasks must not block on something only a task they spawned can release, except through
+//!   `Ctx::scope` (which runs tasks while it waits): a blocked worker runs nothing.
 
+use std::alloc::{alloc, dealloc, handle_alloc_error, Layout as AllocLayout};
 use std::any::Any;
-use std::cell::Cell;
+use std::cell::{Cell, UnsafeCell};
 use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -26,25 +46,213 @@ use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 
-use crate::deferred::{DeferredQueue, Take};
+use crate::deferred::DeferredQueue;
 use crate::layout::Layout;
-use crate::rules::{choose_las, choose_nls, Pick, QueueView, Rule};
+use crate::rules::{choose_las, choose_nls, Pick, QueueView, Rule, Rule4Class};
 use crate::sync::{
     fence, local, lock, thread, wait, AtomicBool, AtomicU64, AtomicUsize, Condvar, Fifo, Local,
     Mutex, Ordering, Stealer,
 };
 use crate::{Affinity, Config, Policy, SchedError};
 
-/// A task's closure. Runs once, on a worker, with that worker's context.
-pub(crate) type Job = Box<dyn FnOnce(&Ctx) + Send>;
-
 /// Spawner index of tasks submitted from outside the pool.
 const EXTERNAL: u32 = u32::MAX;
 
-pub(crate) struct Task {
-    job: Job,
-    req: ReqRef,
+/// Spawn credits a worker reserves in one RMW on a request's `pending` (see module docs).
+const CREDIT_BATCH: usize = 64;
+
+/// The start of a task's heap block; the closure follows it (`JobBlock`).
+#[repr(C)]
+struct JobHeader {
+    /// Moves the closure out, frees the block, then runs the closure with the context (`Some`)
+    /// or drops it (`None`).
+    call: unsafe fn(NonNull<JobHeader>, Option<&Ctx>),
+    /// The worker that spawned the task (`EXTERNAL` for submits).
     spawner: u32,
+}
+
+#[repr(C)]
+struct JobBlock<F> {
+    header: JobHeader,
+    f: F,
+}
+
+/// The size class of small task blocks: blocks that fit are allocated with this layout and
+/// recycled through the workers' free lists (`BlockCache`).
+const SMALL_BLOCK: AllocLayout = match AllocLayout::from_size_align(64, 16) {
+    Ok(l) => l,
+    Err(_) => panic!("valid layout"),
+};
+
+/// Whether `JobBlock<F>` uses the small size class.
+const fn small_block<F>() -> bool {
+    std::mem::size_of::<JobBlock<F>>() <= SMALL_BLOCK.size()
+        && std::mem::align_of::<JobBlock<F>>() <= SMALL_BLOCK.align()
+}
+
+/// A worker's free list of small task blocks. Hand-written because a task block is allocated on
+/// one worker and freed on whichever runs it, one per task: glibc's per-thread cache keeps only 7
+/// blocks per size, so a spawning worker falls through to the arena on most spawns (a third of
+/// the cost of an empty task, measured with perf). Bounded, so blocks that travel to a worker
+/// that only consumes go back to the global allocator beyond `BLOCK_CACHE_MAX`.
+struct BlockCache {
+    free: UnsafeCell<Vec<NonNull<u8>>>,
+}
+
+const BLOCK_CACHE_MAX: usize = 256;
+
+impl BlockCache {
+    fn new() -> BlockCache {
+        BlockCache {
+            free: UnsafeCell::new(Vec::with_capacity(BLOCK_CACHE_MAX)),
+        }
+    }
+
+    /// A small block (uninitialised).
+    #[inline]
+    fn alloc(&self) -> NonNull<u8> {
+        // SAFETY: a BlockCache belongs to one worker's Ctx, which only its thread uses (Ctx is
+        // not Sync), and no reference into `free` outlives this call.
+        if let Some(p) = unsafe { &mut *self.free.get() }.pop() {
+            return p;
+        }
+        alloc_small()
+    }
+
+    /// Gives back a small block (its contents already moved out).
+    #[inline]
+    fn free(&self, p: NonNull<u8>) {
+        // SAFETY: as in `alloc`.
+        let v = unsafe { &mut *self.free.get() };
+        if v.len() < BLOCK_CACHE_MAX {
+            v.push(p); // within the capacity reserved in `new`: no reallocation
+        } else {
+            // SAFETY: every small block is allocated with SMALL_BLOCK.
+            unsafe { dealloc(p.as_ptr(), SMALL_BLOCK) };
+        }
+    }
+}
+
+impl Drop for BlockCache {
+    fn drop(&mut self) {
+        for p in self.free.get_mut().drain(..) {
+            // SAFETY: every small block is allocated with SMALL_BLOCK.
+            unsafe { dealloc(p.as_ptr(), SMALL_BLOCK) };
+        }
+    }
+}
+
+fn alloc_small() -> NonNull<u8> {
+    // SAFETY: SMALL_BLOCK has a nonzero size.
+    let p = unsafe { alloc(SMALL_BLOCK) };
+    NonNull::new(p).unwrap_or_else(|| handle_alloc_error(SMALL_BLOCK))
+}
+
+/// SAFETY: `p` points to the header of a `JobBlock<F>` made by `Task::new_unchecked`, and this
+/// is the block's only use (it is freed here). `ctx`, when given, is the running worker's.
+unsafe fn call_block<F: FnOnce(&Ctx)>(p: NonNull<JobHeader>, ctx: Option<&Ctx>) {
+    let block = p.as_ptr() as *mut JobBlock<F>;
+    // SAFETY: see the function contract; the closure is moved out exactly once, then the block
+    // is freed with the layout it was allocated with.
+    let f = unsafe { std::ptr::addr_of!((*block).f).read() };
+    if small_block::<F>() {
+        match ctx {
+            Some(c) => c.blocks.free(p.cast()),
+            // SAFETY: small blocks are allocated with SMALL_BLOCK.
+            None => unsafe { dealloc(p.as_ptr().cast(), SMALL_BLOCK) },
+        }
+    } else {
+        // SAFETY: large blocks are allocated with their own layout.
+        unsafe { dealloc(p.as_ptr().cast(), AllocLayout::new::<JobBlock<F>>()) };
+    }
+    if let Some(ctx) = ctx {
+        f(ctx);
+    }
+}
+
+/// A queued task (16 bytes): its heap block and its request.
+pub(crate) struct Task {
+    job: NonNull<JobHeader>,
+    req: ReqRef,
+}
+
+// SAFETY: the closure in the block is `Send` (required by every constructor), and the request
+// pointer is `Send` (see ReqRef).
+unsafe impl Send for Task {}
+
+impl Task {
+    /// SAFETY: whatever `f` borrows must outlive the task's run (or drop); `'static` closures
+    /// always qualify, scoped ones because the scope waits for them. `cache`, when given, is the
+    /// calling worker's.
+    #[inline]
+    unsafe fn new_unchecked<F: FnOnce(&Ctx) + Send>(
+        f: F,
+        req: ReqRef,
+        spawner: u32,
+        cache: Option<&BlockCache>,
+    ) -> Task {
+        let p: NonNull<JobBlock<F>> = if small_block::<F>() {
+            cache.map_or_else(alloc_small, BlockCache::alloc).cast()
+        } else {
+            let l = AllocLayout::new::<JobBlock<F>>();
+            // SAFETY: a JobBlock has a nonzero size (its header).
+            NonNull::new(unsafe { alloc(l) })
+                .unwrap_or_else(|| handle_alloc_error(l))
+                .cast()
+        };
+        // SAFETY: `p` is a fresh allocation with room and alignment for a JobBlock<F>.
+        unsafe {
+            p.as_ptr().write(JobBlock {
+                header: JobHeader {
+                    call: call_block::<F>,
+                    spawner,
+                },
+                f,
+            })
+        };
+        Task { job: p.cast(), req }
+    }
+
+    #[inline]
+    fn new<F: FnOnce(&Ctx) + Send + 'static>(
+        f: F,
+        req: ReqRef,
+        spawner: u32,
+        cache: Option<&BlockCache>,
+    ) -> Task {
+        // SAFETY: a 'static closure borrows nothing.
+        unsafe { Task::new_unchecked(f, req, spawner, cache) }
+    }
+
+    #[inline]
+    fn spawner(&self) -> u32 {
+        // SAFETY: the block lives until the task is run or dropped.
+        unsafe { self.job.as_ref() }.spawner
+    }
+
+    /// Runs the closure on `ctx` (the block is freed before the closure runs).
+    #[inline]
+    fn run(self, ctx: &Ctx) {
+        let p = self.job;
+        std::mem::forget(self);
+        // SAFETY: the block is live and used once, here.
+        unsafe {
+            let call = p.as_ref().call;
+            call(p, Some(ctx));
+        }
+    }
+}
+
+impl Drop for Task {
+    /// A task dropped without running (never in normal operation: the workers drain every queue
+    /// before they exit) frees its closure; its request then never completes.
+    fn drop(&mut self) {
+        // SAFETY: the block is live and used once, here.
+        unsafe {
+            let call = self.job.as_ref().call;
+            call(self.job, None);
+        }
+    }
 }
 
 /// Pointer to a request's state, kept alive by the tasks' shared reference (see module docs).
@@ -64,11 +272,19 @@ impl ReqRef {
     }
 }
 
+/// `RequestState::share_epoch` of a request submitted into a crowd (never shareable).
+const CROWDED: u64 = u64::MAX;
+
 pub(crate) struct RequestState {
     id: u64,
     pending: CachePadded<AtomicUsize>,
     /// Some task of the request has started running (rule 4 moves only requests that have not).
     started: AtomicBool,
+    /// The crowd epoch (`Shared::crowd_epoch`) when the request was submitted, `CROWDED` if at
+    /// least as many requests as nodes were live then. Rule 4 lets other nodes share a started
+    /// request only while the scheduler's epoch still equals this (no crowd since its submit)
+    /// and fewer requests than nodes are live (see `rules::Rule4Class`).
+    share_epoch: u64,
     failed: AtomicBool,
     panic_msg: Mutex<Option<String>>,
     done: Mutex<bool>,
@@ -200,17 +416,33 @@ fn bump(c: &AtomicU64) {
 }
 
 struct SleepState {
-    sleeping: usize,
+    /// Workers waiting on the condition variable (with or without a token).
+    parked: usize,
+    /// Wake-ups handed out and not yet taken by a parked worker.
     tokens: usize,
+}
+
+/// Fields of `GroupState::word`: workers announced sleepy and still scanning (bits 0-15),
+/// parked workers without a wake token (bits 16-31), the jobs event counter (bits 32-63; wraps).
+const SEARCHING: u64 = 1;
+const WAKEABLE: u64 = 1 << 16;
+const JEC: u64 = 1 << 32;
+
+#[inline]
+fn searching(w: u64) -> u64 {
+    w & 0xFFFF
+}
+#[inline]
+fn wakeable(w: u64) -> u64 {
+    (w >> 16) & 0xFFFF
 }
 
 struct GroupState {
     deferred: DeferredQueue<Task>,
     sleep: Mutex<SleepState>,
     cv: Condvar,
-    /// `sleeping - tokens` (sleepers no wake is on its way to), readable without the lock, so a
-    /// spawner skips groups whose sleepers are all being woken already.
-    sleepy: AtomicUsize,
+    /// Searching and wakeable workers and the jobs event counter (see `sleep`).
+    word: AtomicU64,
 }
 
 pub(crate) struct Shared {
@@ -222,7 +454,13 @@ pub(crate) struct Shared {
     groups: Vec<CachePadded<GroupState>>,
     stealers: Vec<Stealer<Task>>,
     fifo: Fifo<Task>,
-    sleepers: CachePadded<AtomicUsize>,
+    /// Workers inside the sleep protocol (announced sleepy, parked, or just woken): a spawner
+    /// that reads 0 here has nobody to wake and stops.
+    idle: CachePadded<AtomicUsize>,
+    /// Requests submitted and not finished.
+    live: CachePadded<AtomicUsize>,
+    /// How many times the live requests reached the number of nodes (see `share_epoch`).
+    crowd_epoch: AtomicU64,
     shutdown: AtomicBool,
     next_request: AtomicU64,
     next_group: AtomicUsize,
@@ -236,30 +474,75 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Wakes one sleeper of the first group in `order` that has one.
+    /// After publishing a task: makes sure a worker of the groups in `order` (first the
+    /// preferred) will look for it. `strict`: nobody else is bound to look (the task went into
+    /// another group's queue or came from outside), so fence first (see module docs).
     #[inline]
-    fn wake(&self, order: &[usize]) {
-        fence(Ordering::SeqCst);
-        if self.sleepers.load(Ordering::Acquire) == 0 {
+    fn notify(&self, order: &[usize], strict: bool) {
+        if strict {
+            fence(Ordering::SeqCst);
+        }
+        if self.idle.load(Ordering::Acquire) == 0 {
             return;
         }
-        self.wake_slow(order);
+        self.notify_slow(order);
     }
 
     #[cold]
-    fn wake_slow(&self, order: &[usize]) {
+    fn notify_slow(&self, order: &[usize]) {
         for &g in order {
             let gs = &self.groups[g];
-            if gs.sleepy.load(Ordering::Relaxed) == 0 {
+            let mut w = gs.word.load(Ordering::Acquire);
+            if searching(w) > 0 {
+                // A sleepy worker of this group is scanning: make it scan again before it parks
+                // (it will see the task, or be running another one and look again after). The
+                // RMW reads the latest word: if no worker is still searching by then, they all
+                // parked with the old counter and one must be woken instead.
+                w = gs.word.fetch_add(JEC, Ordering::SeqCst);
+                if searching(w) > 0 {
+                    return;
+                }
+            }
+            if wakeable(w) == 0 {
                 continue;
             }
             let mut st = lock(&gs.sleep);
-            if st.sleeping > st.tokens {
+            if st.parked > st.tokens {
                 st.tokens += 1;
-                gs.sleepy.store(st.sleeping - st.tokens, Ordering::Relaxed);
+                gs.word.fetch_sub(WAKEABLE, Ordering::SeqCst);
                 gs.cv.notify_one();
                 return;
             }
+        }
+    }
+
+    /// Whether rule 4 of a worker on another node may take a task of the request now.
+    #[inline]
+    fn remote_ok(&self, st: &RequestState) -> bool {
+        !self.migrate
+            || !st.started.load(Ordering::Relaxed)
+            || (st.share_epoch == self.crowd_epoch.load(Ordering::Relaxed)
+                && self.live.load(Ordering::Relaxed) < self.layout.nodes.len())
+    }
+
+    /// Rule 4's class of a request for a thief on the victim group's node (`same_node`) or not.
+    fn rule4_class(&self, st: &RequestState, same_node: bool) -> Rule4Class {
+        match st.started.load(Ordering::Relaxed) {
+            false => Rule4Class::Fresh,
+            _ if same_node || self.remote_ok(st) => Rule4Class::Shareable,
+            _ => Rule4Class::Kept,
+        }
+    }
+
+    /// The wake order for a deferred task of `st` queued on group `g`: by NUMA distance, or
+    /// only the groups of `g`'s node if no other node may take it.
+    #[inline]
+    fn deferred_order(&self, g: usize, st: &RequestState) -> &[usize] {
+        let grp = &self.layout.groups[g];
+        if self.remote_ok(st) {
+            &grp.wake_deferred
+        } else {
+            &grp.wake_immediate
         }
     }
 
@@ -270,6 +553,7 @@ impl Shared {
         if st.pending.fetch_sub(n, Ordering::AcqRel) != n {
             return;
         }
+        self.live.fetch_sub(1, Ordering::Relaxed);
         let rec = RequestRecord {
             id: st.id,
             failed: st.failed.load(Ordering::Acquire),
@@ -292,21 +576,22 @@ impl Shared {
         unsafe { drop(Arc::from_raw(r.0.as_ptr() as *const RequestState)) };
     }
 
-    fn submit_job(&self, group: usize, state: &Arc<RequestState>, job: Job) {
+    fn submit_job<F: FnOnce(&Ctx) + Send + 'static>(
+        &self,
+        group: usize,
+        state: &Arc<RequestState>,
+        f: F,
+    ) {
         let ptr = Arc::into_raw(state.clone()) as *mut RequestState;
         // SAFETY: Arc::into_raw never returns null.
         let req = ReqRef(unsafe { NonNull::new_unchecked(ptr) });
-        let task = Task {
-            job,
-            req,
-            spawner: EXTERNAL,
-        };
+        let task = Task::new(f, req, EXTERNAL, None);
         if self.las {
             self.groups[group].deferred.push(state.id, task);
         } else {
             self.fifo.push(task);
         }
-        self.wake(&self.layout.groups[group].wake_deferred);
+        self.notify(&self.layout.groups[group].wake_deferred, true);
     }
 }
 
@@ -318,13 +603,22 @@ enum Where {
     DeferredOn(usize),
 }
 
-/// Accounting of finished tasks not yet subtracted from their request's `pending`.
+/// Accounting of a run of tasks of one request on one worker: finished tasks not yet subtracted
+/// from the request's `pending`, and spawn credits reserved in it and not used yet.
 #[derive(Clone, Copy)]
 struct Run {
     req: Option<ReqRef>,
     node: usize,
     count: usize,
+    credit: usize,
 }
+
+const NO_RUN: Run = Run {
+    req: None,
+    node: 0,
+    count: 0,
+    credit: 0,
+};
 
 /// A worker's context, handed to every task it runs: spawn more tasks of the same request, open a
 /// scope, ask where you run.
@@ -340,6 +634,12 @@ pub struct Ctx {
     run: Cell<Run>,
     /// Scope waits this worker is nested in (each may run other tasks while it waits).
     depth: Cell<u32>,
+    /// Groups where rule 4 found nothing it may take during the current search (bit per group).
+    skip: Box<[Cell<u64>]>,
+    /// Whether any bit of `skip` is set.
+    skipping: Cell<bool>,
+    /// Recycled small task blocks.
+    blocks: BlockCache,
 }
 
 /// Beyond this many nested scope waits, scoped spawns run inline: a waiting worker runs any
@@ -360,6 +660,9 @@ impl QueueView for Live<'_> {
     }
     #[inline]
     fn deferred_requests(&self, g: usize) -> usize {
+        if self.0.skipping.get() && self.0.skip[g / 64].get() & (1 << (g % 64)) != 0 {
+            return 0;
+        }
         self.0.shared.groups[g].deferred.requests()
     }
     #[inline]
@@ -407,13 +710,19 @@ impl Ctx {
     /// (youngest first) or is stolen by a worker of the same node. Use for work that shares most
     /// of its data with the spawning task.
     pub fn spawn_immediate(&self, f: impl FnOnce(&Ctx) + Send + 'static) {
-        self.push(Where::Immediate, Box::new(f));
+        self.push(
+            Where::Immediate,
+            Task::new(f, self.req(), self.w as u32, Some(&self.blocks)),
+        );
     }
     /// Spawns a deferred task: into this group's deferred queue (LAS) or the shared FIFO (NLS);
     /// it runs when a worker is free and may travel to another node. Use for detached work and for
     /// work that will spawn much more.
     pub fn spawn_deferred(&self, f: impl FnOnce(&Ctx) + Send + 'static) {
-        self.push(Where::Deferred, Box::new(f));
+        self.push(
+            Where::Deferred,
+            Task::new(f, self.req(), self.w as u32, Some(&self.blocks)),
+        );
     }
     /// Spawns a deferred task into the deferred queue of a group of `node` (for work whose data
     /// lives there). Under NLS and unpinned this is [`Ctx::spawn_deferred`] (they ignore
@@ -424,7 +733,10 @@ impl Ctx {
         f: impl FnOnce(&Ctx) + Send + 'static,
     ) -> Result<(), SchedError> {
         let g = self.group_on(node)?;
-        self.push(Where::DeferredOn(g), Box::new(f));
+        self.push(
+            Where::DeferredOn(g),
+            Task::new(f, self.req(), self.w as u32, Some(&self.blocks)),
+        );
         Ok(())
     }
 
@@ -450,41 +762,59 @@ impl Ctx {
         Ok(gs[k % gs.len()])
     }
 
-    fn push(&self, wh: Where, job: Job) {
-        let req = self.req();
-        // SAFETY: the running task keeps its request alive. Relaxed: the push below publishes
-        // the task with release, so whoever runs it sees this increment first.
+    /// Queues a task of the running request and wakes a worker for it if one sleeps.
+    #[inline]
+    fn push(&self, wh: Where, task: Task) {
+        let req = task.req;
+        // SAFETY: the running task keeps its request alive.
         let st = unsafe { req.state() };
-        st.pending.fetch_add(1, Ordering::Relaxed);
-        let task = Task {
-            job,
-            req,
-            spawner: self.w as u32,
-        };
+        self.spend_credit(req);
         let sh = &*self.shared;
         let lg = &sh.layout.groups;
         match wh {
             Where::Immediate => {
                 self.local.push(task);
                 if sh.las {
-                    sh.wake(&lg[self.group].wake_immediate);
+                    sh.notify(&lg[self.group].wake_immediate, false);
                 } else {
-                    sh.wake(&lg[self.group].wake_deferred);
+                    sh.notify(&lg[self.group].wake_deferred, false);
                 }
             }
             _ if !sh.las => {
                 sh.fifo.push(task);
-                sh.wake(&lg[self.group].wake_deferred);
+                sh.notify(&lg[self.group].wake_deferred, false);
             }
             Where::Deferred => {
                 sh.groups[self.group].deferred.push(st.id, task);
-                sh.wake(&lg[self.group].wake_deferred);
+                sh.notify(sh.deferred_order(self.group, st), false);
             }
             Where::DeferredOn(g) => {
                 sh.groups[g].deferred.push(st.id, task);
-                sh.wake(&lg[g].wake_deferred);
+                sh.notify(sh.deferred_order(g, st), g != self.group);
             }
         }
+    }
+
+    /// Counts one more task of `req` in its `pending` before the task becomes visible: from this
+    /// worker's reserved credits, reserving a batch when none is left.
+    #[inline]
+    fn spend_credit(&self, req: ReqRef) {
+        let mut r = self.run.get();
+        if r.req != Some(req) {
+            // A scope wait inside the running task ran tasks of another request meanwhile.
+            self.switch_to(req, self.exec_node());
+            r = self.run.get();
+        }
+        if r.credit == 0 {
+            // SAFETY: the running task keeps its request alive. Relaxed: the queue push that
+            // publishes the task is a release, so whoever runs it sees this increment first.
+            unsafe { req.state() }
+                .pending
+                .fetch_add(CREDIT_BATCH, Ordering::Relaxed);
+            r.credit = CREDIT_BATCH;
+        }
+        r.credit -= 1;
+        self.run.set(r);
     }
 
     /// Finds the next task by the scheduler's rules, or `None` when every queue it may take from
@@ -498,6 +828,18 @@ impl Ctx {
             bump(&sh.counters[self.w].found[rule]);
             return Some(t);
         }
+        let t = self.find_by_rules();
+        if self.skipping.get() {
+            self.skipping.set(false);
+            for c in self.skip.iter() {
+                c.set(0);
+            }
+        }
+        t
+    }
+
+    fn find_by_rules(&self) -> Option<Task> {
+        let sh = &*self.shared;
         loop {
             let view = Live(self);
             let pick = if sh.las {
@@ -517,12 +859,14 @@ impl Ctx {
                     }
                     t
                 }
-                Pick::OwnDeferred => sh.groups[self.group].deferred.take(Take::YoungestOfOldest),
-                Pick::RemoteDeferred { group, .. } if sh.migrate => {
+                Pick::OwnDeferred => sh.groups[self.group].deferred.take_own(),
+                Pick::RemoteDeferred { group, .. } => {
+                    let same_node = sh.layout.groups[group].node == self.node();
                     // SAFETY (closure): a queued task keeps its request alive.
-                    match sh.groups[group].deferred.take_migrating(|t| {
-                        !unsafe { t.req.state() }.started.load(Ordering::Relaxed)
-                    }) {
+                    let got = sh.groups[group].deferred.take_remote(sh.migrate, |t| {
+                        sh.rule4_class(unsafe { t.req.state() }, same_node)
+                    });
+                    match got {
                         Some((t, id, rest)) => {
                             if !rest.is_empty() {
                                 let c = &sh.counters[self.w].migrated;
@@ -531,15 +875,19 @@ impl Ctx {
                                     Ordering::Relaxed,
                                 );
                                 sh.groups[self.group].deferred.push_all(id, rest);
-                                sh.wake(&sh.layout.groups[self.group].wake_deferred);
+                                sh.notify(&sh.layout.groups[self.group].wake_immediate, false);
                             }
                             Some(t)
                         }
-                        None => None,
+                        None => {
+                            // Nothing here this worker may take (or the queue just emptied):
+                            // rule 4 goes on to the next group.
+                            let cell = &self.skip[group / 64];
+                            cell.set(cell.get() | 1 << (group % 64));
+                            self.skipping.set(true);
+                            None
+                        }
                     }
-                }
-                Pick::RemoteDeferred { group, .. } => {
-                    sh.groups[group].deferred.take(Take::OldestOfSecond)
                 }
                 Pick::SharedDeferred => sh.fifo.steal(),
             };
@@ -551,19 +899,20 @@ impl Ctx {
         }
     }
 
-    /// Subtracts the finished tasks of the current run from their request.
+    /// Subtracts the finished tasks and the unused spawn credits of the current run from its
+    /// request.
     fn flush(&self) {
         let r = self.run.get();
-        if let (Some(req), true) = (r.req, r.count > 0) {
-            // SAFETY: the unaccounted count keeps the request alive until `finish`.
-            let st = unsafe { req.state() };
-            st.nodes[r.node].fetch_add(r.count as u64, Ordering::Relaxed);
-            self.run.set(Run {
-                req: None,
-                node: 0,
-                count: 0,
-            });
-            self.shared.finish(req, r.count);
+        if let Some(req) = r.req {
+            self.run.set(NO_RUN);
+            if r.count > 0 {
+                // SAFETY: the unaccounted count keeps the request alive until `finish`.
+                let st = unsafe { req.state() };
+                st.nodes[r.node].fetch_add(r.count as u64, Ordering::Relaxed);
+            }
+            if r.count + r.credit > 0 {
+                self.shared.finish(req, r.count + r.credit);
+            }
         }
     }
 
@@ -573,8 +922,9 @@ impl Ctx {
         if r.req != Some(req) || r.node != node {
             self.flush();
             // The first task of a run of `req` on this worker: mark the request started (rule 4
-            // migrates only requests that have not). Here rather than per task: off the fast path.
-            // SAFETY: the caller is about to run or account a task of `req`, which keeps it alive.
+            // moves only requests that have not). Here rather than per task: off the fast path.
+            // SAFETY: the caller is about to run a task of `req` (or spawn one from a running
+            // task of it), which keeps it alive.
             let started = &unsafe { req.state() }.started;
             if !started.load(Ordering::Relaxed) {
                 started.store(true, Ordering::Relaxed);
@@ -583,6 +933,7 @@ impl Ctx {
                 req: Some(req),
                 node,
                 count: 0,
+                credit: 0,
             });
         }
     }
@@ -603,7 +954,8 @@ impl Ctx {
     }
 
     fn execute(&self, t: Task) {
-        let Task { job, req, spawner } = t;
+        let req = t.req;
+        let spawner = t.spawner();
         let sh = &*self.shared;
         let c = &sh.counters[self.w];
         if spawner != EXTERNAL && spawner as usize != self.w {
@@ -621,7 +973,7 @@ impl Ctx {
         let node = self.exec_node();
         self.switch_to(req, node);
         let prev = self.current.replace(Some(req));
-        if let Err(p) = catch_unwind(AssertUnwindSafe(|| job(self))) {
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| t.run(self))) {
             // SAFETY: this task is still counted in `pending`.
             unsafe { req.state() }.fail(panic_message(&*p));
         }
@@ -775,25 +1127,16 @@ impl<'s> Scope<'s> {
                 core.cv.notify_all();
             }
         };
-        let job: Box<dyn FnOnce(&Ctx) + Send + 's> = Box::new(job);
-        // SAFETY: only the lifetime is erased; the job runs (and drops its captures) before the
-        // scope returns, so nothing borrowed for `'s` is used after `'s` ends.
-        let job: Job = unsafe { std::mem::transmute(job) };
         let ctx = self.ctx();
+        // SAFETY: the job runs (and drops its captures) before the scope returns, so nothing
+        // borrowed for `'s` is used after `'s` ends.
+        let task = unsafe { Task::new_unchecked(job, ctx.req(), ctx.w as u32, Some(&ctx.blocks)) };
         if ctx.depth.get() >= MAX_SCOPE_DEPTH {
-            // Deep in nested waits: run it now, on this stack (it is counted in the scope only).
-            let req = ctx.req();
-            // SAFETY: the running task keeps its request alive.
-            unsafe { req.state() }
-                .pending
-                .fetch_add(1, Ordering::Relaxed);
-            ctx.execute(Task {
-                job,
-                req,
-                spawner: ctx.w as u32,
-            });
+            // Deep in nested waits: run it now, on this stack.
+            ctx.spend_credit(task.req);
+            ctx.execute(task);
         } else {
-            ctx.push(wh, job);
+            ctx.push(wh, task);
         }
     }
 }
@@ -875,6 +1218,7 @@ impl Scheduler {
             config.affinity
         };
         let nw = layout.workers.len();
+        let ngroups = layout.groups.len();
         let mut locals = Vec::with_capacity(nw);
         let mut stealers = Vec::with_capacity(nw);
         for _ in 0..nw {
@@ -889,11 +1233,11 @@ impl Scheduler {
                 CachePadded::new(GroupState {
                     deferred: DeferredQueue::new(),
                     sleep: Mutex::new(SleepState {
-                        sleeping: 0,
+                        parked: 0,
                         tokens: 0,
                     }),
                     cv: Condvar::new(),
-                    sleepy: AtomicUsize::new(0),
+                    word: AtomicU64::new(0),
                 })
             })
             .collect();
@@ -905,7 +1249,9 @@ impl Scheduler {
             groups,
             stealers,
             fifo: Fifo::new(),
-            sleepers: CachePadded::new(AtomicUsize::new(0)),
+            idle: CachePadded::new(AtomicUsize::new(0)),
+            live: CachePadded::new(AtomicUsize::new(0)),
+            crowd_epoch: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
             next_request: AtomicU64::new(0),
             next_group: AtomicUsize::new(0),
@@ -970,12 +1316,11 @@ impl Scheduler {
                     rr: Cell::new(usize::MAX),
                     on_rr: Cell::new(0),
                     current: Cell::new(None),
-                    run: Cell::new(Run {
-                        req: None,
-                        node: 0,
-                        count: 0,
-                    }),
+                    run: Cell::new(NO_RUN),
                     depth: Cell::new(0),
+                    skip: (0..ngroups.div_ceil(64)).map(|_| Cell::new(0)).collect(),
+                    skipping: Cell::new(false),
+                    blocks: BlockCache::new(),
                 };
                 if let Some(h) = &ctx.shared.on_worker_start {
                     h(w);
@@ -1044,10 +1389,22 @@ impl Scheduler {
     {
         let sh = &*self.shared;
         let id = sh.next_request.fetch_add(1, Ordering::Relaxed);
+        // A crowd forms when the live requests reach the number of nodes: from then on rule 4
+        // splits none of them (nor any submitted before) across nodes.
+        let live = sh.live.fetch_add(1, Ordering::Relaxed) + 1;
+        let share_epoch = if live >= sh.layout.nodes.len() {
+            if live == sh.layout.nodes.len() {
+                sh.crowd_epoch.fetch_add(1, Ordering::Relaxed);
+            }
+            CROWDED
+        } else {
+            sh.crowd_epoch.load(Ordering::Relaxed)
+        };
         let state = Arc::new(RequestState {
             id,
             pending: CachePadded::new(AtomicUsize::new(1)),
             started: AtomicBool::new(false),
+            share_epoch,
             failed: AtomicBool::new(false),
             panic_msg: Mutex::new(None),
             done: Mutex::new(false),
@@ -1057,11 +1414,10 @@ impl Scheduler {
         });
         let slot = Arc::new(Mutex::new(None));
         let s2 = slot.clone();
-        let job: Job = Box::new(move |ctx: &Ctx| {
+        sh.submit_job(group, &state, move |ctx: &Ctx| {
             let v = f(ctx);
             *lock(&s2) = Some(v);
         });
-        sh.submit_job(group, &state, job);
         RequestHandle { state, slot }
     }
 
@@ -1135,34 +1491,59 @@ fn worker_loop(ctx: &Ctx) {
     }
 }
 
-/// Registers as a sleeper of the worker's group, looks once more, then waits for a token (or
-/// shutdown).
+/// The two-phase sleep (see module docs): announce sleepy, scan once more, then park unless a
+/// spawn bumped the group's jobs event counter meanwhile; wait for a wake token (or shutdown).
+/// Returns to the worker loop, which scans again.
 fn sleep(ctx: &Ctx) {
     let sh = &*ctx.shared;
     let gs = &sh.groups[ctx.group];
-    {
-        let mut st = lock(&gs.sleep);
-        st.sleeping += 1;
-        gs.sleepy.store(st.sleeping - st.tokens, Ordering::Relaxed);
-    }
-    sh.sleepers.fetch_add(1, Ordering::SeqCst);
+    // Phase 1: sleepy. The group word first, then `idle`: a spawner that sees `idle` > 0 sees
+    // this worker in the word (the RMWs are ordered and `idle` is read with acquire).
+    let jec = gs.word.fetch_add(SEARCHING, Ordering::SeqCst) >> 32;
+    sh.idle.fetch_add(1, Ordering::SeqCst);
+    // Pairs with a strict spawner's fence: either it sees this worker, or the scan sees its task.
     fence(Ordering::SeqCst);
-    let found = ctx.find();
-    let mut st = lock(&gs.sleep);
-    if found.is_none() {
-        while st.tokens == 0 && !sh.shutdown.load(Ordering::SeqCst) {
-            st = wait(&gs.cv, st);
-        }
-        if st.tokens > 0 {
-            st.tokens -= 1;
-        }
-    }
-    st.sleeping -= 1;
-    st.tokens = st.tokens.min(st.sleeping);
-    gs.sleepy.store(st.sleeping - st.tokens, Ordering::Relaxed);
-    drop(st);
-    sh.sleepers.fetch_sub(1, Ordering::SeqCst);
-    if let Some(t) = found {
+    let leave = || {
+        gs.word.fetch_sub(SEARCHING, Ordering::SeqCst);
+        sh.idle.fetch_sub(1, Ordering::SeqCst);
+    };
+    if let Some(t) = ctx.find() {
+        leave();
         ctx.execute(t);
+        return;
     }
+    // Phase 2: park, unless a spawn since the announcement asked this group to look again. The
+    // CAS is under the group mutex, so a spawner that sees the worker wakeable takes the mutex
+    // after the worker waits (or hands a token it will find).
+    let mut st = lock(&gs.sleep);
+    st.parked += 1;
+    loop {
+        let w = gs.word.load(Ordering::SeqCst);
+        if w >> 32 != jec {
+            st.parked -= 1;
+            drop(st);
+            leave();
+            return;
+        }
+        let parked = w - SEARCHING + WAKEABLE;
+        if gs
+            .word
+            .compare_exchange(w, parked, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            break;
+        }
+    }
+    while st.tokens == 0 && !sh.shutdown.load(Ordering::SeqCst) {
+        st = wait(&gs.cv, st);
+    }
+    if st.tokens > 0 {
+        // The waker already took this worker out of the wakeable count.
+        st.tokens -= 1;
+    } else {
+        gs.word.fetch_sub(WAKEABLE, Ordering::SeqCst);
+    }
+    st.parked -= 1;
+    drop(st);
+    sh.idle.fetch_sub(1, Ordering::SeqCst);
 }

@@ -86,3 +86,28 @@ fn two_requests_one_fails() {
         drop(s);
     });
 }
+
+/// A task queued on another node's group: once the second request is submitted (a crowd on two
+/// nodes), only that node's worker may take it, so the spawn must wake it through the strict
+/// (fenced) path of the two-phase sleep, whatever point of going to sleep that worker is at.
+/// (Before the crowd forms either worker may take it.)
+#[test]
+fn kept_task_on_another_node_wakes_its_worker() {
+    loom::model(|| {
+        let s = Scheduler::new(&fixtures::grid(2, 1, 1), config(Policy::Las)).unwrap();
+        let a = s.submit(|ctx| {
+            let n = Arc::new(AtomicU64::new(0));
+            let m = n.clone();
+            let other = 1 - ctx.node();
+            ctx.spawn_deferred_on(other, move |_| {
+                m.store(1, Ordering::Relaxed);
+            })
+            .unwrap();
+            n
+        });
+        let b = s.submit(|_| 2u32);
+        assert_eq!(a.wait().unwrap().load(Ordering::Relaxed), 1);
+        assert_eq!(b.wait().unwrap(), 2);
+        drop(s);
+    });
+}

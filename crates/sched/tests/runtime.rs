@@ -389,13 +389,10 @@ fn deeply_nested_scopes_complete() {
     }
 }
 
-/// Seed 003's locality claim on the logical nodes of a 4-node layout: 16 concurrent pipeline
-/// requests stay on one node under LAS; under NLS they spread. Here 8 workers share 2 cores, so the
-/// OS starves whole "nodes" for a time slice and the others rightly pick up their work at the
-/// tail; the strict per-request bound (each request >= 90% on one node) is checked on real nodes
-/// by `loci bench sched --check-locality` in the 4-node VM. This test asserts what survives the
-/// oversubscription (seen here: LAS mean share 0.86-0.99 with 11-15 of 16 requests >= 90% on one
-/// node; NLS mean 0.32-0.50 with none): a clear separation, not the strict bound.
+/// Seed 003's locality claim on a logical 4-node layout (8 workers on this machine's cores, so
+/// workers stall for OS time slices as vCPUs do in the VM): 16 concurrent pipeline requests keep
+/// at least 90% of every request's tasks on one node under LAS (a request submitted into a crowd
+/// is never split across nodes; only fresh requests move, whole), and NLS breaks that bound.
 #[test]
 fn las_keeps_requests_on_one_node_nls_does_not() {
     let spec = PipelineSpec {
@@ -403,26 +400,81 @@ fn las_keeps_requests_on_one_node_nls_does_not() {
         buffers: 24,
         buffer_bytes: 16 << 10,
     };
-    let [las, nls] =
-        loci_sched::workload::locality_check(&fixtures::grid(4, 1, 2), Affinity::None, 16, spec)
+    for _ in 0..3 {
+        let [las, nls] = loci_sched::workload::locality_check(
+            &fixtures::grid(4, 1, 2),
+            Affinity::None,
+            16,
+            spec,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        eprintln!(
+            "LAS min share {:.3} mean {:.3}, NLS min {:.3} mean {:.3} ({} of 16 >= 0.9)",
+            las.min_share(),
+            las.mean_share(),
+            nls.min_share(),
+            nls.mean_share(),
+            nls.at_least(0.9)
+        );
+        loci_sched::workload::LocalityOutcome::check(&las, &nls, 0.9)
             .unwrap_or_else(|e| panic!("{e}"));
-    eprintln!(
-        "LAS mean share {:.3} ({} of 16 >= 0.9), NLS mean share {:.3} ({} of 16 >= 0.9)",
-        las.mean_share(),
-        las.at_least(0.9),
-        nls.mean_share(),
-        nls.at_least(0.9)
-    );
-    assert!(las.mean_share() >= 0.8, "{:?}", las.shares);
-    assert!(las.at_least(0.9) >= 8, "{:?}", las.shares);
-    assert!(nls.at_least(0.9) <= 2, "{:?}", nls.shares);
-    assert!(
-        las.mean_share() >= nls.mean_share() + 0.25,
-        "LAS {:?} NLS {:?}",
-        las.shares,
-        nls.shares
-    );
-    // The strict check reports failures as errors naming the shares.
-    let strict = loci_sched::workload::LocalityOutcome::check(&nls, &nls, 0.9);
-    assert!(strict.is_err());
+        // NLS breaks the bound for most requests (on real nodes, tests/vm.rs: nearly all; here 8
+        // workers share this machine's cores, so some requests run alone on a worker for long).
+        assert!(nls.at_least(0.9) <= 8, "{:?}", nls.shares);
+        // The check names the request that breaks the bound.
+        let err = loci_sched::workload::LocalityOutcome::check(&nls, &nls, 0.9).unwrap_err();
+        assert!(err.contains("LAS kept only"), "{err}");
+    }
+}
+
+/// Rule 4's other half: a request alone on the machine is shared by the other nodes (seed 003:
+/// nodes cooperate when there are not enough requests to occupy them), while requests submitted
+/// together with at least one per node each stay on their node.
+#[test]
+fn a_lone_request_is_shared_a_crowd_is_not() {
+    fn slow_request(ctx: &loci_sched::Ctx) {
+        for _ in 0..24 {
+            ctx.spawn_deferred(|_| std::thread::sleep(std::time::Duration::from_millis(2)));
+        }
+    }
+    let s = Scheduler::new(&fixtures::grid(4, 1, 1), unpinned_las()).unwrap();
+    let id = s.submit(slow_request);
+    let id2 = id.id();
+    id.wait().unwrap();
+    let rec = s
+        .stats()
+        .requests
+        .into_iter()
+        .find(|r| r.id == id2)
+        .unwrap();
+    let nodes = rec.tasks_per_node.iter().filter(|(_, c)| *c > 0).count();
+    assert!(nodes >= 2, "a lone request stayed on one node: {rec:?}");
+    let hs: Vec<_> = (0..6).map(|_| s.submit(slow_request)).collect();
+    let ids: Vec<u64> = hs.iter().map(|h| h.id()).collect();
+    for h in hs {
+        h.wait().unwrap();
+    }
+    for r in s.stats().requests.iter().filter(|r| ids.contains(&r.id)) {
+        assert_eq!(r.main_node().1, 1.0, "a crowded request was split: {r:?}");
+    }
+    // The seed's exact rule 4 (`migrate_requests: false`) splits crowded requests too.
+    let seed = Scheduler::new(
+        &fixtures::grid(4, 1, 1),
+        Config {
+            migrate_requests: false,
+            ..unpinned_las()
+        },
+    )
+    .unwrap();
+    let hs: Vec<_> = (0..6).map(|_| seed.submit(slow_request)).collect();
+    for h in hs {
+        h.wait().unwrap();
+    }
+    let split = seed
+        .stats()
+        .requests
+        .iter()
+        .filter(|r| r.main_node().1 < 1.0)
+        .count();
+    assert!(split > 0, "{:?}", seed.stats().requests);
 }

@@ -179,7 +179,7 @@ pub fn run(a: SchedArgs) -> anyhow::Result<Report> {
         "--buffer-bytes must be a positive multiple of 8, got {}",
         spec.buffer_bytes
     );
-    let reps = a.common.reps.unwrap_or(if quick { 3 } else { 5 });
+    let reps = a.common.reps.unwrap_or(5);
     anyhow::ensure!(reps > 0, "--reps must be positive");
     let topo = crate::this_machine()?;
     let affinity = if a.pin_cpu {
@@ -225,56 +225,84 @@ pub fn run(a: SchedArgs) -> anyhow::Result<Report> {
         .map(|s| pipeline_expected(s, spec))
         .collect();
 
-    for system in &a.systems {
-        let policy = policy_of(system);
-        let sched = match policy {
-            Some(p) => Some(Scheduler::new(
-                &topo,
-                Config {
-                    policy: p,
-                    cache_level: a.cache_level,
-                    affinity,
-                    ..Config::default()
-                },
-            )?),
-            None => None,
-        };
-        let pool = match policy {
-            None => Some(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()?,
+    // Every system exists for the whole run (idle pools park their workers), and each rep runs
+    // the systems one after the other in a rotating order: on a shared machine a load spike then
+    // hits every system of a rep rather than all reps of one system.
+    struct System {
+        name: String,
+        sched: Option<Scheduler>,
+        pool: Option<rayon::ThreadPool>,
+    }
+    let mut systems = Vec::new();
+    for name in &a.systems {
+        let (sched, pool) = match policy_of(name) {
+            Some(p) => (
+                Some(Scheduler::new(
+                    &topo,
+                    Config {
+                        policy: p,
+                        cache_level: a.cache_level,
+                        affinity,
+                        ..Config::default()
+                    },
+                )?),
+                None,
             ),
-            Some(_) => None,
+            None => (
+                None,
+                Some(
+                    rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()?,
+                ),
+            ),
         };
-        for case in &a.cases {
-            let mut times = Vec::with_capacity(reps);
-            let before = sched.as_ref().map(|s| s.stats());
-            for rep_i in 0..reps + 1 {
-                let t = Instant::now();
-                match (case.as_str(), &sched, &pool) {
-                    ("tiny-tasks", Some(s), _) => s
-                        .submit(move |ctx| tree(ctx, tasks))
-                        .wait()
-                        .map_err(anyhow::Error::msg)?,
-                    ("tiny-tasks", _, Some(p)) => p.scope(|s| rayon_tree(s, tasks)),
-                    (c, Some(s), _) => {
-                        let n = if c == "multi-request" { a.requests } else { 1 };
-                        run_pipelines(s, n, spec, Some(&expected)).map_err(anyhow::Error::msg)?;
-                    }
-                    (c, _, Some(p)) => {
-                        let n = if c == "multi-request" { a.requests } else { 1 };
-                        let got = rayon_pipelines(p, n, spec);
-                        anyhow::ensure!(got == expected[..n], "rayon: wrong checksums");
-                    }
-                    _ => unreachable!("one of sched/pool exists"),
-                }
-                // The first run warms up (threads, allocator); it is not timed.
-                if rep_i > 0 {
-                    times.push(t.elapsed().as_secs_f64());
-                }
+        systems.push(System {
+            name: name.clone(),
+            sched,
+            pool,
+        });
+    }
+    let run_once = |sys: &System, case: &str| -> anyhow::Result<f64> {
+        let t = Instant::now();
+        match (case, &sys.sched, &sys.pool) {
+            ("tiny-tasks", Some(s), _) => s
+                .submit(move |ctx| tree(ctx, tasks))
+                .wait()
+                .map_err(anyhow::Error::msg)?,
+            ("tiny-tasks", _, Some(p)) => p.scope(|s| rayon_tree(s, tasks)),
+            (c, Some(s), _) => {
+                let n = if c == "multi-request" { a.requests } else { 1 };
+                run_pipelines(s, n, spec, Some(&expected)).map_err(anyhow::Error::msg)?;
             }
-            let mut row = Row::from_times(system, times)
+            (c, _, Some(p)) => {
+                let n = if c == "multi-request" { a.requests } else { 1 };
+                let got = rayon_pipelines(p, n, spec);
+                anyhow::ensure!(got == expected[..n], "rayon: wrong checksums");
+            }
+            _ => unreachable!("one of sched/pool exists"),
+        }
+        Ok(t.elapsed().as_secs_f64())
+    };
+
+    for case in &a.cases {
+        let before: Vec<Option<Stats>> = systems
+            .iter()
+            .map(|s| s.sched.as_ref().map(|s| s.stats()))
+            .collect();
+        let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); systems.len()];
+        // The first round warms up (threads, allocator); it is not timed.
+        for sys in &systems {
+            run_once(sys, case)?;
+        }
+        for rep_i in 0..reps {
+            for k in 0..systems.len() {
+                let i = (k + rep_i) % systems.len();
+                times[i].push(run_once(&systems[i], case)?);
+            }
+        }
+        for ((sys, t), b) in systems.iter().zip(times).zip(&before) {
+            let mut row = Row::from_times(&sys.name, t)
                 .case(case)
                 .config("threads", threads);
             row = match case.as_str() {
@@ -282,7 +310,7 @@ pub fn run(a: SchedArgs) -> anyhow::Result<Report> {
                 "multi-request" => row.work(bytes_per_request * a.requests as f64, "B/s"),
                 _ => row.work(bytes_per_request, "B/s"),
             };
-            if let (Some(s), Some(b)) = (&sched, &before) {
+            if let (Some(s), Some(b)) = (&sys.sched, b) {
                 let st = s.stats().since(b);
                 row = row.extra("counters", counters_json(&st));
             }

@@ -3,13 +3,11 @@
 //! scheduler's counters (workers have their group's affinity, so the node is real).
 //!
 //! Checks (`LOCI-CHECK ok|FAIL NAME -- DETAIL`, the loci-vm format; exit 1 if one failed):
-//! - `sched/las-separates-requests`: LAS mean main-node share >= 80%, at least 8 of 16 requests
-//!   >= 90% on one node, NLS at most 2, and LAS's mean at least 25 points above NLS's.
-//!
-//! The strict form (every request >= 90% under LAS) is printed as a `LOCI-INFO` line, not
-//! asserted: in the TCG VM 4 vCPUs share the host's cores, so a node's vCPU can stall for a host
-//! time slice while the others finish their requests and then (by rule 4, as designed) help with
-//! its last one, which splits that request.
+//! - `sched/locality-run`: both runs completed with the right checksums.
+//! - `sched/las-keeps-each-request`: under LAS every one of the 16 requests ran at least 90% of
+//!   its tasks on one node (the bound, per request).
+//! - `sched/nls-breaks-the-bound`: under NLS the bound fails clearly: at most 2 of the 16
+//!   requests reach 90% on one node.
 
 use loci_sched::workload::{locality_check, LocalityOutcome, PipelineSpec};
 use loci_sched::Affinity;
@@ -49,28 +47,24 @@ fn main() {
                 )
             };
             let detail = format!("{}; {}", summary(&las), summary(&nls));
-            report("sched/locality-run", Ok(detail.clone()));
-            let separated = las.mean_share() >= 0.8
-                && las.at_least(0.9) >= 8
-                && nls.at_least(0.9) <= 2
-                && las.mean_share() >= nls.mean_share() + 0.25;
+            println!("LOCI-INFO {detail}");
+            report("sched/locality-run", Ok(detail));
             report(
-                "sched/las-separates-requests",
-                if separated {
-                    Ok(detail.clone())
+                "sched/las-keeps-each-request",
+                if las.min_share() >= 0.9 {
+                    Ok(summary(&las))
                 } else {
-                    Err(format!(
-                        "{detail}; LAS {:?}; NLS {:?}",
-                        las.shares, nls.shares
-                    ))
+                    Err(format!("{}; LAS {:?}", summary(&las), las.shares))
                 },
             );
-            match LocalityOutcome::check(&las, &nls, 0.9) {
-                Ok(()) => println!(
-                    "LOCI-INFO strict: every request >= 90% on one node under LAS -- {detail}"
-                ),
-                Err(e) => println!("LOCI-INFO strict: not met -- {e}"),
-            }
+            report(
+                "sched/nls-breaks-the-bound",
+                if nls.at_least(0.9) <= 2 {
+                    Ok(summary(&nls))
+                } else {
+                    Err(format!("{}; NLS {:?}", summary(&nls), nls.shares))
+                },
+            );
         }
     }
     std::process::exit(i32::from(failed));
