@@ -332,6 +332,10 @@ static MPOL: AtomicI32 = AtomicI32::new(os::MPOL_PREFERRED);
 /// operations; own classes also put small blocks on the thread's node, which glibc's arenas do
 /// not. `LOCI_ALLOC_SMALL=system` keeps the delegate for comparison.
 static SMALL_OWN: AtomicBool = AtomicBool::new(true);
+/// Set once at init, before `INIT` turns `READY`: small blocks are loci's own and the machine
+/// has one node, so `alloc` of a small block needs only the thread's heap (one flag load in
+/// place of the init, delegation and node checks).
+static FAST_SMALL: AtomicBool = AtomicBool::new(false);
 static KEY: AtomicU32 = AtomicU32::new(0);
 static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
 static ALL_HEAPS: AtomicPtr<Heap> = AtomicPtr::new(null_mut());
@@ -557,6 +561,10 @@ fn init_slow() {
                 warn(&[b"loci-alloc: pthread_key_create failed; exiting threads keep their heaps until the process ends\n"]);
             }
             KEY.store(if r == 0 { key } else { u32::MAX }, Relaxed);
+            FAST_SMALL.store(
+                SMALL_OWN.load(Relaxed) && !MULTI_NODE.load(Relaxed),
+                Relaxed,
+            );
             INIT.store(READY, Release);
         }
         Err(_) => {
@@ -1460,6 +1468,14 @@ fn small_delegated() -> bool {
 /// `align` must be a power of two.
 #[inline]
 pub unsafe fn alloc(size: usize, align: usize) -> *mut u8 {
+    if align <= 16 && size <= SMALL_MAX && FAST_SMALL.load(Relaxed) {
+        let h = tls_heap();
+        // A thread with a heap has passed init (it created or adopted the heap after it).
+        if !h.is_null() {
+            let size = size.max(1);
+            return alloc_class(h, class_of(size), size);
+        }
+    }
     ensure_init();
     let size = size.max(1);
     if align <= 16 {
@@ -1549,11 +1565,10 @@ pub unsafe fn free(p: *mut u8) {
     if p.is_null() {
         return;
     }
-    let Some(base) = os::region_of(p as usize) else {
+    let Some((base, hdr)) = os::region_and_header(p as usize) else {
         __libc_free(p);
         return;
     };
-    let hdr = os::header_of(base);
     if *(hdr as *const u32) == KIND_LARGE {
         free_large(base);
         return;
