@@ -1468,14 +1468,33 @@ fn small_delegated() -> bool {
 /// `align` must be a power of two.
 #[inline]
 pub unsafe fn alloc(size: usize, align: usize) -> *mut u8 {
+    // Fast path, kept free of calls so that it needs no saved registers (callgrind showed the
+    // pushes and pops of the full path at ~13 of its instructions per malloc): a small block
+    // from the active run of the thread's heap, nothing pending in its bins.
     if align <= 16 && size <= SMALL_MAX && FAST_SMALL.load(Relaxed) {
         let h = tls_heap();
         // A thread with a heap has passed init (it created or adopted the heap after it).
-        if !h.is_null() {
+        if !h.is_null() && (*h).shared.pending.load(Relaxed) == 0 {
             let size = size.max(1);
-            return alloc_class(h, class_of(size), size);
+            let c = class_of(size);
+            let sb = (*h).classes[c].active;
+            if !sb.is_null() {
+                let p = pop(sb);
+                if !p.is_null() {
+                    bump(&(*h).st.allocs, 1);
+                    bump(&(*h).st.requested, size as u64);
+                    bump_i(&(*h).st.live, SIZES[c] as i64);
+                    return p;
+                }
+            }
         }
     }
+    alloc_full(size, align)
+}
+
+/// Every allocation the fast path of [`alloc`] does not serve.
+#[inline(never)]
+unsafe fn alloc_full(size: usize, align: usize) -> *mut u8 {
     ensure_init();
     let size = size.max(1);
     if align <= 16 {
