@@ -1581,6 +1581,47 @@ pub unsafe fn alloc_zeroed(size: usize, align: usize) -> *mut u8 {
 /// `p` is null or a live block from [`alloc`] / the system allocator, freed once.
 #[inline]
 pub unsafe fn free(p: *mut u8) {
+    // Fast path, calls only in tail position (no saved registers): a block of a class run
+    // owned by this thread. Null and foreign pointers fail the region check.
+    if let Some((_, hdr)) = os::region_and_header(p as usize) {
+        if *(hdr as *const u32) != KIND_LARGE {
+            let r = run_of(hdr as *mut Segment, p as usize);
+            if (*r).state != R_BLOCK {
+                let h = tls_heap();
+                if !h.is_null() && (*r).owner.load(Relaxed) == h {
+                    let f = block_start(r, p as usize) as *mut Free;
+                    (*f).next = (*r).free;
+                    (*r).free = f;
+                    (*r).used -= 1;
+                    bump(&(*h).st.frees, 1);
+                    bump_i(&(*h).st.live, -((*r).bsize as i64));
+                    let g = (*r).group;
+                    if g != G_ACTIVE && (g == G_FULL || (*r).used < (*r).lo) {
+                        regroup(h, r);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+    free_full(p)
+}
+
+/// After a local free into a run that is not active: files a run that was full, or moves the
+/// run to its new occupancy group (what [`local_free`] does after the push).
+#[inline(never)]
+unsafe fn regroup(h: *mut Heap, r: *mut Run) {
+    if (*r).group == G_FULL {
+        file(h, r);
+    } else {
+        unlink(h, r);
+        file(h, r);
+    }
+}
+
+/// Every free the fast path of [`free`] does not take.
+#[inline(never)]
+unsafe fn free_full(p: *mut u8) {
     if p.is_null() {
         return;
     }
