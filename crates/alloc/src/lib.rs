@@ -103,6 +103,7 @@ pub mod c {
     ///
     /// # Safety
     /// C contract.
+    #[inline]
     pub unsafe fn malloc(size: usize) -> *mut c_void {
         // SAFETY: 16 is a power of two.
         let p = unsafe { engine::alloc(size, 16) };
@@ -116,6 +117,7 @@ pub mod c {
     ///
     /// # Safety
     /// C contract.
+    #[inline]
     pub unsafe fn free(p: *mut c_void) {
         // SAFETY: forwarded C contract.
         unsafe { engine::free(p as *mut u8) }
