@@ -531,13 +531,13 @@ mod tests {
                 .with_locality(loc);
             assert_eq!(ex.locality(), loc);
             assert_eq!(ex.worker_nodes(), &[0, 1]);
-            let homes = vec![Some(0u32); 48];
+            let homes = vec![Some(0u32); 64];
             let pass = ex.for_each(
                 &homes,
                 || (),
-                |_, _| std::thread::sleep(std::time::Duration::from_millis(1)),
+                |_, _| std::thread::sleep(std::time::Duration::from_millis(2)),
             );
-            assert_eq!(pass.trace.touched.len(), 48);
+            assert_eq!(pass.trace.touched.len(), 64);
             pass.trace.touched.iter().filter(|x| x.1 != Some(0)).count()
         };
         assert_eq!(run(Locality::Strict), 0);
