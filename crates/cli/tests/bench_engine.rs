@@ -174,3 +174,46 @@ fn bad_choices_are_named_with_the_valid_ones() {
     assert!(!ok);
     assert!(err.contains("allowed cpus"), "{err}");
 }
+
+#[test]
+fn locality_option_is_recorded_agrees_and_rejects_bad_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sums = Vec::new();
+    for loc in ["balanced", "strict"] {
+        let json = dir.path().join(format!("w2-{loc}.json"));
+        let (ok, _, err) = loci(&[
+            "bench",
+            "w2",
+            "--rows",
+            "20000",
+            "--groups",
+            "300",
+            "--reps",
+            "1",
+            "--morsel-rows",
+            "3000",
+            "--sched",
+            "las",
+            "--threads",
+            "sparse",
+            "--mem",
+            "bind-per-node",
+            "--locality",
+            loc,
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert!(ok, "{err}");
+        let rs = rows(&json);
+        assert_eq!(rs.len(), 1);
+        assert_eq!(cfg(&rs[0], "locality"), loc);
+        sums.push(rs[0]["extra"]["checksum"].clone());
+    }
+    assert_eq!(sums[0], sums[1]);
+    let (ok, _, err) = loci(&["bench", "w2", "--rows", "1000", "--locality", "strikt"]);
+    assert!(!ok);
+    assert!(
+        err.contains("balanced, strict") && err.contains("strikt"),
+        "{err}"
+    );
+}

@@ -12,6 +12,14 @@
 //! - **NLS**: one shared FIFO, any worker takes any morsel (placement-unaware);
 //! - **unpinned**: NLS with workers not pinned at all (the OS places them).
 //!
+//! Under LAS a phase is one request, usually the only one running, and rule 4 of loci-sched lets
+//! idle nodes share a lone request (seed 003): a node that finishes its own morsels takes the
+//! oldest morsels of another node, so a slow node is helped at the cost of remote reads at the
+//! tail. [`Locality`] chooses: `balanced` (the default) keeps that; `strict` submits the phase
+//! with `RequestOptions::stay_on_node`, so every morsel runs on its home node (the local-access
+//! ratio is 1 for homed morsels) and a slow node is not helped, as with one engine instance per
+//! node (seed 004). NLS and unpinned ignore it.
+//!
 //! Which cpus carry workers is the thread placement ([`Threads`]): `sparse` (round robin over
 //! nodes) or `dense` (fill a node first) choose the cpus with loci-place's strategies and pin each
 //! worker to its core group; `os` builds the same layout but leaves the threads unpinned.
@@ -28,7 +36,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use loci_place::strategy::{place_threads, Strategy};
 use loci_place::sys;
-use loci_sched::{Affinity, Config, Ctx, Policy, Scheduler};
+use loci_sched::{Affinity, Config, Ctx, Policy, RequestOptions, Scheduler};
 use loci_topo::{CpuSet, Topology};
 
 use crate::{EngineError, SendPtr, Trace};
@@ -77,6 +85,45 @@ impl FromStr for Threads {
     }
 }
 
+/// Whether idle nodes may take another node's morsels (LAS only; see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Locality {
+    /// Seed 003's rule 4: a phase (one request) is shared by idle nodes at its tail.
+    #[default]
+    Balanced,
+    /// Every morsel runs on a worker of its home node (loci-sched's `stay_on_node` requests).
+    Strict,
+}
+
+impl Locality {
+    /// Names accepted by [`FromStr`].
+    pub const CHOICES: &'static str = "balanced, strict";
+}
+
+impl fmt::Display for Locality {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Locality::Balanced => "balanced",
+            Locality::Strict => "strict",
+        })
+    }
+}
+
+impl FromStr for Locality {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "balanced" => Ok(Locality::Balanced),
+            "strict" => Ok(Locality::Strict),
+            _ => Err(EngineError::BadChoice {
+                what: "locality",
+                given: s.into(),
+                valid: Self::CHOICES,
+            }),
+        }
+    }
+}
+
 /// Parses a scheduler name: `las`, `nls` or `unpinned`.
 pub fn parse_sched(s: &str) -> Result<Policy, EngineError> {
     Policy::parse(s).map_err(|_| EngineError::BadChoice {
@@ -93,6 +140,7 @@ pub struct Exec {
     sched: Scheduler,
     policy: Policy,
     threads: Threads,
+    locality: Locality,
     /// Workers stay on their group's cpus (so a worker's node is its group's node).
     pinned: bool,
     /// Nodes that have workers, ascending.
@@ -155,10 +203,27 @@ impl Exec {
             sched,
             policy,
             threads,
+            locality: Locality::default(),
             pinned,
             nodes,
             workers,
         })
+    }
+
+    /// The same executor with phases submitted under `locality` (default: balanced).
+    pub fn with_locality(mut self, locality: Locality) -> Exec {
+        self.locality = locality;
+        self
+    }
+
+    /// Submits the following phases under `locality`.
+    pub fn set_locality(&mut self, locality: Locality) {
+        self.locality = locality;
+    }
+
+    /// Whether idle nodes may take another node's morsels (LAS).
+    pub fn locality(&self) -> Locality {
+        self.locality
     }
 
     /// Number of workers.
@@ -233,7 +298,10 @@ impl Exec {
         // submitted task, and `self.sched` lives while `&self` does), it consumes `f` and every
         // borrow before it sets `done`, and this function does not return before `done` is set.
         let job: Box<dyn FnOnce(&Ctx) + Send + 'static> = unsafe { std::mem::transmute(job) };
-        let _handle = self.sched.submit(move |ctx: &Ctx| job(ctx));
+        let opts = RequestOptions {
+            stay_on_node: self.locality == Locality::Strict,
+        };
+        let _handle = self.sched.submit_with(opts, move |ctx: &Ctx| job(ctx));
         let (m, cv) = &*done;
         let mut d = m.lock().unwrap_or_else(|e| e.into_inner());
         while !*d {
@@ -446,6 +514,36 @@ mod tests {
         assert_eq!(ex.one(|| 5).0, 5);
     }
 
+    /// Two nodes (a synthetic topology over cpus 0 and 1, one worker pinned on each): every item
+    /// is homed on node 0. `strict` runs all of them on node 0 although node 1's worker is idle;
+    /// `balanced` (seed 003's rule 4 for a lone request) lets node 1 take some.
+    #[test]
+    fn strict_locality_keeps_every_item_on_its_home_node() {
+        let here = sys::get_affinity(0).unwrap();
+        assert!(
+            here.contains(0) && here.contains(1),
+            "this test pins workers to cpus 0 and 1 (allowed: {here})"
+        );
+        let topo = loci_sched::fixtures::grid(2, 1, 1);
+        let run = |loc: Locality| {
+            let ex = Exec::new(&topo, Policy::Las, Threads::Sparse, None)
+                .unwrap()
+                .with_locality(loc);
+            assert_eq!(ex.locality(), loc);
+            assert_eq!(ex.worker_nodes(), &[0, 1]);
+            let homes = vec![Some(0u32); 64];
+            let pass = ex.for_each(
+                &homes,
+                || (),
+                |_, _| std::thread::sleep(std::time::Duration::from_millis(2)),
+            );
+            assert_eq!(pass.trace.touched.len(), 64);
+            pass.trace.touched.iter().filter(|x| x.1 != Some(0)).count()
+        };
+        assert_eq!(run(Locality::Strict), 0);
+        assert!(run(Locality::Balanced) > 0, "node 1 took no item");
+    }
+
     #[test]
     fn bad_configurations_are_named() {
         let t = flat_topology();
@@ -458,6 +556,10 @@ mod tests {
         assert!(Exec::new(&t, Policy::Las, Threads::Os, Some(0)).is_err());
         let e = "spars".parse::<Threads>().unwrap_err().to_string();
         assert!(e.contains("sparse"), "{e}");
+        let e = "strikt".parse::<Locality>().unwrap_err().to_string();
+        assert!(e.contains("balanced, strict"), "{e}");
+        assert_eq!("strict".parse::<Locality>().unwrap(), Locality::Strict);
+        assert_eq!(Locality::default().to_string(), "balanced");
         let e = parse_sched("lass").unwrap_err().to_string();
         assert!(e.contains("las, nls, unpinned"), "{e}");
     }

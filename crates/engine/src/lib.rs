@@ -23,7 +23,7 @@ pub mod partition;
 pub mod reference;
 pub mod storage;
 
-pub use exec::{parse_sched, Exec, Pass, Threads};
+pub use exec::{parse_sched, Exec, Locality, Pass, Threads};
 pub use gen::{AggGen, AggSpec, Dist, JoinSpec};
 pub use loci_sched::Policy as Sched;
 pub use storage::{MemPolicy, Morsel, Table};

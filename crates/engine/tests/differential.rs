@@ -1,6 +1,6 @@
-//! Differential tests: every memory placement, scheduler (LAS, NLS, unpinned), thread placement,
-//! worker count and morsel size gives the same answer as the single-thread reference, on every
-//! dataset and the edge cases (empty input, one group, all-distinct keys, skew, sparse keys, the
+//! Differential tests: every memory placement, scheduler (LAS, NLS, unpinned), locality
+//! (balanced, strict), thread placement, worker count and morsel size gives the same answer as
+//! the single-thread reference, on every dataset and the edge cases (empty input, one group, all-distinct keys, skew, sparse keys, the
 //! all-ones row that packs to the hash table's empty marker). Allocators: `allocators_agree`
 //! re-runs the matrix and edge-case tests under each Debian allocator library found
 //! (LD_PRELOAD), as `loci bench --alloc` does.
@@ -10,8 +10,8 @@ use loci_engine::exec::flat_topology;
 use loci_engine::index::{build, probe, IndexKind};
 use loci_engine::join::{w3_partitioned, w3_shared};
 use loci_engine::{
-    generate, generate_agg, generate_join, reference, AggSpec, Dist, Exec, JoinSpec, MemPolicy,
-    Sched, Table, Threads,
+    generate, generate_agg, generate_join, reference, AggSpec, Dist, Exec, JoinSpec, Locality,
+    MemPolicy, Sched, Table, Threads,
 };
 use proptest::prelude::*;
 
@@ -19,19 +19,27 @@ use proptest::prelude::*;
 fn execs() -> Vec<Exec> {
     let t = flat_topology();
     [
-        (Sched::Las, Threads::Sparse, None),
-        (Sched::Las, Threads::Os, Some(1)),
-        (Sched::Nls, Threads::Dense, None),
-        (Sched::Nls, Threads::Sparse, Some(1)),
-        (Sched::Unpinned, Threads::Os, None),
+        (Sched::Las, Threads::Sparse, None, Locality::Balanced),
+        (Sched::Las, Threads::Sparse, None, Locality::Strict),
+        (Sched::Las, Threads::Os, Some(1), Locality::Balanced),
+        (Sched::Las, Threads::Os, Some(1), Locality::Strict),
+        (Sched::Nls, Threads::Dense, None, Locality::Balanced),
+        (Sched::Nls, Threads::Sparse, Some(1), Locality::Strict),
+        (Sched::Unpinned, Threads::Os, None, Locality::Balanced),
     ]
     .into_iter()
-    .map(|(s, th, n)| Exec::new(&t, s, th, n).unwrap())
+    .map(|(s, th, n, l)| Exec::new(&t, s, th, n).unwrap().with_locality(l))
     .collect()
 }
 
 fn name(ex: &Exec) -> String {
-    format!("{}/{}/{}w", ex.policy().name(), ex.threads(), ex.workers())
+    format!(
+        "{}/{}/{}w/{}",
+        ex.policy().name(),
+        ex.threads(),
+        ex.workers(),
+        ex.locality()
+    )
 }
 
 fn policies() -> Vec<MemPolicy> {
@@ -67,7 +75,7 @@ fn aggregation_matches_reference_on_every_dataset_and_configuration() {
             for (i, pool) in execs.iter().enumerate() {
                 for pol in policies() {
                     // Vary the morsel size with the configuration: tiny, odd, and one morsel.
-                    let morsel = [1000, 4097, 30_000, 777, 2048][i];
+                    let morsel = [1000, 4097, 30_000, 777, 2048, 1500, 5003][i];
                     let t = generate_agg(pool, spec, morsel, &pol).unwrap();
                     check_agg(pool, &t, &format!("{dist} g={groups} {} {pol}", name(pool)));
                 }
@@ -158,7 +166,7 @@ fn joins_match_reference_on_every_configuration() {
         for pol in policies() {
             for r_rows in [0usize, 1, 300, 20_000] {
                 let spec = JoinSpec::ratio16(r_rows, 3 + i as u64);
-                let morsel = [1000, 4097, 50_000, 777, 3000][i];
+                let morsel = [1000, 4097, 50_000, 777, 3000, 2500, 6001][i];
                 let (r, s) = generate_join(pool, spec, morsel, &pol).unwrap();
                 let (rk, rv) = r.to_vecs();
                 let (sk, sv) = s.to_vecs();
@@ -270,10 +278,11 @@ proptest! {
         rows in proptest::collection::vec((0u32..50, any::<u32>()), 0..600),
         sparse in any::<bool>(),
         morsel in 1usize..200,
-        which in 0usize..3,
+        which in 0usize..4,
     ) {
-        let sched = [Sched::Las, Sched::Nls, Sched::Unpinned][which];
-        let pool = &Exec::new(&flat_topology(), sched, Threads::Sparse, None).unwrap();
+        let sched = [Sched::Las, Sched::Nls, Sched::Unpinned, Sched::Las][which];
+        let loc = if which == 3 { Locality::Strict } else { Locality::Balanced };
+        let pool = &Exec::new(&flat_topology(), sched, Threads::Sparse, None).unwrap().with_locality(loc);
         let keys: Vec<u32> = rows.iter().map(|r| if sparse { r.0.wrapping_mul(0x9e37_79b9) } else { r.0 }).collect();
         let vals: Vec<u32> = rows.iter().map(|r| r.1).collect();
         let t = Table::from_rows(&keys, &vals, morsel).unwrap();

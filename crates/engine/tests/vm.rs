@@ -1,8 +1,9 @@
 //! Engine placement on a real 4-node kernel (loci-vm): runs `loci-engine-vm-check` on 16 Mi rows
-//! in the `4n` VM. Bind-per-node morsels processed under LAS (loci-sched) must give a
-//! local-access ratio >= 0.95; a table first-touched by one generating task and processed under
-//! NLS by workers on all 4 nodes about 0.25 (within 0.15; a static split and LAS are reported);
-//! every answer must equal the single-thread reference. Runs only with `LOCI_NUMA_VM=1`
+//! in the `4n` VM. Bind-per-node morsels processed under LAS (loci-sched) with strict locality
+//! (`stay_on_node` requests) must give a local-access ratio >= 0.95 in every pass (the default
+//! balanced mode's ratios are printed); a table first-touched by one generating task and
+//! processed under NLS by workers on all 4 nodes about 0.25 (within 0.15; a static split and LAS
+//! are reported); every answer must equal the single-thread reference. Runs only with `LOCI_NUMA_VM=1`
 //! (scripts/test).
 
 use std::time::Duration;
@@ -20,7 +21,7 @@ fn engine_placement_on_4_nodes() {
     let report = out.checks();
     for name in [
         "engine/bind-per-node/pages-on-home",
-        "engine/bind-per-node/local-access>=0.95",
+        "engine/bind-per-node/strict/local-access>=0.95",
         "engine/bind-per-node/answer",
         "engine/first-touch-1/pages-on-generator-node",
         "engine/first-touch-1/local-access-about-1/k",

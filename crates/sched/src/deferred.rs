@@ -133,27 +133,27 @@ mod tests {
         assert_eq!(q.take_own(), Some((3, 3)));
         // Rule 4: oldest of the second-oldest request (5).
         assert_eq!(
-            q.take_remote(false, |_| Rule4Class::Kept).map(|x| x.0),
+            q.take_remote(false, |_| Rule4Class::Shareable).map(|x| x.0),
             Some((5, 1))
         );
         assert_eq!(
-            q.take_remote(false, |_| Rule4Class::Kept).map(|x| x.0),
+            q.take_remote(false, |_| Rule4Class::Shareable).map(|x| x.0),
             Some((5, 2))
         );
         assert_eq!(q.ids(), vec![3, 7]);
         assert_eq!(
-            q.take_remote(false, |_| Rule4Class::Kept).map(|x| x.0),
+            q.take_remote(false, |_| Rule4Class::Shareable).map(|x| x.0),
             Some((7, 1))
         );
         // Only request 3 left: rule 4 takes its oldest task.
         assert_eq!(
-            q.take_remote(false, |_| Rule4Class::Kept).map(|x| x.0),
+            q.take_remote(false, |_| Rule4Class::Shareable).map(|x| x.0),
             Some((3, 1))
         );
         assert_eq!(q.take_own(), Some((3, 2)));
         assert_eq!(q.requests(), 0);
         assert_eq!(
-            q.take_remote(false, |_| Rule4Class::Kept).map(|x| x.0),
+            q.take_remote(false, |_| Rule4Class::Shareable).map(|x| x.0),
             None
         );
     }
@@ -186,11 +186,10 @@ mod tests {
         assert_eq!(q.take_remote(true, class).map(|x| x.1), Some(3));
         assert!(q.take_remote(true, class).is_none());
         assert_eq!(q.ids(), vec![1]);
-        // The seed's rule takes the lone request's oldest task regardless.
-        assert_eq!(
-            q.take_remote(false, class).map(|x| (x.0 .1, x.2.len())),
-            Some((1, 0))
-        );
+        // The seed's rule passes over a kept request too (under it only requests that stay on
+        // their node are kept); the own group's workers take it (rule 3).
+        assert!(q.take_remote(false, class).is_none());
+        assert_eq!(q.take_own().map(|t| (t.0, t.1)), Some((1, 1)));
         // A shareable request gives one task at a time, second-oldest first.
         for (r, t, c) in [(7, 1, Shareable), (7, 2, Shareable), (8, 1, Shareable)] {
             q.push(r, (r, t, c));

@@ -23,7 +23,10 @@
 //! group first, then of groups by increasing NUMA distance; an immediate spawn wakes only within
 //! its node. The choice is the pure function [`rules::choose_las`] over a [`rules::QueueView`].
 //! Rule 4 moves a request to another node only whole unless there are not enough requests to
-//! occupy the nodes ([`Config::migrate_requests`], [`rules::rule4_target`]).
+//! occupy the nodes ([`Config::migrate_requests`], [`rules::rule4_target`]). A request submitted
+//! with [`RequestOptions::stay_on_node`] ([`Scheduler::submit_with`]) is never taken across
+//! nodes by rule 4, not even when it is alone (rules 1-3 and 5 stay on the node anyway): each of
+//! its tasks runs on the node it was queued for, and a slow node is not helped.
 //!
 //! Tasks must not block waiting for tasks they spawned except through [`Ctx::scope`] (which runs
 //! tasks while it waits).
@@ -74,7 +77,8 @@ pub mod workload;
 pub use layout::{cache_distance, Group, Layout, WorkerSlot};
 pub use rules::Rule;
 pub use runtime::{
-    Ctx, RequestError, RequestHandle, RequestRecord, Scheduler, Scope, Stats, Steals,
+    Ctx, RequestError, RequestHandle, RequestOptions, RequestRecord, Scheduler, Scope, Stats,
+    Steals,
 };
 
 /// Which scheduler runs the tasks.

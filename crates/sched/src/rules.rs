@@ -134,7 +134,9 @@ pub enum Rule4Take {
 /// request at position `i` (asked lazily, at most twice per request).
 ///
 /// `migrate == false` is exactly seed 003: the oldest task of the second-oldest request, or of
-/// the oldest if it is alone. `migrate == true` (loci's default) lets requests change node only
+/// the oldest if it is alone; only a `Kept` request (there: one that stays on its node,
+/// `RequestOptions::stay_on_node`) is passed over, for the next in seed order (second-oldest
+/// first, the oldest last). `migrate == true` (loci's default) lets requests change node only
 /// whole: the oldest fresh request after the first moves whole (then the first, if fresh);
 /// otherwise the oldest task of the first shareable request in seed order (second-oldest first,
 /// the oldest last); `Kept` requests are never split, and `None` means this victim has nothing
@@ -147,11 +149,12 @@ pub fn rule4_target(
     if n == 0 {
         return None;
     }
-    let second = usize::from(n >= 2);
-    if !migrate {
-        return Some(Rule4Take::Oldest(second));
-    }
     let seed_order = || (1..n).chain(std::iter::once(0));
+    if !migrate {
+        return seed_order()
+            .find(|&i| class(i) != Rule4Class::Kept)
+            .map(Rule4Take::Oldest);
+    }
     if let Some(i) = seed_order().find(|&i| class(i) == Rule4Class::Fresh) {
         return Some(Rule4Take::Whole(i));
     }
@@ -513,9 +516,19 @@ mod tests {
         use Rule4Class::{Fresh, Kept, Shareable};
         use Rule4Take::{Oldest, Whole};
         let rule4_target = |v: &[Rule4Class], m| super::rule4_target(v.len(), |i| v[i], m);
-        // The seed's rule ignores the classes.
-        assert_eq!(rule4_target(&[Kept], false), Some(Oldest(0)));
-        assert_eq!(rule4_target(&[Kept, Kept, Fresh], false), Some(Oldest(1)));
+        // The seed's rule: the second-oldest, the oldest if alone; only Kept ones (requests that
+        // stay on their node) are passed over.
+        assert_eq!(rule4_target(&[Fresh], false), Some(Oldest(0)));
+        assert_eq!(
+            rule4_target(&[Shareable, Fresh, Fresh], false),
+            Some(Oldest(1))
+        );
+        assert_eq!(rule4_target(&[Kept], false), None);
+        assert_eq!(
+            rule4_target(&[Shareable, Kept, Fresh], false),
+            Some(Oldest(2))
+        );
+        assert_eq!(rule4_target(&[Fresh, Kept], false), Some(Oldest(0)));
         assert_eq!(rule4_target(&[], false), None);
         assert_eq!(rule4_target(&[], true), None);
         // Fresh requests after the first move whole, the oldest of them first.

@@ -285,6 +285,8 @@ pub(crate) struct RequestState {
     /// request only while the scheduler's epoch still equals this (no crowd since its submit)
     /// and fewer requests than nodes are live (see `rules::Rule4Class`).
     share_epoch: u64,
+    /// [`RequestOptions::stay_on_node`]: no worker of another node takes a task of it.
+    stay_on_node: bool,
     failed: AtomicBool,
     panic_msg: Mutex<Option<String>>,
     done: Mutex<bool>,
@@ -519,14 +521,20 @@ impl Shared {
     /// Whether rule 4 of a worker on another node may take a task of the request now.
     #[inline]
     fn remote_ok(&self, st: &RequestState) -> bool {
-        !self.migrate
-            || !st.started.load(Ordering::Relaxed)
-            || (st.share_epoch == self.crowd_epoch.load(Ordering::Relaxed)
-                && self.live.load(Ordering::Relaxed) < self.layout.nodes.len())
+        !st.stay_on_node
+            && (!self.migrate
+                || !st.started.load(Ordering::Relaxed)
+                || (st.share_epoch == self.crowd_epoch.load(Ordering::Relaxed)
+                    && self.live.load(Ordering::Relaxed) < self.layout.nodes.len()))
     }
 
     /// Rule 4's class of a request for a thief on the victim group's node (`same_node`) or not.
+    /// A request that stays on its node is `Kept` for every thief of another node, fresh or not
+    /// (it does not move whole either).
     fn rule4_class(&self, st: &RequestState, same_node: bool) -> Rule4Class {
+        if st.stay_on_node && !same_node {
+            return Rule4Class::Kept;
+        }
         match st.started.load(Ordering::Relaxed) {
             false => Rule4Class::Fresh,
             _ if same_node || self.remote_ok(st) => Rule4Class::Shareable,
@@ -591,7 +599,12 @@ impl Shared {
         } else {
             self.fifo.push(task);
         }
-        self.notify(&self.layout.groups[group].wake_deferred, true);
+        let order = if self.las {
+            self.deferred_order(group, state)
+        } else {
+            &self.layout.groups[group].wake_deferred
+        };
+        self.notify(order, true);
     }
 }
 
@@ -1141,6 +1154,30 @@ impl<'s> Scope<'s> {
     }
 }
 
+/// Per-request options ([`Scheduler::submit_with`], [`Scheduler::submit_on_with`]);
+/// `RequestOptions::default()` is what [`Scheduler::submit`] uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequestOptions {
+    /// Under LAS, every task of the request runs on the node it was queued for: rule 4 never
+    /// takes a task of this request (nor moves the request) across nodes, even when the other
+    /// node is idle and this is the only request. Rules 1-3 and 5 and rule 4 between groups of
+    /// the same node stay on the node anyway, and immediate tasks are only stolen within the
+    /// node; so a deferred task queued with [`Ctx::spawn_deferred_on`] runs on that node, and
+    /// the request's first task on the node it was submitted to. What it trades: a node that
+    /// runs slow (or got more work) is not helped by idle nodes, as with one instance per node
+    /// (seed 004). The default (`false`) lets a lone request be shared by idle nodes (seed 003).
+    /// NLS and unpinned ignore it (they ignore locality).
+    pub stay_on_node: bool,
+}
+
+impl RequestOptions {
+    /// Options of a request whose tasks stay on the node they were queued for
+    /// ([`RequestOptions::stay_on_node`]).
+    pub fn stay_on_node() -> RequestOptions {
+        RequestOptions { stay_on_node: true }
+    }
+}
+
 /// A submitted request: wait for its result.
 pub struct RequestHandle<T> {
     state: Arc<RequestState>,
@@ -1354,13 +1391,36 @@ impl Scheduler {
         T: Send + 'static,
         F: FnOnce(&Ctx) -> T + Send + 'static,
     {
+        self.submit_with(RequestOptions::default(), f)
+    }
+
+    /// [`Scheduler::submit`] with per-request options (see [`RequestOptions`]).
+    pub fn submit_with<T, F>(&self, opts: RequestOptions, f: F) -> RequestHandle<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Ctx) -> T + Send + 'static,
+    {
         let ng = self.shared.layout.groups.len();
         let g = self.shared.next_group.fetch_add(1, Ordering::Relaxed) % ng;
-        self.submit_to(g, f)
+        self.submit_to(g, opts, f)
     }
 
     /// Submits a request whose first task is queued on a group of `node`.
     pub fn submit_on<T, F>(&self, node: u32, f: F) -> Result<RequestHandle<T>, SchedError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Ctx) -> T + Send + 'static,
+    {
+        self.submit_on_with(node, RequestOptions::default(), f)
+    }
+
+    /// [`Scheduler::submit_on`] with per-request options (see [`RequestOptions`]).
+    pub fn submit_on_with<T, F>(
+        &self,
+        node: u32,
+        opts: RequestOptions,
+        f: F,
+    ) -> Result<RequestHandle<T>, SchedError>
     where
         T: Send + 'static,
         F: FnOnce(&Ctx) -> T + Send + 'static,
@@ -1379,10 +1439,10 @@ impl Scheduler {
             });
         }
         let k = self.shared.next_group.fetch_add(1, Ordering::Relaxed);
-        Ok(self.submit_to(gs[k % gs.len()], f))
+        Ok(self.submit_to(gs[k % gs.len()], opts, f))
     }
 
-    fn submit_to<T, F>(&self, group: usize, f: F) -> RequestHandle<T>
+    fn submit_to<T, F>(&self, group: usize, opts: RequestOptions, f: F) -> RequestHandle<T>
     where
         T: Send + 'static,
         F: FnOnce(&Ctx) -> T + Send + 'static,
@@ -1405,6 +1465,7 @@ impl Scheduler {
             pending: CachePadded::new(AtomicUsize::new(1)),
             started: AtomicBool::new(false),
             share_epoch,
+            stay_on_node: opts.stay_on_node,
             failed: AtomicBool::new(false),
             panic_msg: Mutex::new(None),
             done: Mutex::new(false),

@@ -111,3 +111,28 @@ fn kept_task_on_another_node_wakes_its_worker() {
         drop(s);
     });
 }
+
+/// A lone request that stays on its node (`RequestOptions::stay_on_node`): its first task is
+/// woken only within its node, and a task it queues on the other node only that node's worker
+/// may take (no crowd needed), so both wake-ups go through the node-only orders; the task runs
+/// on the node it was queued for.
+#[test]
+fn stay_on_node_request_wakes_only_its_nodes_workers() {
+    loom::model(|| {
+        let s = Scheduler::new(&fixtures::grid(2, 1, 1), config(Policy::Las)).unwrap();
+        let a = s
+            .submit_on_with(0, loci_sched::RequestOptions::stay_on_node(), |ctx| {
+                assert_eq!(ctx.node(), 0);
+                let n = Arc::new(AtomicU64::new(u64::MAX));
+                let m = n.clone();
+                ctx.spawn_deferred_on(1, move |ctx| {
+                    m.store(u64::from(ctx.node()), Ordering::Relaxed);
+                })
+                .unwrap();
+                n
+            })
+            .unwrap();
+        assert_eq!(a.wait().unwrap().load(Ordering::Relaxed), 1);
+        drop(s);
+    });
+}

@@ -478,3 +478,79 @@ fn a_lone_request_is_shared_a_crowd_is_not() {
         .count();
     assert!(split > 0, "{:?}", seed.stats().requests);
 }
+
+/// `RequestOptions::stay_on_node`: a lone request's tasks never run on another node, even when
+/// every other node is idle, with loci's rule 4 and with the seed's; its deferred tasks queued on
+/// another node run there; a normal lone request on the same scheduler is still shared.
+#[test]
+fn a_request_that_stays_on_its_node_is_never_taken_across_nodes() {
+    use loci_sched::RequestOptions;
+    fn slow_request(ctx: &loci_sched::Ctx) {
+        for _ in 0..24 {
+            ctx.spawn_deferred(|_| std::thread::sleep(std::time::Duration::from_millis(2)));
+        }
+    }
+    for migrate in [true, false] {
+        let s = Scheduler::new(
+            &fixtures::grid(4, 1, 1),
+            Config {
+                migrate_requests: migrate,
+                ..unpinned_las()
+            },
+        )
+        .unwrap();
+        for node in 0..4u32 {
+            let h = s
+                .submit_on_with(node, RequestOptions::stay_on_node(), slow_request)
+                .unwrap();
+            let per_node = {
+                h.wait().unwrap();
+                s.stats().requests.last().unwrap().tasks_per_node.clone()
+            };
+            assert_eq!(
+                per_node.iter().map(|x| x.1).sum::<u64>(),
+                25,
+                "{per_node:?}"
+            );
+            for (n, c) in per_node {
+                assert_eq!(c > 0, n == node, "migrate {migrate}: ran on {n}: {c} tasks");
+            }
+        }
+        // Deferred tasks queued on each node (as morsels are) run on that node, the request's
+        // first task on the node it was submitted to (round robin here).
+        let wrong = Arc::new(AtomicUsize::new(0));
+        let w2 = wrong.clone();
+        let h = s.submit_with(RequestOptions::stay_on_node(), move |ctx| {
+            let first = ctx.node();
+            ctx.scope(|sc| {
+                for i in 0..64u32 {
+                    let node = i % 4;
+                    let w = &w2;
+                    sc.spawn_deferred_on(node, move |sc| {
+                        std::thread::sleep(std::time::Duration::from_micros(300));
+                        if sc.ctx().node() != node {
+                            w.fetch_add(1, Ordering::Relaxed);
+                        }
+                    })
+                    .unwrap();
+                }
+            });
+            first
+        });
+        let id = h.id();
+        h.wait().unwrap();
+        assert_eq!(wrong.load(Ordering::Relaxed), 0, "migrate {migrate}");
+        let rec = s.stats().requests.into_iter().find(|r| r.id == id).unwrap();
+        assert_eq!(rec.tasks(), 65);
+        // The same lone request without the option is shared by the idle nodes.
+        let h = s.submit_on(0, slow_request).unwrap();
+        let id = h.id();
+        h.wait().unwrap();
+        let rec = s.stats().requests.into_iter().find(|r| r.id == id).unwrap();
+        let nodes = rec.tasks_per_node.iter().filter(|(_, c)| *c > 0).count();
+        assert!(
+            nodes >= 2,
+            "migrate {migrate}: a lone request stayed on one node: {rec:?}"
+        );
+    }
+}

@@ -26,8 +26,8 @@ use loci_engine::index::{self, IndexKind};
 use loci_engine::join::{self, JoinResult, JoinRun};
 use loci_engine::storage::local_access_ratio;
 use loci_engine::{
-    generate_agg, generate_join, parse_sched, AggSpec, Dist, Exec, JoinSpec, MemPolicy, Sched,
-    Table, Threads, Trace,
+    generate_agg, generate_join, parse_sched, AggSpec, Dist, Exec, JoinSpec, Locality, MemPolicy,
+    Sched, Table, Threads, Trace,
 };
 use loci_report::{Machine, Report, Row};
 use serde_json::json;
@@ -98,6 +98,14 @@ pub struct EngineArgs {
     /// says).
     #[arg(long, value_delimiter = ',', default_value = "las")]
     pub sched: Vec<String>,
+    /// Under las, whether idle nodes help with another node's morsels. balanced: a phase is one
+    /// request, and when it is the only one running, a node that has finished its own morsels
+    /// takes the oldest of another node's (seed 003's rule 4: a slow node is helped, at the cost
+    /// of remote reads at the tail). strict: every morsel runs on its home node's workers (local
+    /// access 1.0 for homed morsels; a slow node is not helped, like one instance per node in
+    /// seed 004). nls and unpinned ignore it.
+    #[arg(long, default_value = "balanced")]
+    pub locality: String,
     /// Operator variants, comma separated (default: all). w1: partition, lists;
     /// w2: auto (plan from the key zone map); w3: shared, partitioned; w4: sorted, btree, skiplist, art.
     #[arg(long, value_delimiter = ',')]
@@ -231,6 +239,7 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
         .map(|s| parse_sched(s))
         .collect::<Result<_, _>>()?;
     let pairs = sched_threads(&scheds, &threads);
+    let locality: Locality = a.locality.parse()?;
     for al in &a.alloc {
         if al != "glibc" && !ALLOC_LIBS.iter().any(|(n, _)| n == al) {
             bail!(
@@ -260,7 +269,7 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
             "groups": if w.is_join() { None } else { Some(sz.groups) },
             "dists": a.dist, "threads": a.threads, "mem": a.mem, "alloc": a.alloc,
             "workers": nworkers, "reps": sz.reps, "seed": a.seed, "morsel_rows": a.morsel_rows,
-            "sched": a.sched, "variants": vars,
+            "sched": a.sched, "locality": locality.to_string(), "variants": vars,
         }),
         Machine::of(&topo),
     );
@@ -291,7 +300,7 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
     if here || child_alloc.is_some() {
         for d in &dist_list {
             for (sc, th) in &pairs {
-                let pool = Exec::new(&topo, *sc, *th, Some(nworkers))?;
+                let pool = Exec::new(&topo, *sc, *th, Some(nworkers))?.with_locality(locality);
                 let sc = sc.name();
                 for mem in &mems {
                     pb.set_message(format!(
@@ -323,6 +332,7 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
                                 .config("mem", mem)
                                 .config("alloc", &alloc_name)
                                 .config("sched", sc)
+                                .config("locality", locality)
                                 .extra("checksum", ans.checksum());
                             rep.results.push(row);
                         }
@@ -556,6 +566,7 @@ fn run_child(w: Workload, a: &EngineArgs, alloc: &str) -> anyhow::Result<Vec<Row
     cmd.arg("--threads").arg(a.threads.join(","));
     cmd.arg("--mem").arg(a.mem.join(","));
     cmd.arg("--sched").arg(a.sched.join(","));
+    cmd.arg("--locality").arg(&a.locality);
     if !a.variant.is_empty() {
         cmd.arg("--variant").arg(a.variant.join(","));
     }

@@ -4,10 +4,13 @@
 //!
 //! 1. bind-per-node morsels processed by W2 under LAS (loci-sched, workers pinned to their
 //!    node's core group, every morsel a task queued on its home node): every morsel's pages sit on
-//!    its home node, and the local-access ratio (best of five passes after a warm-up; all are
-//!    printed with their median) is at least 0.95. What LAS gives up is the tail: a node that runs out of its own morsels takes
-//!    another node's, so the ratio falls when the emulated cpus progress at uneven rates (a
-//!    loaded host); each pass prints which node ran the morsels of which home;
+//!    its home node, and with `--locality strict` (loci-sched's `stay_on_node` requests) the
+//!    local-access ratio is at least 0.95 in every one of five passes after a warm-up (it is 1.0
+//!    when no morsel leaves its node). The default `balanced` mode is run and printed for
+//!    information, not checked: a phase is one request, and a node that runs out of its own
+//!    morsels takes another node's at the tail (seed 003's rule 4 for a lone request), so its
+//!    ratio depends on how evenly the emulated cpus progress (a loaded host). Each pass prints
+//!    which node ran the morsels of which home;
 //! 2. first touch by one generating thread (one task; half the rows, so that one node holds
 //!    them): every page sits on the generator's node,
 //!    and W2 under NLS (placement-unaware: one shared queue) reads about 1/k of the bytes locally
@@ -19,7 +22,9 @@
 
 use loci_engine::agg::w2;
 use loci_engine::storage::local_access_ratio;
-use loci_engine::{generate_agg, reference, AggSpec, Dist, Exec, MemPolicy, Sched, Threads};
+use loci_engine::{
+    generate_agg, reference, AggSpec, Dist, Exec, Locality, MemPolicy, Sched, Threads,
+};
 
 fn line(name: &str, r: Result<String, String>, failed: &mut bool) {
     match r {
@@ -64,7 +69,7 @@ fn main() {
     let morsel = 1 << 16;
 
     // 1. bind-per-node under LAS.
-    let pool = Exec::new(&topo, Sched::Las, Threads::Sparse, None).expect("scheduler");
+    let mut pool = Exec::new(&topo, Sched::Las, Threads::Sparse, None).expect("scheduler");
     let t = generate_agg(&pool, spec, morsel, &MemPolicy::BindPerNode).expect("generate");
     let place = t.placement(8).expect("move_pages");
     line(
@@ -82,50 +87,60 @@ fn main() {
         })(),
         &mut failed,
     );
-    // One warm-up pass (first touch of the workers' arrays, first wake-ups), then five passes,
-    // each one request. The best pass is checked (as benchmarks take the best of repetitions):
-    // on an emulated machine sharing a loaded host, a vCPU starved for part of a pass makes any
-    // work-conserving scheduler move that node's morsels elsewhere, which is host noise, not
-    // placement. Every pass and the median are printed.
-    w2(&pool, &t).expect("w2");
-    let mut ratios = Vec::new();
+    // Per locality: one warm-up pass (first touch of the workers' arrays, first wake-ups), then
+    // five passes, each one request. Strict is checked in every pass; balanced is printed.
     let mut got = Vec::new();
-    for pass in 0..5 {
-        let t0 = std::time::Instant::now();
-        let before = pool.scheduler().stats();
-        let (g, run) = w2(&pool, &t).expect("w2");
-        let st = pool.scheduler().stats().since(&before);
-        let lar = local_access_ratio(&t, &place, &run.trace.touched).unwrap_or(0.0);
-        // Morsels by (home node, node that ran them).
-        let mut by: std::collections::BTreeMap<(Option<u32>, Option<u32>), usize> =
-            std::collections::BTreeMap::new();
-        for &(m, n) in &run.trace.touched {
-            *by.entry((t.morsels[m].home, n)).or_default() += 1;
+    let mut strict_ratios = Vec::new();
+    for loc in [Locality::Strict, Locality::Balanced] {
+        pool.set_locality(loc);
+        w2(&pool, &t).expect("w2");
+        let mut ratios = Vec::new();
+        for pass in 0..5 {
+            let t0 = std::time::Instant::now();
+            let before = pool.scheduler().stats();
+            let (g, run) = w2(&pool, &t).expect("w2");
+            let st = pool.scheduler().stats().since(&before);
+            let lar = local_access_ratio(&t, &place, &run.trace.touched).unwrap_or(0.0);
+            // Morsels by (home node, node that ran them).
+            let mut by: std::collections::BTreeMap<(Option<u32>, Option<u32>), usize> =
+                std::collections::BTreeMap::new();
+            for &(m, n) in &run.trace.touched {
+                *by.entry((t.morsels[m].home, n)).or_default() += 1;
+            }
+            println!(
+                "# W2 under LAS ({loc}) on bind-per-node, pass {pass}: {:.3} s, local-access {lar:.3}, {} tasks, {} taken from another node's queue (rule 4); morsels by (home, ran on): {by:?}",
+                t0.elapsed().as_secs_f64(),
+                st.tasks,
+                st.found_by(loci_sched::Rule::RemoteDeferred)
+            );
+            ratios.push(lar);
+            got.push(g);
         }
+        let mut sorted = ratios.clone();
+        sorted.sort_by(f64::total_cmp);
         println!(
-            "# W2 under LAS on bind-per-node, pass {pass}: {:.3} s, local-access {lar:.3}, {} tasks, {} taken from another node's queue (rule 4); morsels by (home, ran on): {by:?}",
-            t0.elapsed().as_secs_f64(),
-            st.tasks,
-            st.found_by(loci_sched::Rule::RemoteDeferred)
+            "# W2 under LAS ({loc}) on bind-per-node: local-access min {:.3}, median {:.3}, max {:.3}, passes {ratios:.3?}",
+            sorted[0],
+            sorted[sorted.len() / 2],
+            sorted[sorted.len() - 1]
         );
-        ratios.push(lar);
-        got = g;
+        if loc == Locality::Strict {
+            strict_ratios = ratios;
+        }
     }
-    let mut sorted = ratios.clone();
-    sorted.sort_by(f64::total_cmp);
-    let (best, median) = (sorted[sorted.len() - 1], sorted[sorted.len() / 2]);
-    let note = format!("best pass {best:.3}, median {median:.3}, passes {ratios:.3?}");
+    let worst = strict_ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let note = format!("strict: every pass {strict_ratios:.3?}");
     line(
-        "engine/bind-per-node/local-access>=0.95",
-        if best >= 0.95 { Ok(note) } else { Err(note) },
+        "engine/bind-per-node/strict/local-access>=0.95",
+        if worst >= 0.95 { Ok(note) } else { Err(note) },
         &mut failed,
     );
     let (k1, v1) = t.to_vecs();
     let want = reference::w2(&k1, &v1);
     line(
         "engine/bind-per-node/answer",
-        if got == want {
-            Ok(String::new())
+        if got.iter().all(|g| *g == want) {
+            Ok(format!("{} passes (strict and balanced)", got.len()))
         } else {
             Err("differs from the reference".into())
         },
@@ -156,6 +171,7 @@ fn main() {
         })(),
         &mut failed,
     );
+    pool.set_locality(Locality::Balanced);
     let (got_las, run) = w2(&pool, &t).expect("w2");
     let las = local_access_ratio(&t, &place, &run.trace.touched).unwrap_or(0.0);
     drop(pool);
