@@ -449,7 +449,22 @@ fn a_lone_request_is_shared_a_crowd_is_not() {
         .unwrap();
     let nodes = rec.tasks_per_node.iter().filter(|(_, c)| *c > 0).count();
     assert!(nodes >= 2, "a lone request stayed on one node: {rec:?}");
-    let hs: Vec<_> = (0..6).map(|_| s.submit(slow_request)).collect();
+    // The crowd is released together: a request submitted while fewer requests than nodes are
+    // live may be shared, so without the gate a descheduled test thread (a loaded machine) lets
+    // the first request start, and be shared, before the fourth exists.
+    let go = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hs: Vec<_> = (0..6)
+        .map(|_| {
+            let go = go.clone();
+            s.submit(move |ctx| {
+                while !go.load(std::sync::atomic::Ordering::Acquire) {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                slow_request(ctx)
+            })
+        })
+        .collect();
+    go.store(true, std::sync::atomic::Ordering::Release);
     let ids: Vec<u64> = hs.iter().map(|h| h.id()).collect();
     for h in hs {
         h.wait().unwrap();
