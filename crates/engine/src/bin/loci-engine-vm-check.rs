@@ -13,9 +13,10 @@
 //!    which node ran the morsels of which home;
 //! 2. first touch by one generating thread (one task; half the rows, so that one node holds
 //!    them): every page sits on the generator's node,
-//!    and W2 under NLS (placement-unaware: one shared queue) reads about 1/k of the bytes locally
-//!    (within 0.15 of 1/k; a placement-unaware static split, morsel i to worker i mod n, gives
-//!    exactly 1/k and is reported too, as is W2 under LAS on that table);
+//!    and a placement-unaware static split (morsel i to worker i mod n) reads 1/k of the bytes
+//!    locally (within 0.02); W2 under NLS (one shared queue) reads at most 0.6 locally (about
+//!    1/k, but how many morsels each emulated cpu takes depends on host load); W2 under LAS on
+//!    that table is reported too;
 //! 3. every run gives the single-thread reference answer.
 //!
 //! Usage: loci-engine-vm-check [ROWS]   (default 1M rows, 10K groups, zipf; 32 Ki-row morsels)
@@ -194,7 +195,10 @@ fn main() {
     let expect = 1.0 / k.max(1) as f64;
     line(
         "engine/first-touch-1/local-access-about-1/k",
-        if (nls - expect).abs() <= 0.15 {
+        // The page fact is deterministic: a static split reads exactly 1/k locally. NLS's
+        // ratio depends on how fast each emulated cpu drains the shared queue (0.10-0.32 seen
+        // on a loaded host), so it is only required to stay far from local (at most 0.6).
+        if (stat - expect).abs() <= 0.02 && nls <= 0.6 {
             Ok(format!(
                 "W2 under NLS {nls:.3}, 1/k = {expect:.3}; static split {stat:.3}; W2 under LAS {las:.3}"
             ))
