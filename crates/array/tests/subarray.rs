@@ -77,6 +77,9 @@ fn run(
         part_bytes: part,
         sample_locality: true,
         huge_pages: false,
+        // One thread: the calling thread copies (the inline path); more: always the pinned
+        // threads, whatever the result's size, so both paths meet the reference.
+        inline_bytes: if threads == 1 { usize::MAX } else { 0 },
     };
     let (out, stats) = subarray(src, b, &pin, &opts, &topo).unwrap();
     let copied: usize = stats.bytes_per_thread.iter().sum();
@@ -318,5 +321,37 @@ fn stress_many_threads_many_parts() {
         };
         let out = run(&src, &b, 8, s, Some(16 + round));
         check_against_reference(&src, &b, &out);
+    }
+}
+
+/// A result under `inline_bytes` is copied by the calling thread (one thread reports every part
+/// and every byte); with `inline_bytes: 0` the same box goes to the pinning's threads. Both equal
+/// the reference.
+#[test]
+fn small_results_are_copied_inline_unless_told_otherwise() {
+    let topo = here();
+    let src = array(&[40, 30, 20], &[10, 10, 10], &[DType::F32], &topo);
+    let b = vec![0..40, 0..30, 0..20]; // 96 KB
+    let cpus: Vec<u32> = topo.allowed_cpus().iter().collect();
+    let pin = Pinning::on_cpus(&(0..3).map(|i| cpus[i % cpus.len()]).collect::<Vec<_>>());
+    let bytes = 40 * 30 * 20 * 4;
+    for (inline, threads_used) in [(loci_array::subarray::INLINE_BYTES, 1), (0, 3)] {
+        let opts = SubarrayOptions {
+            inline_bytes: inline,
+            ..Default::default()
+        };
+        let (out, stats) = subarray(&src, &b, &pin, &opts, &topo).unwrap();
+        check_against_reference(&src, &b, &out);
+        assert_eq!(
+            stats.bytes_per_thread.len(),
+            threads_used,
+            "inline_bytes {inline}"
+        );
+        assert_eq!(stats.bytes_per_thread.iter().sum::<usize>(), bytes);
+        if threads_used == 1 {
+            assert!(stats.part_thread.iter().all(|(t, _)| *t == 0));
+        } else {
+            assert!(stats.bytes_per_thread.iter().all(|b| *b > 0), "{stats:?}");
+        }
     }
 }

@@ -125,6 +125,8 @@ fn main() {
     let home = home_pinning(&topo, &w.bytes_by_node());
     let opts = SubarrayOptions {
         sample_locality: true,
+        // Placement is the point here: the pinned threads copy even a small result.
+        inline_bytes: 0,
         ..Default::default()
     };
     let planned = home.single_cpus().expect("one cpu per thread");
