@@ -107,9 +107,10 @@ pub struct PlanArgs {
     /// Chunk size in bytes (default: one 2560x2160 uint16 projection).
     #[arg(long, default_value_t = loci_stream::phantom::CHUNK_BYTES, value_parser = parse_usize_bytes)]
     pub chunk_bytes: usize,
-    /// LZ4 implementation: lz4-flex (pure Rust, the default: faster in `loci bench stream
-    /// --codec-only`) or lz4-c (the reference C library); both speak the same block format.
-    #[arg(long, default_value = "lz4-flex")]
+    /// LZ4 implementation: lz4-c (the reference C library, the default: faster in quiet
+    /// `loci bench stream --codec-only` runs) or lz4-flex (pure Rust); both speak the same block
+    /// format.
+    #[arg(long, default_value = "lz4-c")]
     pub codec: Codec,
     /// Output directory for recv.toml and send-K.toml.
     #[arg(short = 'o', long = "out", value_name = "DIR")]

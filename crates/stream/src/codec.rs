@@ -5,12 +5,12 @@
 //! does; on the phantom the ratios differ by 0.2%: 1.861 vs 1.864). Which is faster on this
 //! project's data was decided by measurement: `loci bench stream --codec-only` (and every
 //! `loci bench stream` run) compresses and decompresses 8 phantom projections (88 MB) on one core
-//! with both, alternating every repetition, and prints the time ratio (README "Streaming"). Over
-//! the nine runs on the 2-core development machine (2026-11-21/22, one quiet, eight at load 4 to
-//! 13), `lz4_flex` was ahead in 7 of 9 for compression (median time 0.97x the C library's, range
-//! 0.88x to 1.07x; quiet: 657 vs 597 MB/s) and in 7 of 9 for decompression (median 0.96x, range
-//! 0.85x to 1.03x; quiet: 2.5 vs 2.4 GB/s). So the default is [`Codec::Lz4Flex`], by a few per
-//! cent; the C library stays selectable (`codec = "lz4-c"`).
+//! with both, alternating every repetition, and prints the time ratio (README "Streaming").
+//! Under load (eight runs at load 4 to 13) the two traded places (`lz4_flex` ahead in 7 of 9, by a
+//! median 3%). On the quiet 2-core machine (2026-11-22, load below 2, four runs of 5 repetitions)
+//! the C library was ahead in every run: compression 1.00x-1.12x faster (e.g. 614 vs 581 MB/s),
+//! decompression 1.01x-1.12x (2.4 vs 2.2 GB/s). Quiet runs decide, so the default is
+//! [`Codec::Lz4C`]; `lz4_flex` stays selectable (`codec = "lz4-flex"`).
 
 use serde::{Deserialize, Serialize};
 
@@ -19,12 +19,11 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "kebab-case")]
 pub enum Codec {
     /// The reference C library (`liblz4` through the `lz4` crate), `LZ4_compress_default`
-    /// (the same as `lz4 -1`).
-    Lz4C,
-    /// The pure-Rust `lz4_flex` crate (unsafe fast paths, bounds-checked decoding); the default,
-    /// a few per cent faster on the phantom in most `loci bench stream --codec-only` runs (see
-    /// the module doc).
+    /// (the same as `lz4 -1`); the default, a few per cent faster on the phantom in every quiet
+    /// `loci bench stream --codec-only` run (see the module doc).
     #[default]
+    Lz4C,
+    /// The pure-Rust `lz4_flex` crate (unsafe fast paths, bounds-checked decoding).
     Lz4Flex,
 }
 

@@ -4,7 +4,7 @@
 //! # send.toml: one stream leaving one sender
 //! stream = 0
 //! chunk_bytes = 11059200
-//! codec = "lz4-flex"
+//! codec = "lz4-c"
 //! window = 32            # most chunks in flight (sent, not yet acknowledged)
 //! queue_depth = 8        # compress -> send queue
 //! read_queue_depth = 4   # read -> compress queue
