@@ -211,6 +211,23 @@ pub fn region_of(p: usize) -> Option<usize> {
 // ---------------------------------------------------------------------------------------------
 // sysfs, read with raw syscalls into stack buffers.
 
+/// `/sys/devices/system/node/node<N><suffix>` as a NUL-terminated path on the stack (no heap:
+/// the allocator reads sysfs before it can allocate); `suffix` ends with `\0`, `node` < 100.
+fn node_file(node: usize, suffix: &[u8]) -> [u8; 64] {
+    let mut path = [0u8; 64];
+    let prefix = b"/sys/devices/system/node/node";
+    path[..prefix.len()].copy_from_slice(prefix);
+    let mut k = prefix.len();
+    if node >= 10 {
+        path[k] = b'0' + (node / 10) as u8;
+        k += 1;
+    }
+    path[k] = b'0' + (node % 10) as u8;
+    k += 1;
+    path[k..k + suffix.len()].copy_from_slice(suffix);
+    path
+}
+
 /// Reads a small file into `buf`; returns the bytes read.
 pub fn read_file(path: &core::ffi::CStr, buf: &mut [u8]) -> Option<usize> {
     // SAFETY: `path` is NUL-terminated; flags are plain.
@@ -382,19 +399,7 @@ impl NodeMap {
             if online >> node & 1 == 0 {
                 continue;
             }
-            // "/sys/devices/system/node/node<N>/cpulist\0" built on the stack.
-            let mut path = [0u8; 64];
-            let prefix = b"/sys/devices/system/node/node";
-            path[..prefix.len()].copy_from_slice(prefix);
-            let mut k = prefix.len();
-            if node >= 10 {
-                path[k] = b'0' + (node / 10) as u8;
-                k += 1;
-            }
-            path[k] = b'0' + (node % 10) as u8;
-            k += 1;
-            let suffix = b"/cpulist\0";
-            path[k..k + suffix.len()].copy_from_slice(suffix);
+            let path = node_file(node, b"/cpulist\0");
             let Ok(p) = core::ffi::CStr::from_bytes_until_nul(&path) else {
                 continue;
             };
@@ -414,18 +419,7 @@ impl NodeMap {
             if self.nodes >> node & 1 == 0 {
                 continue;
             }
-            let mut path = [0u8; 64];
-            let prefix = b"/sys/devices/system/node/node";
-            path[..prefix.len()].copy_from_slice(prefix);
-            let mut k = prefix.len();
-            if node >= 10 {
-                path[k] = b'0' + (node / 10) as u8;
-                k += 1;
-            }
-            path[k] = b'0' + (node % 10) as u8;
-            k += 1;
-            let suffix = b"/distance\0";
-            path[k..k + suffix.len()].copy_from_slice(suffix);
+            let path = node_file(node, b"/distance\0");
             let Ok(p) = core::ffi::CStr::from_bytes_until_nul(&path) else {
                 continue;
             };

@@ -72,6 +72,18 @@ pub fn set_mempolicy(mode: i32, nodes: &NodeSet) -> io::Result<()> {
 
 /// `get_mempolicy(2)` for the calling thread: (mode, nodes).
 pub fn get_mempolicy() -> io::Result<(i32, NodeSet)> {
+    get_policy(0, 0)
+}
+
+/// `get_mempolicy(2)` with `MPOL_F_ADDR`: the policy that governs the page at `addr` (the range
+/// policy set by `mbind`, or the thread's policy when the range has none): (mode, nodes).
+pub fn get_range_policy(addr: *const u8) -> io::Result<(i32, NodeSet)> {
+    get_policy(addr as usize, mode::MPOL_F_ADDR)
+}
+
+/// One `get_mempolicy(2)` call; `addr` is only looked up in our address space by the kernel
+/// (EFAULT when `MPOL_F_ADDR` names an unmapped address), never dereferenced here.
+fn get_policy(addr: usize, flags: u64) -> io::Result<(i32, NodeSet)> {
     let mut mode: i32 = 0;
     let mut m = [0u64; MASK_WORDS];
     // SAFETY: both out-pointers are valid for writes of the sizes given (MASK_BITS bits).
@@ -81,28 +93,8 @@ pub fn get_mempolicy() -> io::Result<(i32, NodeSet)> {
             &mut mode as *mut i32,
             m.as_mut_ptr(),
             MASK_BITS,
-            0usize,
-            0u64,
-        )
-    })?;
-    Ok((mode, mask_nodes(&m)))
-}
-
-/// `get_mempolicy(2)` with `MPOL_F_ADDR`: the policy that governs the page at `addr` (the range
-/// policy set by `mbind`, or the thread's policy when the range has none): (mode, nodes).
-pub fn get_range_policy(addr: *const u8) -> io::Result<(i32, NodeSet)> {
-    let mut mode: i32 = 0;
-    let mut m = [0u64; MASK_WORDS];
-    // SAFETY: both out-pointers are valid for writes of the sizes given (MASK_BITS bits); the
-    // kernel only looks `addr` up in our address space (EFAULT when it is not mapped).
-    check(unsafe {
-        libc::syscall(
-            libc::SYS_get_mempolicy,
-            &mut mode as *mut i32,
-            m.as_mut_ptr(),
-            MASK_BITS,
             addr,
-            mode::MPOL_F_ADDR,
+            flags,
         )
     })?;
     Ok((mode, mask_nodes(&m)))
