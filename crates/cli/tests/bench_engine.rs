@@ -1,23 +1,10 @@
 //! `loci bench w1|w2|w3|w4` end to end on tiny sizes: the scheduler axis (`--sched`), the rows
 //! and configs of the result JSON, the local-access ratio, and clear errors for bad choices.
 
-use std::process::Command;
-
 use serde_json::Value;
 
-fn loci(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_loci"))
-        .args(args)
-        .env_remove("RUST_BACKTRACE")
-        .env_remove("RUST_LIB_BACKTRACE")
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
-}
+mod common;
+use common::loci;
 
 fn rows(json: &std::path::Path) -> Vec<Value> {
     let v: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();

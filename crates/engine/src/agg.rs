@@ -46,6 +46,26 @@ pub struct GroupAgg {
 }
 
 impl GroupAgg {
+    /// A group with no rows yet.
+    pub fn empty(key: u32) -> Self {
+        GroupAgg {
+            key,
+            count: 0,
+            sum: 0,
+            min: u32::MAX,
+            max: 0,
+        }
+    }
+
+    /// Adds one value to the group.
+    #[inline]
+    pub fn add(&mut self, v: u32) {
+        self.count += 1;
+        self.sum += v as u64;
+        self.min = self.min.min(v);
+        self.max = self.max.max(v);
+    }
+
     /// Average of the values.
     pub fn avg(&self) -> f64 {
         self.sum as f64 / self.count as f64
@@ -230,17 +250,7 @@ pub fn w2(exec: &Exec, table: &Table) -> Result<(Vec<GroupAgg>, AggRun), EngineE
             let mut m: HashMap<u32, GroupAgg> = HashMap::with_capacity(rows.len().min(1 << 16));
             for &x in rows {
                 let (k, v) = (key_of(x), val_of(x));
-                let g = m.entry(k).or_insert(GroupAgg {
-                    key: k,
-                    count: 0,
-                    sum: 0,
-                    min: u32::MAX,
-                    max: 0,
-                });
-                g.count += 1;
-                g.sum += v as u64;
-                g.min = g.min.min(v);
-                g.max = g.max.max(v);
+                m.entry(k).or_insert(GroupAgg::empty(k)).add(v);
             }
             m.into_values().collect::<Vec<_>>()
         },

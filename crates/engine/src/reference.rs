@@ -9,17 +9,7 @@ use crate::join::JoinResult;
 pub fn w2(keys: &[u32], vals: &[u32]) -> Vec<GroupAgg> {
     let mut m: BTreeMap<u32, GroupAgg> = BTreeMap::new();
     for (&k, &v) in keys.iter().zip(vals) {
-        let g = m.entry(k).or_insert(GroupAgg {
-            key: k,
-            count: 0,
-            sum: 0,
-            min: u32::MAX,
-            max: 0,
-        });
-        g.count += 1;
-        g.sum += v as u64;
-        g.min = g.min.min(v);
-        g.max = g.max.max(v);
+        m.entry(k).or_insert(GroupAgg::empty(k)).add(v);
     }
     m.into_values().collect()
 }
