@@ -175,6 +175,26 @@ struct Sizes {
     reps: usize,
 }
 
+impl Sizes {
+    /// The W1/W2 table of this size (the same rows for loci's runs and the peers' export).
+    fn agg(&self, dist: Dist, seed: u64) -> AggSpec {
+        AggSpec {
+            rows: self.rows,
+            groups: self.groups,
+            dist,
+            seed,
+        }
+    }
+    /// The W3/W4 tables: S of `rows`, R = S/16.
+    fn join(&self, seed: u64) -> JoinSpec {
+        JoinSpec {
+            r_rows: self.rows / 16,
+            s_rows: self.rows,
+            seed,
+        }
+    }
+}
+
 fn sizes(w: Workload, a: &EngineArgs) -> anyhow::Result<Sizes> {
     let q = a.common.quick;
     let rows = a.rows.unwrap_or(match (w.is_join(), q) {
@@ -432,12 +452,7 @@ impl Data {
     ) -> anyhow::Result<Data> {
         Ok(match d {
             Some(dist) => {
-                let spec = AggSpec {
-                    rows: sz.rows,
-                    groups: sz.groups,
-                    dist: *dist,
-                    seed: a.seed,
-                };
+                let spec = sz.agg(*dist, a.seed);
                 let t = generate_agg(pool, spec, a.morsel_rows, mem)?;
                 let place = t.placement(16)?;
                 Data::Agg {
@@ -448,11 +463,7 @@ impl Data {
             }
             None => {
                 let _ = w;
-                let spec = JoinSpec {
-                    r_rows: sz.rows / 16,
-                    s_rows: sz.rows,
-                    seed: a.seed,
-                };
+                let spec = sz.join(a.seed);
                 let (r, s) = generate_join(pool, spec, a.morsel_rows, mem)?;
                 let place = s.placement(16)?;
                 Data::Join { r, s, place }
@@ -658,22 +669,13 @@ fn run_peers(
             // Same rows as loci's runs: the generators are independent of placement and threads.
             match d {
                 Some(dist) => {
-                    let spec = AggSpec {
-                        rows: sz.rows,
-                        groups: sz.groups,
-                        dist: *dist,
-                        seed: a.seed,
-                    };
+                    let spec = sz.agg(*dist, a.seed);
                     let t = generate_agg(&pool, spec, a.morsel_rows, &MemPolicy::FirstTouch)?;
                     export(&t, &dir, "t")?;
                     drop(t);
                 }
                 None => {
-                    let spec = JoinSpec {
-                        r_rows: sz.rows / 16,
-                        s_rows: sz.rows,
-                        seed: a.seed,
-                    };
+                    let spec = sz.join(a.seed);
                     let (r, s) = generate_join(&pool, spec, a.morsel_rows, &MemPolicy::FirstTouch)?;
                     export(&r, &dir, "r")?;
                     export(&s, &dir, "s")?;
