@@ -508,6 +508,19 @@ fn general(threads: usize, ops: u64) -> ChildResult {
     let mut tables: Vec<Vec<(usize, usize)>> = (0..threads)
         .map(|_| vec![(0usize, 0usize); GENERAL_SLOTS])
         .collect();
+    // The tables are the harness's memory, not the workload's: write every page of them now.
+    // Some allocators zero a large calloc themselves and others hand out untouched zero pages;
+    // left untouched, the first read of a slot inside the timed loop maps the shared zero page
+    // and the first write then takes a copy-on-write fault with a TLB shootdown to every cpu,
+    // which would charge the harness's page faults to whichever allocator skipped the memset.
+    let per_page = loci_place::sys::page_size() / std::mem::size_of::<(usize, usize)>();
+    for t in &mut tables {
+        for i in (0..t.len()).step_by(per_page.max(1)) {
+            // SAFETY: i < len; a volatile write cannot be elided as a store of zero to
+            // calloc'ed memory.
+            unsafe { std::ptr::write_volatile(t.as_mut_ptr().add(i), (0, 0)) };
+        }
+    }
     let base = rss_now();
     let t0 = Instant::now();
     let results: Vec<(u64, u64, u64, Vec<(usize, usize)>)> = std::thread::scope(|s| {
