@@ -78,7 +78,7 @@ pub unsafe fn apply_range(
         hint,
     };
     let ps = sys::page_size();
-    if (addr as usize) % ps != 0 {
+    if !(addr as usize).is_multiple_of(ps) {
         return Err(err(
             io::Error::new(io::ErrorKind::InvalidInput, "start is not page aligned"),
             format!("; mbind works on whole pages of {ps} bytes"),
