@@ -39,7 +39,9 @@ use core::sync::atomic::{
     Ordering::*,
 };
 
-use crate::classes::{class_of, magic, LINE, MEDIUM_MAX, NCLASSES, SIZES, SMALL_MAX};
+use crate::classes::{
+    class_of, magic, small_class_of, LINE, MEDIUM_MAX, NCLASSES, SIZES, SMALL_MAX,
+};
 use crate::os::{self, NodeMap, MAX_CPUS, MAX_NODES};
 
 const KIND_SB: u32 = 0x10c1_5b01;
@@ -96,8 +98,13 @@ const RUN_BYTES: usize = 64 * 1024;
 
 /// Run states.
 const R_FREE: u32 = 0;
+/// A class run whose blocks are all freed at their start (what `free`'s fast path takes).
 const R_CLASS: u32 = 1;
 const R_BLOCK: u32 = 2;
+/// A class run that has handed out an aligned pointer inside a block (`memalign` and the
+/// like pad a block and align into it): its frees find the block start by division, on
+/// `free`'s slow path.
+const R_CLASS_ALIGNED: u32 = 3;
 const NO_DESC: u32 = u32::MAX;
 /// Span bins: exact page counts 1..SPAN_BINS-1, the last bin for everything bigger.
 const SPAN_BINS: usize = MEDIUM_MAX / UNIT + 1;
@@ -152,29 +159,34 @@ struct Segment {
 /// A page run of a superblock: a class run (blocks of one class), one block, or free.
 #[repr(C, align(64))]
 struct Run {
-    // First cache line: everything a free and a free-list pop touch.
-    state: u32,
+    // First cache line: everything a local free and an allocation touch.
+    /// R_FREE, R_CLASS, R_CLASS_ALIGNED or R_BLOCK. Written by the owner of a class run (to
+    /// R_CLASS_ALIGNED) and under the node lock; read by neighbours under the node lock.
+    state: AtomicU32,
     /// Blocks handed out and not yet freed back (remote frees count once drained).
     used: u32,
     /// Class run: 0..NGROUPS (listed in that group), or G_ACTIVE / G_FULL / G_SPARE.
     /// Free span: its span bin.
     group: u32,
-    /// Lowest `used` that still belongs to the current group; below it the run moves down.
+    /// Lowest `used` that still belongs to the current group; below it the run moves down
+    /// (a free calls `regroup` when `used < lo`). 0 for the active run and the spare,
+    /// `u32::MAX` for a full run (see `set_state_group`).
     lo: u32,
     /// The heap whose sub-allocator serves this class run (null for block and free spans).
     owner: AtomicPtr<Heap>,
     /// LIFO list of freed blocks, linked through the blocks.
     free: *mut Free,
-    /// First block; `end` = data + capacity * bsize.
-    data: usize,
-    magic: u64,
-    bsize: usize,
     /// Next never-used block (bump <= end).
     bump: usize,
-    // Second line: the rest.
+    /// `end` = data + capacity * bsize.
     end: usize,
+    bsize: usize,
     class: u32,
     capacity: u32,
+    // Second line: the rest.
+    /// First block.
+    data: usize,
+    magic: u64,
     /// First unit (index in the superblock) and length in units.
     first: u32,
     nunits: u32,
@@ -186,7 +198,7 @@ struct Run {
     next_desc: u32,
 }
 
-const _: () = assert!(core::mem::offset_of!(Run, bump) < 64);
+const _: () = assert!(core::mem::offset_of!(Run, capacity) < 64);
 const _: () = assert!(core::mem::size_of::<Segment>() <= os::HEADER_STEP);
 const _: () = assert!(core::mem::size_of::<Run>() == 128);
 
@@ -235,6 +247,12 @@ struct Bin {
 #[repr(C)]
 struct ClassState {
     active: *mut Run,
+    /// Blocks of this class handed out, and freed back to their runs (local frees and
+    /// drained remote ones), by this heap. Per class, next to `active`, so that an
+    /// allocation bumps a counter on the line it reads anyway and the bytes of live blocks
+    /// follow from the two counts (see [`stats`]) without a byte counter on either path.
+    allocs: AtomicU64,
+    frees: AtomicU64,
     /// One empty run kept back so that a class that drains and refills does not split and
     /// coalesce spans every time.
     spare: *mut Run,
@@ -244,10 +262,9 @@ struct ClassState {
 #[repr(C)]
 #[derive(Default)]
 struct HeapStats {
+    /// Blocks of `SPAN_MIN` bytes or more handed out (class blocks: [`ClassState::allocs`]).
     allocs: AtomicU64,
-    frees: AtomicU64,
     requested: AtomicU64,
-    live: AtomicI64,
     remote_sent: AtomicU64,
     remote_received: AtomicU64,
 }
@@ -270,6 +287,9 @@ struct Heap {
     /// when `node` has none.
     mem_node: usize,
     mismatch: u32,
+    /// Small blocks may take the fast path of [`alloc`] ([`FAST_SMALL`], copied here so
+    /// that the fast path reads a line of the heap instead of a global through the GOT).
+    fast: bool,
     classes: [ClassState; NCLASSES],
     st: HeapStats,
     pool_next: *mut Heap,
@@ -449,10 +469,6 @@ mod tls_slot {
 /// Counter written by one thread at a time (the claim holder): a plain load + store.
 #[inline]
 fn bump(a: &AtomicU64, v: u64) {
-    a.store(a.load(Relaxed).wrapping_add(v), Relaxed);
-}
-#[inline]
-fn bump_i(a: &AtomicI64, v: i64) {
     a.store(a.load(Relaxed).wrapping_add(v), Relaxed);
 }
 
@@ -733,7 +749,7 @@ unsafe fn format_sb(seg: *mut Segment) -> *mut Run {
     let r = new_desc(seg);
     (*r).first = data_unit as u32;
     (*r).nunits = (nunits - data_unit) as u32;
-    (*r).state = R_FREE;
+    (*r).state.store(R_FREE, Relaxed);
     map_ends(r);
     r
 }
@@ -768,7 +784,7 @@ unsafe fn desc_index(r: *mut Run) -> u32 {
 
 unsafe fn free_desc(r: *mut Run) {
     let seg = (*r).seg;
-    (*r).state = R_FREE;
+    (*r).state.store(R_FREE, Relaxed);
     (*r).nunits = 0;
     (*r).next_desc = (*seg).desc_free;
     (*seg).desc_free = desc_index(r);
@@ -862,7 +878,7 @@ unsafe fn cut(sp: *mut SpanPool, r: *mut Run, n: usize) {
         }
         (*rest).first = (*r).first + n;
         (*rest).nunits = (*r).nunits - n;
-        (*rest).state = R_FREE;
+        (*rest).state.store(R_FREE, Relaxed);
         map_ends(rest);
         push_span(sp, rest);
         (*r).nunits = n;
@@ -881,7 +897,7 @@ unsafe fn node_units(node: usize, n: usize, state: u32) -> *mut Run {
     ns.lock.lock();
     let r = take_span(sp, n);
     if !r.is_null() {
-        (*r).state = state;
+        (*r).state.store(state, Relaxed);
     }
     ns.lock.unlock();
     if !r.is_null() {
@@ -894,7 +910,7 @@ unsafe fn node_units(node: usize, n: usize, state: u32) -> *mut Run {
     let r = format_sb(seg);
     ns.lock.lock();
     cut(sp, r, n);
-    (*r).state = state;
+    (*r).state.store(state, Relaxed);
     ns.lock.unlock();
     r
 }
@@ -918,12 +934,15 @@ unsafe fn node_free(r: *mut Run) {
 /// caller releases the superblock.
 unsafe fn free_units(sp: *mut SpanPool, mut r: *mut Run) -> bool {
     let seg = (*r).seg;
-    (*r).state = R_FREE;
+    (*r).state.store(R_FREE, Relaxed);
     if (*r).first > (*seg).data_unit {
         let p = (*seg)
             .descs
             .add(*(*seg).map.add((*r).first as usize - 1) as usize);
-        if (*p).state == R_FREE && (*p).nunits != 0 && (*p).first + (*p).nunits == (*r).first {
+        if (*p).state.load(Relaxed) == R_FREE
+            && (*p).nunits != 0
+            && (*p).first + (*p).nunits == (*r).first
+        {
             unlink_span(sp, p);
             (*p).nunits += (*r).nunits;
             free_desc(r);
@@ -933,7 +952,7 @@ unsafe fn free_units(sp: *mut SpanPool, mut r: *mut Run) -> bool {
     let nx = (*r).first + (*r).nunits;
     if nx < (*seg).nunits {
         let q = (*seg).descs.add(*(*seg).map.add(nx as usize) as usize);
-        if (*q).state == R_FREE && (*q).nunits != 0 && (*q).first == nx {
+        if (*q).state.load(Relaxed) == R_FREE && (*q).nunits != 0 && (*q).first == nx {
             unlink_span(sp, q);
             (*r).nunits += (*q).nunits;
             free_desc(q);
@@ -966,7 +985,7 @@ unsafe fn new_class_run(h: *mut Heap, c: usize) -> *mut Run {
     let data = (*(*r).seg).base + (*r).first as usize * UNIT;
     let cap = (*r).nunits as usize * UNIT / bsize;
     (*r).class = c as u32;
-    (*r).group = G_ACTIVE;
+    set_state_group(r, G_ACTIVE);
     (*r).bsize = bsize;
     (*r).magic = magic(bsize);
     (*r).data = data;
@@ -975,7 +994,6 @@ unsafe fn new_class_run(h: *mut Heap, c: usize) -> *mut Run {
     (*r).free = null_mut();
     (*r).used = 0;
     (*r).capacity = cap as u32;
-    (*r).lo = 1;
     map_all(r);
     r
 }
@@ -999,7 +1017,7 @@ unsafe fn pop(r: *mut Run) -> *mut u8 {
 
 #[inline]
 unsafe fn block_start(r: *mut Run, p: usize) -> usize {
-    if (*r).state == R_BLOCK {
+    if (*r).state.load(Relaxed) == R_BLOCK {
         return (*r).data;
     }
     let off = p.wrapping_sub((*r).data);
@@ -1025,6 +1043,15 @@ unsafe fn unlink(h: *mut Heap, r: *mut Run) {
     (*r).next = null_mut();
 }
 
+/// Puts a class run in one of the groups that are not lists (active, full, spare), with the
+/// `lo` that makes a free's single test `used < lo` right: never true for the active run and
+/// the spare (frees into them change nothing), always true for a full one (it gets filed).
+#[inline]
+unsafe fn set_state_group(r: *mut Run, g: u32) {
+    (*r).group = g;
+    (*r).lo = if g == G_FULL { u32::MAX } else { 0 };
+}
+
 /// Files a non-active run under its occupancy group (or as spare / back to the free spans).
 unsafe fn file(h: *mut Heap, r: *mut Run) {
     let c = (*r).class as usize;
@@ -1034,7 +1061,7 @@ unsafe fn file(h: *mut Heap, r: *mut Run) {
         let cs = &mut (*h).classes[c];
         if cs.spare.is_null() {
             cs.spare = r;
-            (*r).group = G_SPARE;
+            set_state_group(r, G_SPARE);
         } else {
             (*r).owner.store(null_mut(), Relaxed);
             node_free(r);
@@ -1042,7 +1069,7 @@ unsafe fn file(h: *mut Heap, r: *mut Run) {
         return;
     }
     if used == cap {
-        (*r).group = G_FULL;
+        set_state_group(r, G_FULL);
         return;
     }
     let g = used * NGROUPS / cap;
@@ -1063,17 +1090,9 @@ unsafe fn local_free(h: *mut Heap, r: *mut Run, blk: usize) {
     (*f).next = (*r).free;
     (*r).free = f;
     (*r).used -= 1;
-    bump(&(*h).st.frees, 1);
-    bump_i(&(*h).st.live, -((*r).bsize as i64));
-    let g = (*r).group;
-    if g == G_ACTIVE {
-        return;
-    }
-    if g == G_FULL {
-        file(h, r);
-    } else if (*r).used < (*r).lo {
-        unlink(h, r);
-        file(h, r);
+    bump(&class_state(h, (*r).class as usize).frees, 1);
+    if (*r).used < (*r).lo {
+        regroup(h, r);
     }
 }
 
@@ -1145,6 +1164,7 @@ fn create_heap(node: usize, claimed: bool) -> *mut Heap {
         (*p).id = NEXT_ID.fetch_add(1, Relaxed);
         (*p).node = node;
         (*p).mem_node = home(node);
+        (*p).fast = FAST_SMALL.load(Relaxed);
         (*p).shared.claim.store(claimed as u32, Relaxed);
         (*p).shared.abandoned.store(!claimed, Relaxed);
         let mut head = ALL_HEAPS.load(Relaxed);
@@ -1366,9 +1386,8 @@ unsafe fn alloc_class(h: *mut Heap, c: usize, size: usize) -> *mut u8 {
     if !sb.is_null() {
         let p = pop(sb);
         if !p.is_null() {
-            bump(&(*h).st.allocs, 1);
+            bump(&(*h).classes[c].allocs, 1);
             bump(&(*h).st.requested, size as u64);
-            bump_i(&(*h).st.live, SIZES[c] as i64);
             return p;
         }
     }
@@ -1381,7 +1400,7 @@ unsafe fn refill(h: *mut Heap, c: usize, size: usize) -> *mut u8 {
     let old = cs.active;
     if !old.is_null() {
         cs.active = null_mut();
-        (*old).group = G_FULL;
+        set_state_group(old, G_FULL);
     }
     let mut sb = null_mut();
     for g in (0..NGROUPS).rev() {
@@ -1403,12 +1422,11 @@ unsafe fn refill(h: *mut Heap, c: usize, size: usize) -> *mut u8 {
             return null_mut();
         }
     }
-    (*sb).group = G_ACTIVE;
+    set_state_group(sb, G_ACTIVE);
     (*h).classes[c].active = sb;
     let p = pop(sb);
-    bump(&(*h).st.allocs, 1);
+    bump(&(*h).classes[c].allocs, 1);
     bump(&(*h).st.requested, size as u64);
-    bump_i(&(*h).st.live, SIZES[c] as i64);
     p
 }
 
@@ -1466,35 +1484,63 @@ fn small_delegated() -> bool {
 ///
 /// # Safety
 /// `align` must be a power of two.
-#[inline]
+#[inline(always)]
 pub unsafe fn alloc(size: usize, align: usize) -> *mut u8 {
-    // Fast path, kept free of calls so that it needs no saved registers (callgrind showed the
-    // pushes and pops of the full path at ~13 of its instructions per malloc): a small block
-    // from the active run of the thread's heap, nothing pending in its bins.
-    if align <= 16 && size <= SMALL_MAX && FAST_SMALL.load(Relaxed) {
-        let h = tls_heap();
-        // A thread with a heap has passed init (it created or adopted the heap after it).
-        if !h.is_null() && (*h).shared.pending.load(Relaxed) == 0 {
-            let size = size.max(1);
-            let c = class_of(size);
-            let sb = (*h).classes[c].active;
-            if !sb.is_null() {
-                let p = pop(sb);
-                if !p.is_null() {
-                    bump(&(*h).st.allocs, 1);
-                    bump(&(*h).st.requested, size as u64);
-                    bump_i(&(*h).st.live, SIZES[c] as i64);
-                    return p;
-                }
-            }
+    if align <= 16 {
+        let p = alloc_small_fast(size);
+        if !p.is_null() {
+            return p;
         }
     }
     alloc_full(size, align)
 }
 
+/// The call-free fast path of an allocation of `size` bytes aligned to 16: a small block from
+/// the active run of the thread's heap, nothing pending in its bins. Null when it does not
+/// apply (the caller then takes [`alloc_full`]).
+///
+/// Kept free of calls and panics so that it needs no saved registers and inlines into the C
+/// `malloc` (callgrind showed the pushes and pops of the full path at ~13 of its
+/// instructions per malloc), and loads only the heap's own lines: its flag word, its bins'
+/// pending mask, the class's state and the run's first line.
+#[inline(always)]
+pub unsafe fn alloc_small_fast(size: usize) -> *mut u8 {
+    if size <= SMALL_MAX {
+        let h = tls_heap();
+        // A thread with a heap has passed init (it created or adopted the heap after it).
+        if !h.is_null() && (*h).fast && (*h).shared.pending.load(Relaxed) == 0 {
+            // SAFETY: a class of a size <= SMALL_MAX is a small class < NCLASSES.
+            let cs = class_state(h, small_class_of(size));
+            let sb = cs.active;
+            if !sb.is_null() {
+                let p = pop(sb);
+                if !p.is_null() {
+                    bump(&cs.allocs, 1);
+                    bump(&(*h).st.requested, size as u64);
+                    return p;
+                }
+            }
+        }
+    }
+    null_mut()
+}
+
+/// Class `c`'s state in heap `h`, without a bounds check.
+///
+/// # Safety
+/// `c < NCLASSES`; `h` is a valid heap.
+#[inline(always)]
+unsafe fn class_state<'a>(h: *mut Heap, c: usize) -> &'a ClassState {
+    debug_assert!(c < NCLASSES);
+    (*h).classes.get_unchecked(c)
+}
+
 /// Every allocation the fast path of [`alloc`] does not serve.
+///
+/// `extern "C"` (it aborts instead of unwinding) so that calls to it are known not to unwind
+/// and the C `malloc` can end in a tail call without a landing pad or a stack frame.
 #[inline(never)]
-unsafe fn alloc_full(size: usize, align: usize) -> *mut u8 {
+pub unsafe extern "C" fn alloc_full(size: usize, align: usize) -> *mut u8 {
     ensure_init();
     let size = size.max(1);
     if align <= 16 {
@@ -1542,7 +1588,7 @@ unsafe fn alloc_aligned_slow(size: usize, align: usize) -> *mut u8 {
         if p.is_null() {
             return p;
         }
-        return ((p as usize + align - 1) & !(align - 1)) as *mut u8;
+        return align_into(p, align);
     }
     let h = heap();
     let node = if h.is_null() {
@@ -1551,6 +1597,28 @@ unsafe fn alloc_aligned_slow(size: usize, align: usize) -> *mut u8 {
         (*h).mem_node
     };
     alloc_large(size, align, node)
+}
+
+/// The first address aligned to `align` in the block `p` (allocated with room for it). When
+/// that is inside a block of a class run, the run becomes R_CLASS_ALIGNED: its frees then take
+/// the slow path, which finds the block start by division.
+///
+/// # Safety
+/// `p` is a live block of this allocator, padded by `align - 16` bytes or more; the caller
+/// holds the claim of the heap that owns its run.
+unsafe fn align_into(p: *mut u8, align: usize) -> *mut u8 {
+    let q = (p as usize + align - 1) & !(align - 1);
+    if q != p as usize {
+        if let Some((_, hdr)) = os::region_and_header(p as usize) {
+            if *(hdr as *const u32) != KIND_LARGE {
+                let r = run_of(hdr as *mut Segment, p as usize);
+                if (*r).state.load(Relaxed) == R_CLASS {
+                    (*r).state.store(R_CLASS_ALIGNED, Relaxed);
+                }
+            }
+        }
+    }
+    q as *mut u8
 }
 
 /// Zeroed allocation.
@@ -1579,24 +1647,24 @@ pub unsafe fn alloc_zeroed(size: usize, align: usize) -> *mut u8 {
 ///
 /// # Safety
 /// `p` is null or a live block from [`alloc`] / the system allocator, freed once.
-#[inline]
+#[inline(always)]
 pub unsafe fn free(p: *mut u8) {
     // Fast path, calls only in tail position (no saved registers): a block of a class run
-    // owned by this thread. Null and foreign pointers fail the region check.
+    // owned by this thread, freed at its start (state R_CLASS: the run never handed out an
+    // aligned pointer inside a block, so `p` is the block and no division finds its start).
+    // Null and foreign pointers fail the region check.
     if let Some((_, hdr)) = os::region_and_header(p as usize) {
         if *(hdr as *const u32) != KIND_LARGE {
             let r = run_of(hdr as *mut Segment, p as usize);
-            if (*r).state != R_BLOCK {
+            if (*r).state.load(Relaxed) == R_CLASS {
                 let h = tls_heap();
                 if !h.is_null() && (*r).owner.load(Relaxed) == h {
-                    let f = block_start(r, p as usize) as *mut Free;
+                    let f = p as *mut Free;
                     (*f).next = (*r).free;
                     (*r).free = f;
                     (*r).used -= 1;
-                    bump(&(*h).st.frees, 1);
-                    bump_i(&(*h).st.live, -((*r).bsize as i64));
-                    let g = (*r).group;
-                    if g != G_ACTIVE && (g == G_FULL || (*r).used < (*r).lo) {
+                    bump(&class_state(h, (*r).class as usize).frees, 1);
+                    if (*r).used < (*r).lo {
                         regroup(h, r);
                     }
                     return;
@@ -1610,7 +1678,7 @@ pub unsafe fn free(p: *mut u8) {
 /// After a local free into a run that is not active: files a run that was full, or moves the
 /// run to its new occupancy group (what [`local_free`] does after the push).
 #[inline(never)]
-unsafe fn regroup(h: *mut Heap, r: *mut Run) {
+unsafe extern "C" fn regroup(h: *mut Heap, r: *mut Run) {
     if (*r).group == G_FULL {
         file(h, r);
     } else {
@@ -1619,9 +1687,10 @@ unsafe fn regroup(h: *mut Heap, r: *mut Run) {
     }
 }
 
-/// Every free the fast path of [`free`] does not take.
+/// Every free the fast path of [`free`] does not take (`extern "C"` for the reason given at
+/// [`alloc_full`]).
 #[inline(never)]
-unsafe fn free_full(p: *mut u8) {
+pub unsafe extern "C" fn free_full(p: *mut u8) {
     if p.is_null() {
         return;
     }
@@ -1635,7 +1704,7 @@ unsafe fn free_full(p: *mut u8) {
     }
     let seg = hdr as *mut Segment;
     let r = run_of(seg, p as usize);
-    if (*r).state == R_BLOCK {
+    if (*r).state.load(Relaxed) == R_BLOCK {
         free_block(r);
         return;
     }
@@ -1836,15 +1905,18 @@ pub unsafe fn alloc_on(node: usize, size: usize, align: usize) -> Result<*mut u8
         {
             core::hint::spin_loop();
         }
-        let p = alloc_sized(h, padded, size);
+        let mut p = alloc_sized(h, padded, size);
+        if !p.is_null() {
+            p = align_into(p, align);
+        }
         (*h).shared.claim.store(0, SeqCst);
         collect(h);
-        p
+        return if p.is_null() { oom } else { Ok(p) };
     };
     if p.is_null() {
         return oom;
     }
-    Ok(((p as usize + align - 1) & !(align - 1)) as *mut u8)
+    Ok(align_into(p, align))
 }
 
 fn shared_heap(node: usize) -> *mut Heap {
@@ -1965,9 +2037,13 @@ pub fn stats() -> Stats {
         unsafe {
             let st = &(*h).st;
             s.allocs += st.allocs.load(Relaxed);
-            s.frees += st.frees.load(Relaxed);
             s.bytes_requested += st.requested.load(Relaxed);
-            s.live_block_bytes += st.live.load(Relaxed);
+            for (c, cs) in (*h).classes.iter().enumerate() {
+                let (a, f) = (cs.allocs.load(Relaxed), cs.frees.load(Relaxed));
+                s.allocs += a;
+                s.frees += f;
+                s.live_block_bytes += (a as i64 - f as i64) * SIZES[c] as i64;
+            }
             s.cross_thread_frees += st.remote_sent.load(Relaxed);
             s.recollected += st.remote_received.load(Relaxed);
             s.heaps += 1;

@@ -188,7 +188,11 @@ pub fn region_and_header(p: usize) -> Option<(usize, usize)> {
         return None;
     }
     let i = base >> shift;
-    if REGION_MAP[i / 64].load(Acquire) & (1u64 << (i % 64)) != 0 {
+    debug_assert!(shift >= MIN_REGION_SHIFT);
+    // SAFETY: base < 2^ADDR_BITS and shift >= MIN_REGION_SHIFT, so i / 64 < MAP_WORDS (no
+    // bounds check: its panic branch would cost `free` a stack frame).
+    let word = unsafe { REGION_MAP.get_unchecked(i / 64) };
+    if word.load(Acquire) & (1u64 << (i % 64)) != 0 {
         Some((base, base + (i & (HEADER_COLORS - 1)) * HEADER_STEP))
     } else {
         None

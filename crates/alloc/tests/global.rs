@@ -244,6 +244,48 @@ fn every_alignment_and_size_class_is_honoured() {
     }
 }
 
+/// Aligned blocks handed out from inside a class block (a memalign pads the block and aligns
+/// into it) share runs with plain blocks of the same class; freeing both kinds in any order
+/// must put whole blocks back on the run's free list, or the next allocations overlap.
+#[test]
+fn aligned_pointers_inside_class_blocks_free_whole_blocks() {
+    let mut r = Rng(7);
+    let plain = Layout::from_size_align(90, 8).unwrap(); // the 96 B class
+    let aligned = Layout::from_size_align(40, 64).unwrap(); // padded to 88 B: the same class
+    for round in 0..4 {
+        let mut live: Vec<(*mut u8, Layout)> = Vec::new();
+        for i in 0..20_000 {
+            let l = if (i + round) % 3 == 0 { aligned } else { plain };
+            // SAFETY: non-zero size.
+            let p = unsafe { ALLOC.alloc(l) };
+            assert!(!p.is_null() && p as usize % l.align() == 0);
+            write_pattern(p, l.size());
+            live.push((p, l));
+        }
+        // free in random order, checking every block first
+        while !live.is_empty() {
+            let i = (r.next() % live.len() as u64) as usize;
+            let (p, l) = live.swap_remove(i);
+            check_pattern(p, l.size());
+            // SAFETY: live block of this layout.
+            unsafe { ALLOC.dealloc(p, l) };
+        }
+        // the freed blocks come back as whole, disjoint blocks
+        let blocks: Vec<*mut u8> = (0..40_000)
+            // SAFETY: non-zero size.
+            .map(|_| unsafe { ALLOC.alloc(plain) })
+            .collect();
+        for &p in &blocks {
+            write_pattern(p, plain.size());
+        }
+        for &p in &blocks {
+            check_pattern(p, plain.size());
+            // SAFETY: live block of this layout.
+            unsafe { ALLOC.dealloc(p, plain) };
+        }
+    }
+}
+
 #[test]
 fn c_abi_contracts() {
     // SAFETY: the C contracts are followed in every call below.
