@@ -88,6 +88,17 @@ pub unsafe fn bind(p: *mut u8, len: usize, node: usize, mode: i32) -> bool {
     r == 0
 }
 
+/// Advises a range as transparent huge pages (`madvise(MADV_HUGEPAGE)`). The kernel backs its
+/// 2 MiB-aligned parts with huge pages where THP is enabled (`always` or `madvise`); where it
+/// is not, the call fails or does nothing and the range stays on 4 KiB pages, which is fine.
+///
+/// # Safety
+/// The range must be a mapping owned by the allocator.
+pub unsafe fn advise_hugepages(p: *mut u8, len: usize) {
+    // SAFETY: the caller owns the range; advice does not change its contents.
+    unsafe { libc::madvise(p as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
+}
+
 /// The cpu the calling thread runs on (glibc reads it from rseq: a few ns), or 0.
 #[inline]
 pub fn current_cpu() -> usize {

@@ -286,6 +286,42 @@ fn aligned_pointers_inside_class_blocks_free_whole_blocks() {
     }
 }
 
+/// Superblocks are advised as transparent huge pages (VmFlags `hg` in smaps) unless
+/// `LOCI_ALLOC_HUGEPAGES=off`.
+#[test]
+fn superblocks_are_advised_as_huge_pages() {
+    let l = Layout::from_size_align(64, 8).unwrap();
+    // SAFETY: non-zero size.
+    let p = unsafe { ALLOC.alloc(l) } as usize;
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut flags = None;
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ') {
+            if let Some((a, b)) = range.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    inside = (a..b).contains(&p);
+                    continue;
+                }
+            }
+        }
+        if inside {
+            if let Some(f) = line.strip_prefix("VmFlags:") {
+                flags = Some(f.split_whitespace().map(str::to_string).collect::<Vec<_>>());
+            }
+        }
+    }
+    let flags = flags.expect("the block's mapping is in /proc/self/smaps");
+    assert_eq!(
+        flags.iter().any(|f| f == "hg"),
+        loci_alloc::config().hugepages,
+        "VmFlags {flags:?}"
+    );
+    // SAFETY: live block of this layout.
+    unsafe { ALLOC.dealloc(p as *mut u8, l) };
+}
+
 #[test]
 fn c_abi_contracts() {
     // SAFETY: the C contracts are followed in every call below.
