@@ -109,17 +109,41 @@ const NO_DESC: u32 = u32::MAX;
 /// Span bins: exact page counts 1..SPAN_BINS-1, the last bin for everything bigger.
 const SPAN_BINS: usize = MEDIUM_MAX / UNIT + 1;
 
-/// Free spans of some superblocks, by length (bin n: n units; the last bin: longer).
+/// Free spans by length (bin n: n units; the last bin: longer).
 #[repr(C)]
-struct SpanPool {
+struct SpanBins {
     spans: [*mut Run; SPAN_BINS],
     bits: [u64; SPAN_BINS.div_ceil(64)],
 }
 
-impl SpanPool {
-    const EMPTY: SpanPool = SpanPool {
+/// Free spans of a node's superblocks, in two sets: `used` spans, whose pages may have been
+/// written since the superblock was mapped (resident), and `fresh` ones, never handed out
+/// since the mapping (no page faulted in). A request is served from `used` when any span
+/// there fits, and touches fresh pages only otherwise.
+///
+/// Why: with one set, the untouched tail of the newest superblock and the freed spans of
+/// the others shared the bins, and a request took whichever was listed last (often the
+/// tail, whose remainder is listed again right after the cut), so RSS grew with fresh
+/// pages while resident free memory sat idle. Memory held by a program is the pages it has
+/// ever touched; serving from resident spans first keeps that set as small as the live
+/// blocks allow.
+#[repr(C)]
+struct SpanPool {
+    used: SpanBins,
+    fresh: SpanBins,
+}
+
+impl SpanBins {
+    const EMPTY: SpanBins = SpanBins {
         spans: [null_mut(); SPAN_BINS],
         bits: [0; SPAN_BINS.div_ceil(64)],
+    };
+}
+
+impl SpanPool {
+    const EMPTY: SpanPool = SpanPool {
+        used: SpanBins::EMPTY,
+        fresh: SpanBins::EMPTY,
     };
 }
 
@@ -154,6 +178,9 @@ struct Segment {
     descs: *mut Run,
     /// Node cache link.
     next: *mut Segment,
+    /// 1 once the superblock has been in the node's cache: its pages have been used (are
+    /// resident), so its span is not a fresh one when it is formatted again.
+    resident: u32,
 }
 
 /// A page run of a superblock: a class run (blocks of one class), one block, or free.
@@ -196,6 +223,9 @@ struct Run {
     next: *mut Run,
     /// Free descriptor list (descriptor index).
     next_desc: u32,
+    /// Free span: 1 when its pages were never handed out since the superblock was mapped
+    /// (listed in `SpanPool::fresh`).
+    fresh: u32,
 }
 
 const _: () = assert!(core::mem::offset_of!(Run, capacity) < 64);
@@ -744,6 +774,7 @@ unsafe fn release_sb(seg: *mut Segment) {
     ns.lock.lock();
     let inner = &mut *ns.inner.get();
     if inner.cached < CACHE_MAX.load(Relaxed) {
+        (*seg).resident = 1;
         (*seg).next = inner.cache;
         inner.cache = seg;
         inner.cached += 1;
@@ -788,6 +819,7 @@ unsafe fn format_sb(seg: *mut Segment) -> *mut Run {
     let r = new_desc(seg);
     (*r).first = data_unit as u32;
     (*r).nunits = (nunits - data_unit) as u32;
+    (*r).fresh = ((*seg).resident == 0) as u32;
     (*r).state.store(R_FREE, Relaxed);
     map_ends(r);
     r
@@ -860,7 +892,18 @@ fn span_bin(nunits: u32) -> usize {
     (nunits as usize).min(SPAN_BINS - 1)
 }
 
+/// The set of `sp` a free span belongs in (see [`SpanPool`]).
+#[inline]
+unsafe fn bins_of(sp: *mut SpanPool, r: *mut Run) -> *mut SpanBins {
+    if (*r).fresh != 0 {
+        &raw mut (*sp).fresh
+    } else {
+        &raw mut (*sp).used
+    }
+}
+
 unsafe fn push_span(sp: *mut SpanPool, r: *mut Run) {
+    let sp = bins_of(sp, r);
     let b = span_bin((*r).nunits);
     (*r).group = b as u32;
     (*r).prev = null_mut();
@@ -873,6 +916,7 @@ unsafe fn push_span(sp: *mut SpanPool, r: *mut Run) {
 }
 
 unsafe fn unlink_span(sp: *mut SpanPool, r: *mut Run) {
+    let sp = bins_of(sp, r);
     let b = (*r).group as usize;
     if (*r).prev.is_null() {
         (*sp).spans[b] = (*r).next;
@@ -889,15 +933,21 @@ unsafe fn unlink_span(sp: *mut SpanPool, r: *mut Run) {
     (*r).next = null_mut();
 }
 
-/// Takes the smallest listed free span of at least `n` units out of the pool (best fit: bins
-/// are exact lengths) and cuts it to `n` units, the rest going back to the pool.
-unsafe fn take_span(sp: *mut SpanPool, n: usize) -> *mut Run {
+/// Takes the smallest free span of at least `n` units out of one set of the pool (`fresh`
+/// or not; best fit: bins are exact lengths) and cuts it to `n` units, the rest going back
+/// to the pool.
+unsafe fn take_span(sp: *mut SpanPool, fresh: bool, n: usize) -> *mut Run {
+    let bins = if fresh {
+        &raw mut (*sp).fresh
+    } else {
+        &raw mut (*sp).used
+    };
     let mut b = span_bin(n as u32);
     while b < SPAN_BINS {
         let w = b / 64;
-        let bits = (*sp).bits[w] & (!0u64 << (b % 64));
+        let bits = (*bins).bits[w] & (!0u64 << (b % 64));
         if bits != 0 {
-            let r = (*sp).spans[w * 64 + bits.trailing_zeros() as usize];
+            let r = (*bins).spans[w * 64 + bits.trailing_zeros() as usize];
             unlink_span(sp, r);
             cut(sp, r, n);
             return r;
@@ -917,6 +967,7 @@ unsafe fn cut(sp: *mut SpanPool, r: *mut Run, n: usize) {
         }
         (*rest).first = (*r).first + n;
         (*rest).nunits = (*r).nunits - n;
+        (*rest).fresh = (*r).fresh;
         (*rest).state.store(R_FREE, Relaxed);
         map_ends(rest);
         push_span(sp, rest);
@@ -924,17 +975,23 @@ unsafe fn cut(sp: *mut SpanPool, r: *mut Run, n: usize) {
     }
 }
 
-/// A run of exactly `n` units in state `state` from the free spans of `node` or from a new
-/// superblock of the node (its pages are not mapped yet). Takes the node lock.
+/// A run of exactly `n` units in state `state` of `node`, from memory that is resident
+/// before memory that is not: a free span whose pages have been used, else a cached
+/// superblock, else a span never handed out, else a new superblock (see [`SpanPool`]).
+/// Takes the node lock.
 ///
 /// The state is set under the lock: a neighbour freed by another thread looks at this run's
 /// descriptor to decide whether to merge with it, and must not see it free once handed out.
 unsafe fn node_units(node: usize, n: usize, state: u32) -> *mut Run {
     let ns = &NODES[node];
-    // Only a raw pointer outside the lock; dereferenced with the lock held.
+    // Only raw pointers outside the lock; dereferenced with the lock held.
     let sp = &raw mut (*ns.inner.get()).spans;
+    let inner = ns.inner.get();
     ns.lock.lock();
-    let r = take_span(sp, n);
+    let mut r = take_span(sp, false, n);
+    if r.is_null() && (*inner).cache.is_null() {
+        r = take_span(sp, true, n);
+    }
     if !r.is_null() {
         (*r).state.store(state, Relaxed);
     }
@@ -974,6 +1031,8 @@ unsafe fn node_free(r: *mut Run) {
 unsafe fn free_units(sp: *mut SpanPool, mut r: *mut Run) -> bool {
     let seg = (*r).seg;
     (*r).state.store(R_FREE, Relaxed);
+    // Its pages have been handed out: resident (the merged span counts as used too).
+    (*r).fresh = 0;
     if (*r).first > (*seg).data_unit {
         let p = (*seg)
             .descs
@@ -983,6 +1042,7 @@ unsafe fn free_units(sp: *mut SpanPool, mut r: *mut Run) -> bool {
             && (*p).first + (*p).nunits == (*r).first
         {
             unlink_span(sp, p);
+            (*p).fresh = 0;
             (*p).nunits += (*r).nunits;
             free_desc(r);
             r = p;
