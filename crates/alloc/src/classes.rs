@@ -192,7 +192,7 @@ mod tests {
             );
         }
         for c in 1..NSMALL {
-            assert!(SIZES[c] > SIZES[c - 1] && SIZES[c] % 16 == 0);
+            assert!(SIZES[c] > SIZES[c - 1] && SIZES[c].is_multiple_of(16));
         }
         assert_eq!(SIZES[NSMALL - 1], SMALL_MAX);
     }

@@ -1633,6 +1633,10 @@ pub unsafe fn alloc(size: usize, align: usize) -> *mut u8 {
 /// `malloc` (callgrind showed the pushes and pops of the full path at ~13 of its
 /// instructions per malloc), and loads only the heap's own lines: its flag word, its bins'
 /// pending mask, the class's state and the run's first line.
+///
+/// # Safety
+/// None beyond calling it from a thread that may allocate (any thread); the block is the
+/// caller's to free with [`free`].
 #[inline(always)]
 pub unsafe fn alloc_small_fast(size: usize) -> *mut u8 {
     if size <= SMALL_MAX {
@@ -1669,6 +1673,9 @@ unsafe fn class_state<'a>(h: *mut Heap, c: usize) -> &'a ClassState {
 ///
 /// `extern "C"` (it aborts instead of unwinding) so that calls to it are known not to unwind
 /// and the C `malloc` can end in a tail call without a landing pad or a stack frame.
+///
+/// # Safety
+/// `align` must be a power of two.
 #[inline(never)]
 pub unsafe extern "C" fn alloc_full(size: usize, align: usize) -> *mut u8 {
     ensure_init();
@@ -1819,6 +1826,9 @@ unsafe extern "C" fn regroup(h: *mut Heap, r: *mut Run) {
 
 /// Every free the fast path of [`free`] does not take (`extern "C"` for the reason given at
 /// [`alloc_full`]).
+///
+/// # Safety
+/// As for [`free`].
 #[inline(never)]
 pub unsafe extern "C" fn free_full(p: *mut u8) {
     if p.is_null() {

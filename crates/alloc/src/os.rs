@@ -122,10 +122,10 @@ pub fn affinity_node(cpu_node: &[u8; MAX_CPUS]) -> Option<usize> {
         return None;
     }
     let mut node = None;
-    for c in 0..(libc::CPU_SETSIZE as usize).min(MAX_CPUS) {
+    for (c, &n) in cpu_node.iter().enumerate().take(libc::CPU_SETSIZE as usize) {
         // SAFETY: c < CPU_SETSIZE.
         if unsafe { libc::CPU_ISSET(c, &set) } {
-            let n = cpu_node[c] as usize;
+            let n = n as usize;
             match node {
                 None => node = Some(n),
                 Some(m) if m != n => return None,

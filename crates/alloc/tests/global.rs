@@ -95,7 +95,7 @@ fn stress_8_threads_cross_thread_frees_pattern_checked() {
         .map(|(t, rx)| {
             let txs = txs.clone();
             std::thread::spawn(move || {
-                let mut r = Rng(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1) * 0x1234_5678);
+                let mut r = Rng(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1234_5678));
                 let mut slots: Vec<Option<Block>> = (0..2048).map(|_| None).collect();
                 let mut sent = 0u64;
                 for i in 0..ops_per_thread {
@@ -112,7 +112,7 @@ fn stress_8_threads_cross_thread_frees_pattern_checked() {
                         }
                         Some(b) => {
                             check_pattern(b.0, b.1.size());
-                            if r.next() % 4 == 0 {
+                            if r.next().is_multiple_of(4) {
                                 // freed by another thread
                                 let to = (t + 1 + (r.next() as usize % (THREADS - 1))) % THREADS;
                                 txs[to].send(b).unwrap();
@@ -237,7 +237,7 @@ fn every_alignment_and_size_class_is_honoured() {
                 std::ptr::write_bytes(p, 0xab, size);
                 let us = c::malloc_usable_size(p as *mut _);
                 assert!(us >= size, "usable {us} < {size}");
-                assert_eq!(loci_alloc::node_of(p).is_some(), true);
+                assert!(loci_alloc::node_of(p).is_some());
                 ALLOC.dealloc(p, l);
             }
         }
@@ -258,7 +258,7 @@ fn aligned_pointers_inside_class_blocks_free_whole_blocks() {
             let l = if (i + round) % 3 == 0 { aligned } else { plain };
             // SAFETY: non-zero size.
             let p = unsafe { ALLOC.alloc(l) };
-            assert!(!p.is_null() && p as usize % l.align() == 0);
+            assert!(!p.is_null() && (p as usize).is_multiple_of(l.align()));
             write_pattern(p, l.size());
             live.push((p, l));
         }
