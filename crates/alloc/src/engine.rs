@@ -896,6 +896,16 @@ unsafe fn map_all(r: *mut Run) {
     }
 }
 
+/// [`run_of`] with the superblock's base already known (from the region lookup): one load
+/// fewer on `free`'s dependency chain.
+#[inline(always)]
+unsafe fn run_at(seg: *mut Segment, base: usize, p: usize) -> *mut Run {
+    debug_assert_eq!(base, (*seg).base);
+    (*seg)
+        .descs
+        .add(*(*seg).map.add((p - base) / UNIT) as usize)
+}
+
 /// The run covering `p` (a pointer into a live run of `seg`).
 #[inline]
 unsafe fn run_of(seg: *mut Segment, p: usize) -> *mut Run {
@@ -1790,9 +1800,9 @@ pub unsafe fn free(p: *mut u8) {
     // owned by this thread, freed at its start (state R_CLASS: the run never handed out an
     // aligned pointer inside a block, so `p` is the block and no division finds its start).
     // Null and foreign pointers fail the region check.
-    if let Some((_, hdr)) = os::region_and_header(p as usize) {
+    if let Some((base, hdr)) = os::region_and_header(p as usize) {
         if *(hdr as *const u32) != KIND_LARGE {
-            let r = run_of(hdr as *mut Segment, p as usize);
+            let r = run_at(hdr as *mut Segment, base, p as usize);
             if (*r).state.load(Relaxed) == R_CLASS {
                 let h = tls_heap();
                 if !h.is_null() && (*r).owner.load(Relaxed) == h {

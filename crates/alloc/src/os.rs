@@ -193,17 +193,18 @@ pub fn header_of(base: usize) -> usize {
 /// of this allocator: one load of the region shift for both (free's first step).
 #[inline]
 pub fn region_and_header(p: usize) -> Option<(usize, usize)> {
-    let shift = REGION_SHIFT.load(Relaxed);
-    let base = p >> shift << shift;
-    if base >> ADDR_BITS != 0 {
+    if p >> ADDR_BITS != 0 {
         return None;
     }
-    let i = base >> shift;
+    let shift = REGION_SHIFT.load(Relaxed);
     debug_assert!(shift >= MIN_REGION_SHIFT);
-    // SAFETY: base < 2^ADDR_BITS and shift >= MIN_REGION_SHIFT, so i / 64 < MAP_WORDS (no
+    // The slot index straight from the pointer; the base only when the bit is set.
+    let i = p >> shift;
+    // SAFETY: p < 2^ADDR_BITS and shift >= MIN_REGION_SHIFT, so i / 64 < MAP_WORDS (no
     // bounds check: its panic branch would cost `free` a stack frame).
     let word = unsafe { REGION_MAP.get_unchecked(i / 64) };
     if word.load(Acquire) & (1u64 << (i % 64)) != 0 {
+        let base = i << shift;
         Some((base, base + (i & (HEADER_COLORS - 1)) * HEADER_STEP))
     } else {
         None
