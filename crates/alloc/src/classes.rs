@@ -124,6 +124,19 @@ const fn build_medium_lut() -> [u8; 1025] {
     }
     t
 }
+// Every small class is a multiple of 16: one table indexed by ceil(size / 16) serves all of
+// 0..=SMALL_MAX exactly (449 bytes), the allocation fast path's class lookup in one load.
+const GRANULES: usize = SMALL_MAX / 16 + 1;
+const fn build_granule_lut() -> [u8; GRANULES] {
+    let mut t = [0u8; GRANULES];
+    let mut i = 0;
+    while i < GRANULES {
+        t[i] = first_class_at_least(if i == 0 { 1 } else { i * 16 }) as u8;
+        i += 1;
+    }
+    t
+}
+static GRANULE_LUT: [u8; GRANULES] = build_granule_lut();
 static SMALL_LUT: [u8; 65] = build_small_lut();
 static MID_LUT: [u8; 57] = build_mid_lut();
 static MEDIUM_LUT: [u8; 1025] = build_medium_lut();
@@ -144,6 +157,14 @@ pub fn class_of(size: usize) -> usize {
             c + 1
         }
     }
+}
+
+/// Class for a request of `size <= SMALL_MAX` bytes (0 counts as 1): one table load.
+#[inline(always)]
+pub fn small_class_of(size: usize) -> usize {
+    debug_assert!(size <= SMALL_MAX);
+    // SAFETY: size <= SMALL_MAX, so (size + 15) / 16 < GRANULES.
+    unsafe { *GRANULE_LUT.get_unchecked((size + 15) >> 4) as usize }
 }
 
 /// `ceil(2^64 / d)`: with it, `(off * m) >> 64 == off / d` exactly for every `off * d < 2^64`
@@ -171,7 +192,7 @@ mod tests {
             );
         }
         for c in 1..NSMALL {
-            assert!(SIZES[c] > SIZES[c - 1] && SIZES[c] % 16 == 0);
+            assert!(SIZES[c] > SIZES[c - 1] && SIZES[c].is_multiple_of(16));
         }
         assert_eq!(SIZES[NSMALL - 1], SMALL_MAX);
     }
@@ -182,6 +203,14 @@ mod tests {
             let c = class_of(size);
             assert!(SIZES[c] >= size, "size {size} class {c}");
             assert!(c == 0 || SIZES[c - 1] < size, "size {size} class {c}");
+        }
+    }
+
+    #[test]
+    fn small_class_of_agrees_with_class_of() {
+        assert_eq!(small_class_of(0), class_of(1));
+        for size in 1..=SMALL_MAX {
+            assert_eq!(small_class_of(size), class_of(size), "size {size}");
         }
     }
 

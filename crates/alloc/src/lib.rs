@@ -103,10 +103,23 @@ pub mod c {
     ///
     /// # Safety
     /// C contract.
-    #[inline]
+    #[inline(always)]
     pub unsafe fn malloc(size: usize) -> *mut c_void {
+        // SAFETY: no preconditions beyond the C contract.
+        let p = unsafe { engine::alloc_small_fast(size) };
+        if !p.is_null() {
+            return p as *mut c_void;
+        }
+        // SAFETY: as above.
+        unsafe { malloc_slow(size) }
+    }
+
+    /// Everything `malloc`'s inlined fast path does not serve; sets errno on failure.
+    /// `extern "C"` so that the call is known not to unwind (see `engine::alloc_full`).
+    #[inline(never)]
+    unsafe extern "C" fn malloc_slow(size: usize) -> *mut c_void {
         // SAFETY: 16 is a power of two.
-        let p = unsafe { engine::alloc(size, 16) };
+        let p = unsafe { engine::alloc_full(size, 16) };
         if p.is_null() {
             set_errno(libc::ENOMEM);
         }
@@ -117,7 +130,7 @@ pub mod c {
     ///
     /// # Safety
     /// C contract.
-    #[inline]
+    #[inline(always)]
     pub unsafe fn free(p: *mut c_void) {
         // SAFETY: forwarded C contract.
         unsafe { engine::free(p as *mut u8) }

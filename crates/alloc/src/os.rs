@@ -88,6 +88,17 @@ pub unsafe fn bind(p: *mut u8, len: usize, node: usize, mode: i32) -> bool {
     r == 0
 }
 
+/// Advises a range as transparent huge pages (`madvise(MADV_HUGEPAGE)`). The kernel backs its
+/// 2 MiB-aligned parts with huge pages where THP is enabled (`always` or `madvise`); where it
+/// is not, the call fails or does nothing and the range stays on 4 KiB pages, which is fine.
+///
+/// # Safety
+/// The range must be a mapping owned by the allocator.
+pub unsafe fn advise_hugepages(p: *mut u8, len: usize) {
+    // SAFETY: the caller owns the range; advice does not change its contents.
+    unsafe { libc::madvise(p as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
+}
+
 /// The cpu the calling thread runs on (glibc reads it from rseq: a few ns), or 0.
 #[inline]
 pub fn current_cpu() -> usize {
@@ -111,10 +122,10 @@ pub fn affinity_node(cpu_node: &[u8; MAX_CPUS]) -> Option<usize> {
         return None;
     }
     let mut node = None;
-    for c in 0..(libc::CPU_SETSIZE as usize).min(MAX_CPUS) {
+    for (c, &n) in cpu_node.iter().enumerate().take(libc::CPU_SETSIZE as usize) {
         // SAFETY: c < CPU_SETSIZE.
         if unsafe { libc::CPU_ISSET(c, &set) } {
-            let n = cpu_node[c] as usize;
+            let n = n as usize;
             match node {
                 None => node = Some(n),
                 Some(m) if m != n => return None,
@@ -182,13 +193,18 @@ pub fn header_of(base: usize) -> usize {
 /// of this allocator: one load of the region shift for both (free's first step).
 #[inline]
 pub fn region_and_header(p: usize) -> Option<(usize, usize)> {
-    let shift = REGION_SHIFT.load(Relaxed);
-    let base = p >> shift << shift;
-    if base >> ADDR_BITS != 0 {
+    if p >> ADDR_BITS != 0 {
         return None;
     }
-    let i = base >> shift;
-    if REGION_MAP[i / 64].load(Acquire) & (1u64 << (i % 64)) != 0 {
+    let shift = REGION_SHIFT.load(Relaxed);
+    debug_assert!(shift >= MIN_REGION_SHIFT);
+    // The slot index straight from the pointer; the base only when the bit is set.
+    let i = p >> shift;
+    // SAFETY: p < 2^ADDR_BITS and shift >= MIN_REGION_SHIFT, so i / 64 < MAP_WORDS (no
+    // bounds check: its panic branch would cost `free` a stack frame).
+    let word = unsafe { REGION_MAP.get_unchecked(i / 64) };
+    if word.load(Acquire) & (1u64 << (i % 64)) != 0 {
+        let base = i << shift;
         Some((base, base + (i & (HEADER_COLORS - 1)) * HEADER_STEP))
     } else {
         None

@@ -95,7 +95,7 @@ fn stress_8_threads_cross_thread_frees_pattern_checked() {
         .map(|(t, rx)| {
             let txs = txs.clone();
             std::thread::spawn(move || {
-                let mut r = Rng(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1) * 0x1234_5678);
+                let mut r = Rng(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1234_5678));
                 let mut slots: Vec<Option<Block>> = (0..2048).map(|_| None).collect();
                 let mut sent = 0u64;
                 for i in 0..ops_per_thread {
@@ -112,7 +112,7 @@ fn stress_8_threads_cross_thread_frees_pattern_checked() {
                         }
                         Some(b) => {
                             check_pattern(b.0, b.1.size());
-                            if r.next() % 4 == 0 {
+                            if r.next().is_multiple_of(4) {
                                 // freed by another thread
                                 let to = (t + 1 + (r.next() as usize % (THREADS - 1))) % THREADS;
                                 txs[to].send(b).unwrap();
@@ -237,11 +237,89 @@ fn every_alignment_and_size_class_is_honoured() {
                 std::ptr::write_bytes(p, 0xab, size);
                 let us = c::malloc_usable_size(p as *mut _);
                 assert!(us >= size, "usable {us} < {size}");
-                assert_eq!(loci_alloc::node_of(p).is_some(), true);
+                assert!(loci_alloc::node_of(p).is_some());
                 ALLOC.dealloc(p, l);
             }
         }
     }
+}
+
+/// Aligned blocks handed out from inside a class block (a memalign pads the block and aligns
+/// into it) share runs with plain blocks of the same class; freeing both kinds in any order
+/// must put whole blocks back on the run's free list, or the next allocations overlap.
+#[test]
+fn aligned_pointers_inside_class_blocks_free_whole_blocks() {
+    let mut r = Rng(7);
+    let plain = Layout::from_size_align(90, 8).unwrap(); // the 96 B class
+    let aligned = Layout::from_size_align(40, 64).unwrap(); // padded to 88 B: the same class
+    for round in 0..4 {
+        let mut live: Vec<(*mut u8, Layout)> = Vec::new();
+        for i in 0..20_000 {
+            let l = if (i + round) % 3 == 0 { aligned } else { plain };
+            // SAFETY: non-zero size.
+            let p = unsafe { ALLOC.alloc(l) };
+            assert!(!p.is_null() && (p as usize).is_multiple_of(l.align()));
+            write_pattern(p, l.size());
+            live.push((p, l));
+        }
+        // free in random order, checking every block first
+        while !live.is_empty() {
+            let i = (r.next() % live.len() as u64) as usize;
+            let (p, l) = live.swap_remove(i);
+            check_pattern(p, l.size());
+            // SAFETY: live block of this layout.
+            unsafe { ALLOC.dealloc(p, l) };
+        }
+        // the freed blocks come back as whole, disjoint blocks
+        let blocks: Vec<*mut u8> = (0..40_000)
+            // SAFETY: non-zero size.
+            .map(|_| unsafe { ALLOC.alloc(plain) })
+            .collect();
+        for &p in &blocks {
+            write_pattern(p, plain.size());
+        }
+        for &p in &blocks {
+            check_pattern(p, plain.size());
+            // SAFETY: live block of this layout.
+            unsafe { ALLOC.dealloc(p, plain) };
+        }
+    }
+}
+
+/// Superblocks are advised as transparent huge pages (VmFlags `hg` in smaps) unless
+/// `LOCI_ALLOC_HUGEPAGES=off`.
+#[test]
+fn superblocks_are_advised_as_huge_pages() {
+    let l = Layout::from_size_align(64, 8).unwrap();
+    // SAFETY: non-zero size.
+    let p = unsafe { ALLOC.alloc(l) } as usize;
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut flags = None;
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ') {
+            if let Some((a, b)) = range.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    inside = (a..b).contains(&p);
+                    continue;
+                }
+            }
+        }
+        if inside {
+            if let Some(f) = line.strip_prefix("VmFlags:") {
+                flags = Some(f.split_whitespace().map(str::to_string).collect::<Vec<_>>());
+            }
+        }
+    }
+    let flags = flags.expect("the block's mapping is in /proc/self/smaps");
+    assert_eq!(
+        flags.iter().any(|f| f == "hg"),
+        loci_alloc::config().hugepages,
+        "VmFlags {flags:?}"
+    );
+    // SAFETY: live block of this layout.
+    unsafe { ALLOC.dealloc(p as *mut u8, l) };
 }
 
 #[test]
