@@ -561,6 +561,10 @@ pub struct Config {
     /// Nodes with memory (a thread on a memoryless node gets memory by the kernel's default
     /// policy, counted in `mbind_failures`; `alloc_on` of such a node is an error).
     pub mem_nodes: u64,
+    /// The largest alignment served from node-bound memory (half the region slot, which is the
+    /// superblock size rounded up to a power of two). `alloc_on` refuses more; the C and
+    /// `GlobalAlloc` paths hand larger alignments to glibc (not node-bound).
+    pub max_align: usize,
 }
 
 fn warn(parts: &[&[u8]]) {
@@ -683,6 +687,7 @@ pub fn config() -> Config {
         hugepages: HUGEPAGES.load(Relaxed),
         nodes: nodemap().nodes,
         mem_nodes: nodemap().mem_nodes,
+        max_align: region_size() / 2,
     }
 }
 
@@ -1578,8 +1583,11 @@ unsafe fn alloc_large(size: usize, align: usize, node: usize) -> *mut u8 {
         return null_mut();
     };
     let len = len / PAGE * PAGE;
-    let region = (1usize << os::REGION_SHIFT.load(Relaxed)).max(align);
-    let p = os::map_aligned(len, region);
+    debug_assert!(
+        align < region_size(),
+        "alignment {align} reaches a region slot"
+    );
+    let p = os::map_aligned(len, region_size());
     if p.is_null() {
         return p;
     }
@@ -1737,6 +1745,13 @@ unsafe fn alloc_aligned_slow(size: usize, align: usize) -> *mut u8 {
         }
         return align_into(p, align);
     }
+    if align >= region_size() {
+        // A block aligned to a region boundary starts on the first page of a region slot, where
+        // `free` looks for that slot's header: the block would cover its own header. Such
+        // alignments (the region size, 4 MiB or more) are left to glibc, whose pointers `free`
+        // recognises as foreign; they are not node-bound.
+        return __libc_memalign(align, size);
+    }
     let h = heap();
     let node = if h.is_null() {
         home(current_node())
@@ -1744,6 +1759,13 @@ unsafe fn alloc_aligned_slow(size: usize, align: usize) -> *mut u8 {
         (*h).mem_node
     };
     alloc_large(size, align, node)
+}
+
+/// Bytes of one region slot of the region map: large blocks and superblocks start on one, and
+/// an alignment must stay below it (see `alloc_aligned_slow`).
+#[inline]
+fn region_size() -> usize {
+    1usize << os::REGION_SHIFT.load(Relaxed)
 }
 
 /// The first address aligned to `align` in the block `p` (allocated with room for it). When
@@ -1994,8 +2016,9 @@ pub enum AllocError {
     NoMemory { node: usize, with_memory: u64 },
     /// The OS refused the memory.
     OutOfMemory { size: usize },
-    /// The alignment is not a power of two.
-    BadAlign { align: usize },
+    /// The alignment is not a power of two, or above `max` (half a region slot: a block
+    /// aligned to a whole slot would cover the slot's header).
+    BadAlign { align: usize, max: usize },
 }
 
 impl core::fmt::Display for AllocError {
@@ -2020,9 +2043,10 @@ impl core::fmt::Display for AllocError {
                 list(f, *with_memory)
             }
             AllocError::OutOfMemory { size } => write!(f, "out of memory allocating {size} bytes"),
-            AllocError::BadAlign { align } => {
-                write!(f, "alignment {align} is not a power of two")
-            }
+            AllocError::BadAlign { align, max } => write!(
+                f,
+                "alignment {align} is not valid: a power of two from 1 to {max} is"
+            ),
         }
     }
 }
@@ -2044,8 +2068,11 @@ pub unsafe fn alloc_on(node: usize, size: usize, align: usize) -> Result<*mut u8
     if with_memory >> node & 1 == 0 {
         return Err(AllocError::NoMemory { node, with_memory });
     }
-    if !align.is_power_of_two() {
-        return Err(AllocError::BadAlign { align });
+    if !align.is_power_of_two() || align >= region_size() {
+        return Err(AllocError::BadAlign {
+            align,
+            max: region_size() / 2,
+        });
     }
     let size = size.max(1);
     let oom = Err(AllocError::OutOfMemory { size });

@@ -211,7 +211,10 @@ fn collections_threads_strings_workload() {
 
 #[test]
 fn every_alignment_and_size_class_is_honoured() {
-    for shift in 0..=22 {
+    // up to 64 MiB: past the region slot (16 MiB with 10 MiB superblocks), where alignments
+    // are handed to glibc
+    let max_align = loci_alloc::config().max_align;
+    for shift in 0..=26 {
         let align = 1usize << shift;
         for size in [
             1,
@@ -237,7 +240,11 @@ fn every_alignment_and_size_class_is_honoured() {
                 std::ptr::write_bytes(p, 0xab, size);
                 let us = c::malloc_usable_size(p as *mut _);
                 assert!(us >= size, "usable {us} < {size}");
-                assert!(loci_alloc::node_of(p).is_some());
+                assert_eq!(
+                    loci_alloc::node_of(p).is_some(),
+                    align <= max_align,
+                    "size {size} align {align}: node-bound up to {max_align}"
+                );
                 ALLOC.dealloc(p, l);
             }
         }
@@ -404,6 +411,17 @@ fn alloc_on_places_on_the_node_and_rejects_unknown_nodes() {
         "{msg}"
     );
     assert!(loci_alloc::alloc_on(64, l).is_err());
+    // alignments past half a region slot would cover the slot's header: refused, with the limit
+    let max = loci_alloc::config().max_align;
+    let big = Layout::from_size_align(4096, max * 2).unwrap();
+    let msg = loci_alloc::alloc_on(0, big).unwrap_err().to_string();
+    assert!(msg.contains(&format!("1 to {max}")), "{msg}");
+    let ok = Layout::from_size_align(4096, max).unwrap();
+    let p = loci_alloc::alloc_on(0, ok).unwrap();
+    assert_eq!(p.as_ptr() as usize % max, 0);
+    assert_eq!(loci_alloc::node_of(p.as_ptr()), Some(0));
+    // SAFETY: live block from alloc_on.
+    unsafe { loci_alloc::free(p.as_ptr()) };
     let mut v: Vec<u8> = Vec::with_capacity(10);
     v.push(1);
     assert_eq!(loci_alloc::node_of(std::ptr::null()), None);

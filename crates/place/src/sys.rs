@@ -163,7 +163,8 @@ pub fn map_anonymous_aligned(
     flags: i32,
 ) -> io::Result<std::ptr::NonNull<u8>> {
     let ps = page_size();
-    if len == 0 || !align.is_power_of_two() || !len.is_multiple_of(ps) || !align.is_multiple_of(ps) {
+    if len == 0 || !align.is_power_of_two() || !len.is_multiple_of(ps) || !align.is_multiple_of(ps)
+    {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     let extra = if align > ps { align } else { 0 };
