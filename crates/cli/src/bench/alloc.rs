@@ -503,6 +503,10 @@ fn fill_byte(size: usize) -> u8 {
     (size as u8) | 1
 }
 
+/// What one `general` thread hands back: peak live bytes, checksum, bytes allocated, and its
+/// slot table (the blocks still live, freed by the caller).
+type GeneralThread = (u64, u64, u64, Vec<(usize, usize)>);
+
 fn general(threads: usize, ops: u64) -> ChildResult {
     // slot tables first, so the RSS baseline includes them
     let mut tables: Vec<Vec<(usize, usize)>> = (0..threads)
@@ -523,7 +527,7 @@ fn general(threads: usize, ops: u64) -> ChildResult {
     }
     let base = rss_now();
     let t0 = Instant::now();
-    let results: Vec<(u64, u64, u64, Vec<(usize, usize)>)> = std::thread::scope(|s| {
+    let results: Vec<GeneralThread> = std::thread::scope(|s| {
         let hs: Vec<_> = tables
             .drain(..)
             .enumerate()
