@@ -588,7 +588,7 @@ pub fn search(
         // ...), the kind that last paid off first in each turn and the one that last went
         // sideways last, so that no single kind with many moves spends the whole budget.
         let mut nth: BTreeMap<u8, usize> = BTreeMap::new();
-        let mut keyed: Vec<((usize, u8, u8), (u8, String, Vec<u32>))> = ms
+        let mut keyed: Vec<_> = ms
             .into_iter()
             .map(|m| {
                 let k = nth.entry(m.0).or_default();
