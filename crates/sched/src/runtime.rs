@@ -368,6 +368,8 @@ pub struct Stats {
     pub steals: Steals,
     /// Queued tasks that rule 4 moved to the thief's group along with the task it stole.
     pub migrated: u64,
+    /// Times a worker parked (slept on its group's condition variable after finding no work).
+    pub parks: u64,
     /// The most recent finished requests (up to `Config::max_request_records`), oldest first.
     pub requests: Vec<RequestRecord>,
 }
@@ -387,6 +389,7 @@ impl Stats {
         Stats {
             tasks: self.tasks - earlier.tasks,
             migrated: self.migrated - earlier.migrated,
+            parks: self.parks - earlier.parks,
             found,
             steals: Steals {
                 same_group: self.steals.same_group - earlier.steals.same_group,
@@ -407,6 +410,7 @@ impl Stats {
 struct WorkerCounters {
     tasks: AtomicU64,
     migrated: AtomicU64,
+    parks: AtomicU64,
     found: [AtomicU64; 8],
     steals: [AtomicU64; 3],
 }
@@ -1504,6 +1508,7 @@ impl Scheduler {
         for c in &sh.counters {
             s.tasks += c.tasks.load(Ordering::Relaxed);
             s.migrated += c.migrated.load(Ordering::Relaxed);
+            s.parks += c.parks.load(Ordering::Relaxed);
             for (f, x) in s.found.iter_mut().zip(&c.found) {
                 *f += x.load(Ordering::Relaxed);
             }
@@ -1595,6 +1600,7 @@ fn sleep(ctx: &Ctx) {
             break;
         }
     }
+    bump(&sh.counters[ctx.w].parks);
     while st.tokens == 0 && !sh.shutdown.load(Ordering::SeqCst) {
         st = wait(&gs.cv, st);
     }

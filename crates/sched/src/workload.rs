@@ -7,7 +7,12 @@
 //!   cache), which hands it to an aggregate as an immediate task; the next producer of the chain
 //!   is spawned *deferred* (it shares nothing with the current buffer). The result is a checksum
 //!   that [`pipeline_expected`] computes sequentially.
+//!
+//! The stage functions are never inlined, so every scheduler a benchmark compares runs the
+//! same machine code for them (inlined into each scheduler's task wrapper, the loops were
+//! compiled differently per caller).
 
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -57,6 +62,7 @@ fn splitmix(mut x: u64) -> u64 {
 }
 
 /// Stage 1: a buffer of pseudo-random words for (request seed, chain, index).
+#[inline(never)]
 pub fn produce(seed: u64, chain: usize, k: usize, bytes: usize) -> Vec<u64> {
     let mut s = splitmix(seed ^ ((chain as u64) << 32) ^ k as u64);
     (0..bytes / 8)
@@ -68,6 +74,7 @@ pub fn produce(seed: u64, chain: usize, k: usize, bytes: usize) -> Vec<u64> {
 }
 
 /// Stage 2: an in-place transform that reads and writes every word.
+#[inline(never)]
 pub fn transform(buf: &mut [u64]) {
     for x in buf.iter_mut() {
         *x = x.wrapping_mul(0x2545_F491_4F6C_DD1D).rotate_left(17) ^ (*x >> 7);
@@ -75,6 +82,7 @@ pub fn transform(buf: &mut [u64]) {
 }
 
 /// Stage 3: a checksum of the buffer.
+#[inline(never)]
 pub fn aggregate(buf: &[u64]) -> u64 {
     buf.iter().fold(0u64, |a, &x| a.wrapping_add(x ^ (a >> 3)))
 }
@@ -92,7 +100,20 @@ pub fn pipeline_expected(seed: u64, spec: PipelineSpec) -> u64 {
     total
 }
 
-fn producer(ctx: &Ctx, seed: u64, chain: usize, k: usize, spec: PipelineSpec, acc: Arc<AtomicU64>) {
+/// A handle to a request's checksum accumulator that tasks carry: an `Arc<AtomicU64>` (the
+/// request owns it), or a `&'static AtomicU64` (a caller-owned slot: no reference count to bump
+/// per task, like a borrowed accumulator in a scoped fork-join).
+pub trait Accumulator: Deref<Target = AtomicU64> + Clone + Send + 'static {}
+impl<A: Deref<Target = AtomicU64> + Clone + Send + 'static> Accumulator for A {}
+
+fn producer<A: Accumulator>(
+    ctx: &Ctx,
+    seed: u64,
+    chain: usize,
+    k: usize,
+    spec: PipelineSpec,
+    acc: A,
+) {
     if k + 1 < spec.buffers {
         let a = acc.clone();
         ctx.spawn_deferred(move |c| producer(c, seed, chain, k + 1, spec, a));
@@ -106,15 +127,67 @@ fn producer(ctx: &Ctx, seed: u64, chain: usize, k: usize, spec: PipelineSpec, ac
     });
 }
 
-/// The body of one pipeline request: spawns the chains (deferred) and returns the accumulator,
-/// which holds the checksum once the request is done.
-pub fn pipeline_request(ctx: &Ctx, seed: u64, spec: PipelineSpec) -> Arc<AtomicU64> {
-    let acc = Arc::new(AtomicU64::new(0));
+/// The body of one pipeline request: spawns the chains (deferred), which add their checksums
+/// into `acc`; `acc` holds the request's checksum once the request is done.
+pub fn pipeline_request_into<A: Accumulator>(ctx: &Ctx, seed: u64, spec: PipelineSpec, acc: A) {
     for chain in 0..spec.chains {
         let a = acc.clone();
         ctx.spawn_deferred(move |c| producer(c, seed, chain, 0, spec, a));
     }
+}
+
+/// The body of one pipeline request: spawns the chains (deferred) and returns the accumulator,
+/// which holds the checksum once the request is done.
+pub fn pipeline_request(ctx: &Ctx, seed: u64, spec: PipelineSpec) -> Arc<AtomicU64> {
+    let acc = Arc::new(AtomicU64::new(0));
+    pipeline_request_into(ctx, seed, spec, acc.clone());
     acc
+}
+
+/// Runs one pipeline request per slot of `accs` at once (request `i` has seed `i` and adds its
+/// checksum into `accs[i]`, which this zeroes first), waits for all of them and checks every
+/// checksum against `expected` (waiting for the youngest request first, see the body). The timed form of [`run_pipelines`] for benchmarks: no
+/// reference-counted accumulator per request and no request records are collected.
+pub fn run_pipelines_into(
+    sched: &Scheduler,
+    spec: PipelineSpec,
+    accs: &'static [AtomicU64],
+    expected: &[u64],
+) -> Result<(), String> {
+    for a in accs {
+        a.store(0, Ordering::Relaxed);
+    }
+    let handles: Vec<_> = accs
+        .iter()
+        .enumerate()
+        .map(|(seed, acc)| {
+            sched.submit(move |ctx| pipeline_request_into(ctx, seed as u64, spec, acc))
+        })
+        .collect();
+    // The batch is done when its last request is: wait for the youngest first. Requests finish
+    // about in submission order (every policy serves the oldest request first), so the waiting
+    // thread sleeps once per batch, as on rayon's one scope latch, instead of being woken (and
+    // taking a cpu from a worker) once per finished request; the other waits then find their
+    // request done.
+    for h in handles.into_iter().rev() {
+        h.wait().map_err(|e| e.to_string())?;
+    }
+    check_checksums(accs.iter().map(|a| a.load(Ordering::Relaxed)), expected)
+}
+
+/// Compares the checksums of requests with seeds 0.. against `expected`.
+pub fn check_checksums(got: impl IntoIterator<Item = u64>, expected: &[u64]) -> Result<(), String> {
+    for (seed, got) in got.into_iter().enumerate() {
+        let want = *expected
+            .get(seed)
+            .ok_or_else(|| format!("no expected checksum for request {seed}"))?;
+        if got != want {
+            return Err(format!(
+                "request with seed {seed}: checksum {got:#x}, expected {want:#x}"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Runs `requests` pipeline requests at once (seeds 0..requests) and checks every checksum

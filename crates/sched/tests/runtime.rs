@@ -3,7 +3,9 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use loci_sched::workload::{pipeline_expected, run_pipelines, tree, PipelineSpec};
+use loci_sched::workload::{
+    pipeline_expected, run_pipelines, run_pipelines_into, tree, PipelineSpec,
+};
 use loci_sched::{fixtures, Affinity, Config, Policy, RequestError, Rule, SchedError, Scheduler};
 use loci_topo::{CpuSet, Topology};
 
@@ -98,6 +100,52 @@ fn request_ids_are_sequential_and_results_match_the_sequential_baseline() {
         }
         assert_ne!(pipeline_expected(0, spec), pipeline_expected(1, spec));
     }
+}
+
+#[test]
+fn pipelines_into_caller_slots_check_every_checksum() {
+    let spec = PipelineSpec {
+        chains: 3,
+        buffers: 5,
+        buffer_bytes: 256,
+    };
+    let accs: &'static [std::sync::atomic::AtomicU64] = Box::leak(
+        (0..4)
+            .map(|_| std::sync::atomic::AtomicU64::new(7))
+            .collect(),
+    );
+    let mut expected: Vec<u64> = (0..4).map(|s| pipeline_expected(s, spec)).collect();
+    for policy in POLICIES {
+        let s = Scheduler::new(
+            &fixtures::grid(2, 1, 2),
+            Config {
+                policy,
+                affinity: Affinity::None,
+                ..Config::default()
+            },
+        )
+        .unwrap();
+        // Twice on the same slots: each run starts from zero.
+        for _ in 0..2 {
+            run_pipelines_into(&s, spec, accs, &expected).unwrap();
+        }
+        let st = s.stats();
+        assert_eq!(st.tasks, 2 * 4 * (1 + 3 * 5 * 3), "{policy:?}");
+    }
+    // A wrong checksum is reported with its request's seed.
+    let s = Scheduler::new(
+        &fixtures::grid(1, 1, 2),
+        Config {
+            affinity: Affinity::None,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    expected[2] ^= 1;
+    let err = run_pipelines_into(&s, spec, accs, &expected).unwrap_err();
+    assert!(err.contains("seed 2"), "{err}");
+    let err = run_pipelines_into(&s, spec, accs, &expected[..3]).unwrap_err();
+    assert!(err.contains("seed 2"), "{err}");
 }
 
 #[test]

@@ -8,8 +8,8 @@ use std::time::Instant;
 use clap::Args;
 use loci_report::{Machine, Report, Row};
 use loci_sched::workload::{
-    aggregate, locality_check, pipeline_expected, produce, run_pipelines, transform, tree,
-    PipelineSpec,
+    aggregate, check_checksums, locality_check, pipeline_expected, produce, run_pipelines_into,
+    transform, tree, PipelineSpec,
 };
 use loci_sched::{Affinity, Config, Policy, Rule, Scheduler, Stats};
 
@@ -104,9 +104,12 @@ fn rayon_producer<'s>(
 }
 
 /// The same pipeline requests on rayon: one scope, every stage a spawn (rayon has no requests or
-/// deferred tasks).
-fn rayon_pipelines(pool: &rayon::ThreadPool, requests: usize, spec: PipelineSpec) -> Vec<u64> {
-    let accs: Vec<AtomicU64> = (0..requests).map(|_| AtomicU64::new(0)).collect();
+/// deferred tasks). Request `i` adds its checksum into `accs[i]`, which this zeroes first, as
+/// `run_pipelines_into` does for loci.
+fn rayon_pipelines(pool: &rayon::ThreadPool, spec: PipelineSpec, accs: &[AtomicU64]) {
+    for a in accs {
+        a.store(0, Ordering::Relaxed);
+    }
     pool.scope(|s| {
         for (seed, acc) in accs.iter().enumerate() {
             s.spawn(move |s| {
@@ -116,7 +119,6 @@ fn rayon_pipelines(pool: &rayon::ThreadPool, requests: usize, spec: PipelineSpec
             });
         }
     });
-    accs.into_iter().map(|a| a.into_inner()).collect()
 }
 
 fn counters_json(st: &Stats) -> serde_json::Value {
@@ -128,6 +130,7 @@ fn counters_json(st: &Stats) -> serde_json::Value {
     let shares: Vec<f64> = st.requests.iter().map(|r| r.main_node().1).collect();
     serde_json::json!({
         "tasks": st.tasks,
+        "parks": st.parks,
         "found_by_rule": found,
         "steals": {
             "same_group": st.steals.same_group,
@@ -224,6 +227,11 @@ pub fn run(a: SchedArgs) -> anyhow::Result<Report> {
     let expected: Vec<u64> = (0..if pipelines { a.requests as u64 } else { 0 })
         .map(|s| pipeline_expected(s, spec))
         .collect();
+    // Every system's request i adds its checksum into accs[i]: the same slots, touched the same
+    // way, on every system (loci's tasks carry a `&'static` like rayon's scoped tasks carry a
+    // borrow, with no reference count to bump per task). Leaked once: a few bytes per run.
+    let accs: &'static [AtomicU64] =
+        Box::leak((0..a.requests).map(|_| AtomicU64::new(0)).collect());
 
     // Every system exists for the whole run (idle pools park their workers), and each rep runs
     // the systems one after the other in a rotating order: on a shared machine a load spike then
@@ -263,7 +271,8 @@ pub fn run(a: SchedArgs) -> anyhow::Result<Report> {
             pool,
         });
     }
-    let run_once = |sys: &System, case: &str| -> anyhow::Result<f64> {
+    let run_once = |sys: &System, case: &str| -> anyhow::Result<(f64, f64)> {
+        let c0 = process_cpu_s();
         let t = Instant::now();
         match (case, &sys.sched, &sys.pool) {
             ("tiny-tasks", Some(s), _) => s
@@ -273,16 +282,22 @@ pub fn run(a: SchedArgs) -> anyhow::Result<Report> {
             ("tiny-tasks", _, Some(p)) => p.scope(|s| rayon_tree(s, tasks)),
             (c, Some(s), _) => {
                 let n = if c == "multi-request" { a.requests } else { 1 };
-                run_pipelines(s, n, spec, Some(&expected)).map_err(anyhow::Error::msg)?;
+                run_pipelines_into(s, spec, &accs[..n], &expected)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", sys.name))?;
             }
             (c, _, Some(p)) => {
                 let n = if c == "multi-request" { a.requests } else { 1 };
-                let got = rayon_pipelines(p, n, spec);
-                anyhow::ensure!(got == expected[..n], "rayon: wrong checksums");
+                rayon_pipelines(p, spec, &accs[..n]);
+                check_checksums(
+                    accs[..n].iter().map(|a| a.load(Ordering::Relaxed)),
+                    &expected,
+                )
+                .map_err(|e| anyhow::anyhow!("rayon: {e}"))?;
             }
             _ => unreachable!("one of sched/pool exists"),
         }
-        Ok(t.elapsed().as_secs_f64())
+        let wall = t.elapsed().as_secs_f64();
+        Ok((wall, process_cpu_s() - c0))
     };
 
     for case in &a.cases {
@@ -291,6 +306,7 @@ pub fn run(a: SchedArgs) -> anyhow::Result<Report> {
             .map(|s| s.sched.as_ref().map(|s| s.stats()))
             .collect();
         let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); systems.len()];
+        let mut cpu: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); systems.len()];
         // The first round warms up (threads, allocator); it is not timed.
         for sys in &systems {
             run_once(sys, case)?;
@@ -298,13 +314,17 @@ pub fn run(a: SchedArgs) -> anyhow::Result<Report> {
         for rep_i in 0..reps {
             for k in 0..systems.len() {
                 let i = (k + rep_i) % systems.len();
-                times[i].push(run_once(&systems[i], case)?);
+                let (w, c) = run_once(&systems[i], case)?;
+                times[i].push(w);
+                cpu[i].push(c);
             }
         }
-        for ((sys, t), b) in systems.iter().zip(times).zip(&before) {
+        for (((sys, t), b), c) in systems.iter().zip(times).zip(&before).zip(cpu) {
+            let cpu_med = median(c);
             let mut row = Row::from_times(&sys.name, t)
                 .case(case)
-                .config("threads", threads);
+                .config("threads", threads)
+                .extra("cpu_s_median", cpu_med);
             row = match case.as_str() {
                 "tiny-tasks" => row.work(tasks as f64, "tasks/s"),
                 "multi-request" => row.work(bytes_per_request * a.requests as f64, "B/s"),
@@ -320,9 +340,41 @@ pub fn run(a: SchedArgs) -> anyhow::Result<Report> {
     Ok(rep)
 }
 
+/// CPU time (user + system) of the whole process so far, in seconds.
+fn process_cpu_s() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `ts`, which lives for the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
 /// Prints the counters of the loci rows (after the table).
 pub fn print_counters(rep: &Report) {
     for r in &rep.results {
+        if let Some(c) = r.extra.get("cpu_s_median").and_then(|v| v.as_f64()) {
+            println!(
+                "  {} {}: process cpu time per run (median) {:.4} s = {:.2} cpus busy over the median wall time",
+                r.system,
+                r.case.as_deref().unwrap_or(""),
+                c,
+                c / r.median_s
+            );
+        }
         let Some(c) = r.extra.get("counters") else {
             continue;
         };
@@ -336,9 +388,10 @@ pub fn print_counters(rep: &Report) {
             })
             .unwrap_or_default();
         println!(
-            "  {} {}: {found}; steals same-group={} same-node={} other-node={}; main-node share min {:.2} mean {:.2}",
+            "  {} {}: {found}; parks={}; steals same-group={} same-node={} other-node={}; main-node share min {:.2} mean {:.2}",
             r.system,
             r.case.as_deref().unwrap_or(""),
+            c["parks"],
             c["steals"]["same_group"],
             c["steals"]["same_node"],
             c["steals"]["other_node"],
