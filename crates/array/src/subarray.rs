@@ -10,15 +10,17 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
-use loci_topo::Topology;
+use loci_topo::{CpuSet, Topology};
 use serde::{Deserialize, Serialize};
 
 use crate::array::{Array, Chunk};
 use crate::error::ArrayError;
 use crate::layout::{Bounds, Layout};
-use crate::mem::Home;
+use crate::mem::{Home, Region};
 use crate::pin::{run_pinned, Pinning};
+use crate::pool::{Binding, BufferPool};
 
 /// How parts are dealt to threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -70,6 +72,13 @@ pub struct SubarrayOptions {
     /// Results smaller than this many bytes are copied by the calling thread instead of the
     /// pinning's threads (default [`INLINE_BYTES`]; 0 always uses the pinning's threads).
     pub inline_bytes: usize,
+    /// The result-buffer pool the result's memory comes from and goes back to when the result is
+    /// dropped (default: [`BufferPool::global`]); `None` maps fresh memory for every result and
+    /// unmaps it on drop. With a pool, a result whose threads' nodes are known before the copy
+    /// (pinned threads, or a machine with one node) has its pages bound (`MPOL_BIND`) to the node
+    /// of the thread that writes them, and reuses only pooled memory bound the same way; a result
+    /// of threads of unknown node is first-touched in fresh memory and never pooled.
+    pub pool: Option<Arc<BufferPool>>,
 }
 
 impl Default for SubarrayOptions {
@@ -80,8 +89,26 @@ impl Default for SubarrayOptions {
             sample_locality: false,
             huge_pages: false,
             inline_bytes: INLINE_BYTES,
+            pool: Some(BufferPool::global().clone()),
         }
     }
+}
+
+/// Where a result's memory came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolOutcome {
+    /// No pool: fresh memory, first touch.
+    #[default]
+    Off,
+    /// A pooled buffer bound as the result wants.
+    Hit,
+    /// No pooled buffer served it: fresh memory bound as the result wants (pooled when dropped).
+    Miss,
+    /// The threads' nodes were not known before the copy: fresh memory, first touch, not pooled.
+    Bypass,
+    /// The result has no bytes.
+    Empty,
 }
 
 /// What a run did, besides the result.
@@ -97,6 +124,8 @@ pub struct RunStats {
     /// Bytes read by a thread on the node of the page it read / bytes sampled (from `move_pages`;
     /// `None` when not sampled or nothing could be attributed).
     pub local_access_ratio: Option<f64>,
+    /// Where the result's memory came from.
+    pub pool: PoolOutcome,
 }
 
 /// The parts of `subarray(b)` on `layout` for `threads` threads (the box must be checked).
@@ -263,8 +292,27 @@ pub fn subarray(
     let threads = pinning.len();
     let out_layout = layout.sub_layout(b);
     let parts = plan_parts(layout, b, threads, opts.part_bytes);
-    let (arena, mut out_chunks) =
-        Array::map_chunks(&out_layout, opts.huge_pages, |_| Home::Unknown)?;
+    let (arena_len, mut out_chunks) = Array::plan_chunks(&out_layout, |_| Home::Unknown);
+    let result_bytes: usize = parts.iter().map(|p| p.len()).sum::<usize>() * layout.cell_bytes();
+    let inline = result_bytes < opts.inline_bytes;
+    let (arena, pool_outcome) = result_memory(
+        src,
+        &parts,
+        &out_chunks,
+        arena_len,
+        pinning,
+        opts,
+        inline,
+        topo,
+    )?;
+    if let Some(binding) = arena.binding() {
+        // Bound pages: each chunk's home is the node its first page is bound to.
+        for c in &mut out_chunks {
+            if let Some(n) = binding.node_at(c.offset) {
+                c.home = Home::Node(n);
+            }
+        }
+    }
     let dst: Vec<(DstPtr, Vec<usize>)> = out_chunks
         .iter()
         // SAFETY: the chunk's offset is inside the arena (map_chunks sized it).
@@ -282,7 +330,6 @@ pub fn subarray(
     // (tens of microseconds each) costs more than copying it (measured in `loci bench subarray`:
     // one chunk of a 1000-chunk 512 MiB volume took 0.5 ms with two threads against 0.1 ms for a
     // memcpy of the same bytes). The run then reports one thread that did every part.
-    let result_bytes: usize = parts.iter().map(|p| p.len()).sum::<usize>() * layout.cell_bytes();
     let work = |t: usize| {
         let mut done: Vec<(usize, Option<u32>)> = Vec::new();
         let mut bytes = 0;
@@ -308,7 +355,7 @@ pub fn subarray(
         }
         (bytes, done)
     };
-    let per_thread = if result_bytes < opts.inline_bytes {
+    let per_thread = if inline {
         vec![{
             let mut all = (0, Vec::new());
             for (i, part) in parts.iter().enumerate() {
@@ -327,13 +374,14 @@ pub fn subarray(
         bytes_per_thread: per_thread.iter().map(|(b, _)| *b).collect(),
         part_thread: vec![(0, None); parts.len()],
         local_access_ratio: None,
+        pool: pool_outcome,
     };
     for (t, (_, done)) in per_thread.into_iter().enumerate() {
         for (i, cpu) in done {
             stats.part_thread[i] = (t, cpu);
         }
     }
-    // Home of each result chunk: the node of the thread that wrote its first part.
+    // Home of each result chunk not bound above: the node of the thread that wrote its first part.
     for (i, p) in parts.iter().enumerate() {
         if out_chunks[p.dst].home == Home::Unknown {
             if let Some(n) = stats.part_thread[i].1.and_then(|c| topo.node_of_cpu(c)) {
@@ -345,6 +393,124 @@ pub fn subarray(
         stats.local_access_ratio = local_access_ratio(src, &parts, &stats.part_thread, topo)?;
     }
     Ok((Array::from_parts(out_layout, arena, out_chunks), stats))
+}
+
+/// The node of a thread whose cpus are `cpus`, when they all sit on one node that has memory
+/// this process may use.
+fn node_of(cpus: &CpuSet, topo: &Topology) -> Option<u32> {
+    let mut nodes = cpus.iter().map(|c| topo.node_of_cpu(c));
+    let first = nodes.next()??;
+    (nodes.all(|n| n == Some(first)) && topo.allowed_mems().contains(first)).then_some(first)
+}
+
+/// The node that will write each part, when every one is known before the copy: the calling
+/// thread's node for an inline copy; for the pinning's threads, the node of the thread the static
+/// schedule gives the part, or under the dynamic schedule the one node all threads share. An
+/// unpinned thread's node is known when every cpu this process may use is on one node.
+fn planned_part_nodes(
+    parts: &[Part],
+    pinning: &Pinning,
+    schedule: Schedule,
+    inline: bool,
+    topo: &Topology,
+) -> Option<Vec<u32>> {
+    if inline {
+        let cpu = loci_place::sys::current_cpu().ok()?;
+        let n = node_of(&CpuSet::single(cpu), topo)?;
+        return Some(vec![n; parts.len()]);
+    }
+    let anywhere = topo.allowed_cpus();
+    let thread_nodes: Vec<u32> = pinning
+        .threads
+        .iter()
+        .map(|t| node_of(t.as_ref().unwrap_or(&anywhere), topo))
+        .collect::<Option<_>>()?;
+    let threads = thread_nodes.len();
+    match schedule {
+        Schedule::Static => {
+            let n = parts.len();
+            let mut out = Vec::with_capacity(n);
+            for (t, &node) in thread_nodes.iter().enumerate() {
+                out.extend(std::iter::repeat_n(
+                    node,
+                    (t + 1) * n / threads - t * n / threads,
+                ));
+            }
+            Some(out)
+        }
+        Schedule::Dynamic => {
+            let first = thread_nodes[0];
+            thread_nodes
+                .iter()
+                .all(|&n| n == first)
+                .then(|| vec![first; parts.len()])
+        }
+    }
+}
+
+/// The binding a result wants over `mapped` bytes of its arena: every page on the node of the
+/// part that writes the page's first byte (a page shared by two parts goes to the one that starts
+/// on it earlier, the way first touch would give it to either).
+fn wanted_binding(
+    src: &Array,
+    parts: &[Part],
+    nodes: &[u32],
+    out_chunks: &[Chunk],
+    mapped: usize,
+) -> Binding {
+    if let Some(&first) = nodes.first() {
+        if nodes.iter().all(|&n| n == first) {
+            return Binding::node(mapped, first);
+        }
+    }
+    let ps = loci_place::sys::page_size();
+    let layout = src.layout();
+    let mut starts = Vec::with_capacity(parts.len() * layout.attrs.len());
+    for (p, &n) in parts.iter().zip(nodes) {
+        let c = &out_chunks[p.dst];
+        for (a, attr) in layout.attrs.iter().enumerate() {
+            let sz = attr.dtype.size();
+            let from = c.offset + c.attr_off[a] + p.dst_offset * sz;
+            let to = from + p.len() * sz;
+            let page = from.next_multiple_of(ps);
+            if page < to {
+                starts.push((page, n));
+            }
+        }
+    }
+    Binding::from_starts(starts, mapped)
+}
+
+/// The result's arena: from the pool when one is given and the writers' nodes are planned (bound
+/// to them), else a fresh first-touch mapping.
+#[allow(clippy::too_many_arguments)]
+fn result_memory(
+    src: &Array,
+    parts: &[Part],
+    out_chunks: &[Chunk],
+    len: usize,
+    pinning: &Pinning,
+    opts: &SubarrayOptions,
+    inline: bool,
+    topo: &Topology,
+) -> Result<(Region, PoolOutcome), ArrayError> {
+    if len == 0 {
+        return Ok((Region::map(0, false)?, PoolOutcome::Empty));
+    }
+    let Some(pool) = &opts.pool else {
+        return Ok((Region::map(len, opts.huge_pages)?, PoolOutcome::Off));
+    };
+    let Some(nodes) = planned_part_nodes(parts, pinning, opts.schedule, inline, topo) else {
+        pool.count_bypass();
+        return Ok((Region::map(len, opts.huge_pages)?, PoolOutcome::Bypass));
+    };
+    if let Some(p) = pool.take(&wanted_binding(src, parts, &nodes, out_chunks, len)) {
+        return Ok((Region::from_pooled(p, len, pool.clone()), PoolOutcome::Hit));
+    }
+    let mut r = Region::map(len, opts.huge_pages)?;
+    let binding = wanted_binding(src, parts, &nodes, out_chunks, r.mapped());
+    r.bind_for_pool(binding, pool.clone())?;
+    Ok((r, PoolOutcome::Miss))
 }
 
 /// Local-access ratio of a finished run: for every part, up to 4 pages of its source runs are
@@ -412,6 +578,49 @@ mod tests {
         runs.clear();
         for_each_run(&chunk, &[0..0, 0..5, 0..6], |o, n| runs.push((o, n)));
         assert!(runs.is_empty());
+    }
+
+    /// With parts written on different nodes, every page is bound to the node of the part that
+    /// writes its first byte, for every attribute; with one node the binding is one segment.
+    #[test]
+    fn wanted_binding_follows_the_writer_of_each_page() {
+        let topo = Topology::flat(loci_place::sys::get_affinity(0).unwrap(), "test");
+        let l = Layout::new(
+            vec![crate::Dim::new("a", 300), crate::Dim::new("b", 40)],
+            vec![
+                crate::Attr::new("v", crate::DType::F64),
+                crate::Attr::new("w", crate::DType::U16),
+            ],
+            &crate::Chunking::Shape(vec![100, 40]),
+        )
+        .unwrap();
+        let src = Array::from_fn(l, &topo, |_, c| c[0] as f64).unwrap();
+        let b = vec![10..290, 0..40];
+        let parts = plan_parts(src.layout(), &b, 4, Some(3000));
+        assert!(parts.len() > 8);
+        let nodes: Vec<u32> = (0..parts.len()).map(|i| (i % 3) as u32).collect();
+        let out = src.layout().sub_layout(&b);
+        let (len, chunks) = Array::plan_chunks(&out, |_| Home::Unknown);
+        let bind = wanted_binding(&src, &parts, &nodes, &chunks, len);
+        assert_eq!(bind.len(), len);
+        let ps = loci_place::sys::page_size();
+        let mut checked = 0;
+        for (p, &n) in parts.iter().zip(&nodes) {
+            let c = &chunks[p.dst];
+            for (a, sz) in [(0, 8), (1, 2)] {
+                let from = c.offset + c.attr_off[a] + p.dst_offset * sz;
+                let to = from + p.len() * sz;
+                let mut page = from.next_multiple_of(ps);
+                while page < to {
+                    assert_eq!(bind.node_at(page), Some(n), "page {page} of part {p:?}");
+                    page += ps;
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 10);
+        let one = wanted_binding(&src, &parts, &vec![2; parts.len()], &chunks, len + ps);
+        assert_eq!(one.segments(), &[(0..len + ps, 2)]);
     }
 
     #[test]
