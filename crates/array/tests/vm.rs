@@ -25,6 +25,9 @@ fn suite(topology: &str) {
         "array/subarray/home/threads-where-planned",
         "array/subarray/home/local-access>=0.95",
         "array/subarray/equals-reference",
+        "array/pool/reuse-same-node",
+        "array/pool/never-across-nodes",
+        "array/pool/spread-binding-pages-where-planned",
     ] {
         assert!(
             ran.contains(want),
