@@ -304,8 +304,9 @@ impl BufferPool {
     }
 
     /// The most recently returned buffer that serves `want` and is at most [`MAX_OVERSIZE`] times
-    /// its size (or 2 MiB more); counts a hit or a miss.
-    pub(crate) fn take(&self, want: &Binding) -> Option<Pooled> {
+    /// its size (or 2 MiB more); counts a hit, and a miss when `count_miss` (a caller that will
+    /// ask again for another binding does not count its first try).
+    pub(crate) fn take(&self, want: &Binding, count_miss: bool) -> Option<Pooled> {
         let limit = want
             .len()
             .saturating_mul(MAX_OVERSIZE)
@@ -324,7 +325,9 @@ impl BufferPool {
                 Some(p)
             }
             None => {
-                g.stats.misses += 1;
+                if count_miss {
+                    g.stats.misses += 1;
+                }
                 None
             }
         }
@@ -425,19 +428,19 @@ mod tests {
         let s = pool.stats();
         assert_eq!((s.returned, s.buffers_held, s.bytes_held), (3, 3, 20 * ps));
         // Node 0, 3 pages: the most recent node-0 buffer (8 pages) serves it.
-        let p = pool.take(&Binding::node(3 * ps, 0)).unwrap();
+        let p = pool.take(&Binding::node(3 * ps, 0), true).unwrap();
         assert_eq!((p.map.len, p.binding.node_at(0)), (8 * ps, Some(0)));
         // Node 2: nothing, never a buffer of another node.
-        assert!(pool.take(&Binding::node(ps, 2)).is_none());
+        assert!(pool.take(&Binding::node(ps, 2), true).is_none());
         // Too big for any node-0 buffer left.
-        assert!(pool.take(&Binding::node(5 * ps, 0)).is_none());
+        assert!(pool.take(&Binding::node(5 * ps, 0), true).is_none());
         let s = pool.stats();
         assert_eq!((s.hits, s.misses, s.buffers_held), (1, 2, 2));
         // A tiny want is not served by a buffer more than 4x (and 2 MiB) its size.
         let big = 1024 * ps;
         pool.give(buf(big, 3));
-        assert!(pool.take(&Binding::node(ps, 3)).is_none());
-        assert!(pool.take(&Binding::node(big / 4, 3)).is_some());
+        assert!(pool.take(&Binding::node(ps, 3), true).is_none());
+        assert!(pool.take(&Binding::node(big / 4, 3), true).is_some());
         pool.give(p);
         pool.clear();
         assert_eq!(pool.stats().bytes_held, 0);
@@ -453,8 +456,8 @@ mod tests {
         pool.give(buf(4 * ps, 2)); // over the cap: the node-0 buffer goes
         let s = pool.stats();
         assert_eq!((s.bytes_held, s.buffers_held, s.evicted), (8 * ps, 2, 1));
-        assert!(pool.take(&Binding::node(ps, 0)).is_none());
-        assert!(pool.take(&Binding::node(ps, 1)).is_some());
+        assert!(pool.take(&Binding::node(ps, 0), true).is_none());
+        assert!(pool.take(&Binding::node(ps, 1), true).is_some());
         pool.give(buf(11 * ps, 0)); // larger than the cap: unmapped at once
         let s = pool.stats();
         assert_eq!((s.bytes_held, s.buffers_held, s.evicted), (4 * ps, 1, 2));

@@ -46,6 +46,7 @@ fn opts(pool: &Arc<BufferPool>, threads_copy: bool) -> SubarrayOptions {
     SubarrayOptions {
         pool: Some(pool.clone()),
         inline_bytes: if threads_copy { 0 } else { usize::MAX },
+        inline_bytes_pooled: 0,
         ..Default::default()
     }
 }
@@ -234,4 +235,40 @@ fn stress_concurrent_subarrays_share_one_pool() {
     assert!(s.bytes_held <= pool.cap());
     // Every buffer made on a miss is now either held by the pool or was unmapped.
     assert_eq!(s.misses, s.buffers_held as u64 + s.evicted, "{s:?}");
+}
+
+/// A result between `inline_bytes` and `inline_bytes_pooled` goes to the pinning's threads when
+/// it needs fresh memory, and is copied by the calling thread when a pooled buffer serves it.
+#[test]
+fn warm_results_under_inline_bytes_pooled_are_copied_inline() {
+    let topo = here();
+    let src = source(&topo);
+    let pool = BufferPool::new(64 << 20);
+    let b = vec![0..48, 0..40, 0..32];
+    let o = SubarrayOptions {
+        pool: Some(pool.clone()),
+        inline_bytes: 0,
+        inline_bytes_pooled: 1 << 30,
+        ..Default::default()
+    };
+    let p = pin(&topo, 3);
+    let (first, st) = subarray(&src, &b, &p, &o, &topo).unwrap();
+    assert_eq!(st.pool, PoolOutcome::Miss);
+    assert_eq!(
+        st.bytes_per_thread.len(),
+        3,
+        "fresh memory: the threads copy"
+    );
+    drop(first);
+    let (again, st) = subarray(&src, &b, &p, &o, &topo).unwrap();
+    assert_eq!(st.pool, PoolOutcome::Hit);
+    assert_eq!(
+        st.bytes_per_thread.len(),
+        1,
+        "pooled memory: the calling thread copies"
+    );
+    check(&src, &b, &again);
+    // The first try for the calling thread's binding is not counted as a miss.
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses), (1, 1));
 }

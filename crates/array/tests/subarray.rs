@@ -80,6 +80,7 @@ fn run(
         // One thread: the calling thread copies (the inline path); more: always the pinned
         // threads, whatever the result's size, so both paths meet the reference.
         inline_bytes: if threads == 1 { usize::MAX } else { 0 },
+        inline_bytes_pooled: 0,
         // The process-wide result-buffer pool: results reuse the memory of earlier ones (of
         // other sizes and boxes), so stale bytes would show up as differences.
         pool: Some(BufferPool::global().clone()),
@@ -352,6 +353,7 @@ fn small_results_are_copied_inline_unless_told_otherwise() {
     for (inline, threads_used) in [(loci_array::subarray::INLINE_BYTES, 1), (0, 3)] {
         let opts = SubarrayOptions {
             inline_bytes: inline,
+            inline_bytes_pooled: 0,
             ..Default::default()
         };
         let (out, stats) = subarray(&src, &b, &pin, &opts, &topo).unwrap();

@@ -130,6 +130,7 @@ fn main() {
         sample_locality: true,
         // Placement is the point here: the pinned threads copy even a small result.
         inline_bytes: 0,
+        inline_bytes_pooled: 0,
         ..Default::default()
     };
     let planned = home.single_cpus().expect("one cpu per thread");
@@ -233,6 +234,7 @@ fn main() {
         let popts = SubarrayOptions {
             pool: Some(pool.clone()),
             inline_bytes: 0,
+            inline_bytes_pooled: 0,
             ..Default::default()
         };
         let on = |n: u32| Pinning::on_cpus(&topo.allowed_cpus_of(n).iter().collect::<Vec<_>>());
