@@ -411,7 +411,14 @@ pub fn subarray(
 fn node_of(cpus: &CpuSet, topo: &Topology) -> Option<u32> {
     let mut nodes = cpus.iter().map(|c| topo.node_of_cpu(c));
     let first = nodes.next()??;
-    (nodes.all(|n| n == Some(first)) && topo.allowed_mems().contains(first)).then_some(first)
+    (nodes.all(|n| n == Some(first)) && has_usable_memory(first, topo)).then_some(first)
+}
+
+/// Whether this process may allocate on node `n` (as [`Topology::allowed_mems`] says, without
+/// building the set: this runs on every subarray call).
+fn has_usable_memory(n: u32, topo: &Topology) -> bool {
+    topo.node(n)
+        .is_some_and(|x| x.allowed && x.memory_bytes != Some(0))
 }
 
 /// The node that will write each part, when every one is known before the copy: the calling
@@ -427,7 +434,9 @@ fn planned_part_nodes(
 ) -> Option<Vec<u32>> {
     if inline {
         let cpu = loci_place::sys::current_cpu().ok()?;
-        let n = node_of(&CpuSet::single(cpu), topo)?;
+        let n = topo
+            .node_of_cpu(cpu)
+            .filter(|&n| has_usable_memory(n, topo))?;
         return Some(vec![n; parts.len()]);
     }
     let anywhere = topo.allowed_cpus();
