@@ -45,11 +45,37 @@ fn main() {
         inline_bytes: std::env::var("INLINE")
             .map(|v| v.parse().unwrap())
             .unwrap_or(1 << 20),
+        stream_bytes: std::env::var("STREAM")
+            .map(|v| v.parse().unwrap())
+            .unwrap_or(32 << 20),
         ..Default::default()
     };
     let n: usize = std::env::var("N")
         .map(|v| v.parse().unwrap())
         .unwrap_or(200000);
+    if std::env::var("ALT").is_ok() {
+        let mut t = [Vec::new(), Vec::new()];
+        let mut last = None;
+        for i in 0..n {
+            let mut o = opts.clone();
+            o.stream_bytes = if i % 2 == 0 { 0 } else { usize::MAX };
+            let s = Instant::now();
+            let (r, _) = subarray(&src, &q.bounds, &pin, &o, &topo).unwrap();
+            t[i % 2].push(s.elapsed().as_secs_f64() * 1e3);
+            last = Some(r);
+        }
+        drop(last);
+        for (k, v) in t.iter_mut().enumerate() {
+            v.sort_by(f64::total_cmp);
+            println!(
+                "{}: min {:.2} ms median {:.2} ms",
+                if k == 0 { "stream" } else { "regular" },
+                v[0],
+                v[v.len() / 2]
+            );
+        }
+        return;
+    }
     let mut last = None;
     let t = Instant::now();
     for _ in 0..n {

@@ -209,14 +209,12 @@ fn stress_concurrent_subarrays_share_one_pool() {
                         })
                         .collect();
                     let threads_copy = round % 3 == 0;
-                    let (out, st) = subarray(
-                        src,
-                        &b,
-                        &pin(topo, 1 + next(3)),
-                        &opts(pool, threads_copy),
-                        topo,
-                    )
-                    .unwrap();
+                    let o = SubarrayOptions {
+                        // Streaming stores every other round.
+                        stream_bytes: if round % 2 == 0 { 0 } else { usize::MAX },
+                        ..opts(pool, threads_copy)
+                    };
+                    let (out, st) = subarray(src, &b, &pin(topo, 1 + next(3)), &o, topo).unwrap();
                     assert!(matches!(st.pool, PoolOutcome::Hit | PoolOutcome::Miss));
                     check(src, &b, &out);
                     held.push((b, out));
