@@ -240,8 +240,8 @@ unsafe impl Send for DstPtr {}
 // SAFETY: see above.
 unsafe impl Sync for DstPtr {}
 
-/// Copies `len` bytes from `src` to `dst` with non-temporal (streaming) stores where the
-/// destination is 16-byte aligned: the written lines go to memory without being read first and
+/// Copies `len` bytes from `src` to `dst` with non-temporal (streaming) stores for the whole
+/// 64-byte lines of the destination (regular stores for the partial lines at both ends): the written lines go to memory without being read first and
 /// without evicting the caches, which is what a result larger than the caches wants (a regular
 /// store reads each destination line before writing it: three transfers per byte instead of two).
 /// The caller issues [`stream_fence`] before anyone else may read the bytes.
@@ -255,14 +255,16 @@ unsafe impl Sync for DstPtr {}
 #[cfg(target_arch = "x86_64")]
 unsafe fn stream_copy(src: *const u8, dst: *mut u8, len: usize) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-    let head = (dst as usize).wrapping_neg() & 15;
+    // Only whole cache lines are streamed: a partly streamed line is written to memory as a
+    // partial write (a read-modify-write there), slower than a regular store.
+    let head = (dst as usize).wrapping_neg() & 63;
     if head >= len {
         // SAFETY: the caller's ranges.
         unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
         return;
     }
-    // SAFETY: every access below stays inside the caller's ranges: `head + 16*k + tail == len`;
-    // the streamed stores are 16-byte aligned (`dst + head` is); loads are unaligned. SSE2 is
+    // SAFETY: every access below stays inside the caller's ranges: `head + 64*k + tail == len`;
+    // the streamed stores are 64-byte aligned (`dst + head` is); loads are unaligned. SSE2 is
     // part of x86_64.
     unsafe {
         std::ptr::copy_nonoverlapping(src, dst, head);
@@ -279,12 +281,6 @@ unsafe fn stream_copy(src: *const u8, dst: *mut u8, len: usize) {
             s = s.add(64);
             d = d.add(64);
             n -= 64;
-        }
-        while n >= 16 {
-            _mm_stream_si128(d as *mut __m128i, _mm_loadu_si128(s as *const __m128i));
-            s = s.add(16);
-            d = d.add(16);
-            n -= 16;
         }
         std::ptr::copy_nonoverlapping(s, d, n);
     }
@@ -731,14 +727,14 @@ mod tests {
         assert!(runs.is_empty());
     }
 
-    /// Streaming copies equal plain ones for every destination alignment and length (head, body
-    /// of 64 and 16 bytes, tail), and write nothing outside their range.
+    /// Streaming copies equal plain ones for every destination alignment and length (head, whole
+    /// lines, tail), and write nothing outside their range.
     #[test]
     fn stream_copy_equals_copy_at_every_alignment() {
-        let src: Vec<u8> = (0..700u32).map(|i| (i * 7 + 3) as u8).collect();
-        for off in 0..20 {
+        let src: Vec<u8> = (0..800u32).map(|i| (i * 7 + 3) as u8).collect();
+        for off in 0..70 {
             for len in [0, 1, 15, 16, 17, 63, 64, 65, 100, 129, 500] {
-                let mut dst = vec![0xEEu8; 700];
+                let mut dst = vec![0xEEu8; 800];
                 // SAFETY: both ranges lie inside their vectors and do not overlap.
                 unsafe { stream_copy(src.as_ptr().add(3), dst.as_mut_ptr().add(off), len) };
                 stream_fence();

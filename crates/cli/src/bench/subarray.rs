@@ -243,7 +243,8 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
             "chunks": a.chunks, "selectivity": a.selectivity, "span": a.span,
             "threads": nthreads, "mem": mem.to_string(), "huge_pages": huge, "reps": reps,
             "seed": Seismic::default().seed, "layers": Seismic::default().layers,
-            "pool": a.pool, "pool_cap": pool_cap,
+            "pool": a.pool, "pool_cap": pool_cap, "stream_bytes": opts.stream_bytes,
+            "inline_bytes": opts.inline_bytes, "inline_bytes_pooled": opts.inline_bytes_pooled,
         }),
         Machine::of(&topo),
     );
