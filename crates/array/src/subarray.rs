@@ -368,10 +368,12 @@ pub const STREAM_BYTES: usize = 32 << 20;
 /// Default of [`SubarrayOptions::stream_bytes`]: the size of cpu 0's largest cache (sysfs
 /// `cpu0/cache/index*/size`; [`STREAM_BYTES`] when unreadable). A result that large does not stay
 /// in the caches anyway, so its lines are better written straight to memory; a smaller one is
-/// better left in the cache (measured on the development machine, 32 MiB L3, pooled result
-/// memory: 92 MB results took 5.0 ms streamed against 9.2 ms with regular stores on one thread,
-/// 26 MB and 2.6 MB ones, source and result in the cache, 2.1 and 0.08 ms with regular stores
-/// against 3.5 and 0.84 ms streamed).
+/// better left in the cache. Measured on the development machine (32 MiB L3, pooled result
+/// memory, stream and regular runs interleaved in one process, loaded machine): 92 MB results
+/// (box 0.7 of every chunk of a 128 MiB volume in 1, 10, 100, 1000 chunks) took medians of
+/// 9.1-14.9 ms streamed against 10.9-19.4 ms with regular stores on one thread, 9.5-14.9 against
+/// 13.8-17.2 ms on two; a 2.6 MB result in the cache took 0.12 ms streamed against 0.08 ms, a
+/// 26 MB one the same either way.
 pub fn default_stream_bytes() -> usize {
     static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *BYTES.get_or_init(|| {
