@@ -235,6 +235,9 @@ fn main() {
             pool: Some(pool.clone()),
             inline_bytes: 0,
             inline_bytes_pooled: 0,
+            // Streaming stores into the bound pages (placement is set before the first touch,
+            // whatever kind of store touches first).
+            stream_bytes: 0,
             ..Default::default()
         };
         let on = |n: u32| Pinning::on_cpus(&topo.allowed_cpus_of(n).iter().collect::<Vec<_>>());
