@@ -199,6 +199,15 @@ impl Array {
         huge: bool,
         home: impl Fn(usize) -> Home,
     ) -> Result<(Region, Vec<Chunk>), ArrayError> {
+        let (at, chunks) = Self::plan_chunks(layout, home);
+        Ok((Region::map(at, huge)?, chunks))
+    }
+
+    /// The chunks of `layout` at page-aligned offsets in id order, and the bytes they span.
+    pub(crate) fn plan_chunks(
+        layout: &Layout,
+        home: impl Fn(usize) -> Home,
+    ) -> (usize, Vec<Chunk>) {
         let ps = loci_place::sys::page_size();
         let mut at = 0;
         let chunks: Vec<Chunk> = (0..layout.chunk_count())
@@ -217,7 +226,7 @@ impl Array {
                 c
             })
             .collect();
-        Ok((Region::map(at, huge)?, chunks))
+        (at, chunks)
     }
 
     pub(crate) fn from_parts(layout: Layout, arena: Region, chunks: Vec<Chunk>) -> Self {

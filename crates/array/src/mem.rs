@@ -1,15 +1,17 @@
-//! Chunk memory: one anonymous mapping per chunk, placed on its home node with `mbind`.
+//! Chunk memory: anonymous mappings whose chunks are placed on their home nodes with `mbind`.
 //!
 //! Hand-written on `mmap`/`mbind` (through loci-place's checked syscalls) because the policy has
 //! to be set on the exact range of each chunk before its first touch, which no allocator API does.
 
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use loci_topo::{NodeSet, Topology};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ArrayError;
+use crate::pool::{Binding, BufferPool, Mapping, Pooled};
 
 /// Where a chunk's pages live (planned or observed when it was first touched).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,11 +112,13 @@ impl fmt::Display for ChunkMem {
     }
 }
 
-/// One anonymous private mapping, unmapped on drop. Zero-length regions map nothing.
+/// One anonymous private mapping: unmapped on drop, or given back to the result-buffer pool it
+/// came from (see [`crate::pool`]). Zero-length regions map nothing.
 pub struct Region {
-    ptr: NonNull<u8>,
+    map: Option<Mapping>,
     len: usize,
-    mapped: usize,
+    /// Where the region goes when dropped, and the binding of its pages it goes there with.
+    pool: Option<(Arc<BufferPool>, Binding)>,
 }
 
 // SAFETY: a Region exclusively owns its mapping; shared access only reads (`&self`), writes need
@@ -123,20 +127,30 @@ unsafe impl Send for Region {}
 // SAFETY: see above.
 unsafe impl Sync for Region {}
 
+/// Mappings at least this big are aligned (and sized) to 2 MiB when huge pages are asked for, so
+/// transparent huge pages can back all of them.
+const HUGE: usize = 2 << 20;
+
 impl Region {
     /// Maps `len` bytes (rounded up to pages), untouched: the pages are placed at first touch
-    /// unless [`Region::place`] sets a policy first. `huge` asks for transparent huge pages.
+    /// unless [`Region::place`] sets a policy first. `huge` asks for transparent huge pages
+    /// (`madvise(MADV_HUGEPAGE)`; a mapping of 2 MiB or more is then 2 MiB aligned and rounded up
+    /// to 2 MiB, so every part of it can be a huge page).
     pub fn map(len: usize, huge: bool) -> Result<Self, ArrayError> {
         if len == 0 {
             return Ok(Self {
-                ptr: NonNull::dangling(),
+                map: None,
                 len: 0,
-                mapped: 0,
+                pool: None,
             });
         }
         let ps = loci_place::sys::page_size();
-        let mapped = len.next_multiple_of(ps);
-        let p = loci_place::sys::map_anonymous_aligned(mapped, ps, 0)
+        let (mapped, align) = if huge && len >= HUGE && HUGE.is_multiple_of(ps) {
+            (len.next_multiple_of(HUGE), HUGE)
+        } else {
+            (len.next_multiple_of(ps), ps)
+        };
+        let p = loci_place::sys::map_anonymous_aligned(mapped, align, 0)
             .map_err(|e| ArrayError::Memory(format!("mmap of {mapped} bytes failed: {e}")))?;
         if huge {
             // SAFETY: the range is the mapping just created. Advice only: failure is harmless
@@ -144,10 +158,57 @@ impl Region {
             unsafe { libc::madvise(p.as_ptr().cast(), mapped, libc::MADV_HUGEPAGE) };
         }
         Ok(Self {
-            ptr: p,
+            map: Some(Mapping {
+                ptr: p,
+                len: mapped,
+            }),
             len,
-            mapped,
+            pool: None,
         })
+    }
+
+    /// A region of `len` bytes on a buffer taken from `pool`; it goes back there when dropped.
+    pub(crate) fn from_pooled(p: Pooled, len: usize, pool: Arc<BufferPool>) -> Self {
+        debug_assert!(len <= p.map.len && len <= p.binding.len());
+        Self {
+            map: Some(p.map),
+            len,
+            pool: Some((pool, p.binding)),
+        }
+    }
+
+    /// Binds every page of the (untouched) region as `binding` says (`MPOL_BIND`, one `mbind` per
+    /// segment; the binding must cover the region's mapped bytes), and makes the region go back to
+    /// `pool` with that binding when dropped.
+    pub(crate) fn bind_for_pool(
+        &mut self,
+        binding: Binding,
+        pool: Arc<BufferPool>,
+    ) -> Result<(), ArrayError> {
+        let Some(m) = &self.map else {
+            return Ok(());
+        };
+        assert_eq!(binding.len(), m.len, "a binding covers the whole mapping");
+        for (r, n) in binding.segments() {
+            self.place(r.start, r.end - r.start, &Home::Node(*n))?;
+        }
+        self.pool = Some((pool, binding));
+        Ok(())
+    }
+
+    /// Bytes mapped (the length rounded up to pages or huge pages; for a pooled buffer, its size).
+    pub fn mapped(&self) -> usize {
+        self.map.as_ref().map_or(0, |m| m.len)
+    }
+
+    /// The binding of a region that came from or goes to a result-buffer pool (every page bound
+    /// to the node it names before its first touch); `None` for other regions.
+    pub fn binding(&self) -> Option<&Binding> {
+        self.pool.as_ref().map(|(_, b)| b)
+    }
+
+    fn base(&self) -> NonNull<u8> {
+        self.map.as_ref().map_or(NonNull::dangling(), |m| m.ptr)
     }
 
     /// Sets the policy of the bytes `offset..offset+len` (widened to whole pages; `offset` must
@@ -155,21 +216,22 @@ impl Region {
     pub fn place(&self, offset: usize, len: usize, home: &Home) -> Result<(), ArrayError> {
         use loci_place::sys::mode;
         let ps = loci_place::sys::page_size();
-        if len == 0 || self.mapped == 0 {
+        let mapped = self.mapped();
+        if len == 0 || mapped == 0 {
             return Ok(());
         }
         assert!(
-            offset.is_multiple_of(ps) && offset < self.mapped,
+            offset.is_multiple_of(ps) && offset < mapped,
             "page-aligned offset inside the mapping"
         );
-        let len = len.next_multiple_of(ps).min(self.mapped - offset);
+        let len = len.next_multiple_of(ps).min(mapped - offset);
         let (m, nodes) = match home {
             Home::Node(n) => (mode::MPOL_BIND, NodeSet::single(*n)),
             Home::Interleave(s) => (mode::MPOL_INTERLEAVE, s.clone()),
             Home::Unknown => return Ok(()),
         };
         // SAFETY: offset..offset+len is inside this Region's own mapping (checked above).
-        unsafe { loci_place::sys::mbind(self.ptr.as_ptr().add(offset), len, m, &nodes, 0) }
+        unsafe { loci_place::sys::mbind(self.base().as_ptr().add(offset), len, m, &nodes, 0) }
             .map_err(|e| ArrayError::Memory(format!("mbind of a chunk to {home} failed: {e}")))
     }
 
@@ -184,24 +246,24 @@ impl Region {
     }
 
     pub fn as_ptr(&self) -> *const u8 {
-        self.ptr.as_ptr()
+        self.base().as_ptr()
     }
 
     /// Raw pointer for writes through `&self`; callers must keep writes disjoint and not overlap
     /// any live shared slice of the same bytes.
     pub fn as_mut_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.base().as_ptr()
     }
 
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the mapping is `mapped >= len` bytes, readable, and lives as long as `self`
         // (a dangling pointer with len 0 is a valid empty slice).
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.base().as_ptr(), self.len) }
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, and `&mut self` makes the access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.base().as_ptr(), self.len) }
     }
 
     /// Node of the pages holding the given byte offsets (`move_pages` query; negative values are
@@ -211,7 +273,7 @@ impl Region {
             .iter()
             .filter(|&&o| o < self.len)
             // SAFETY: o < len, inside the mapping.
-            .map(|&o| unsafe { self.ptr.as_ptr().add(o) } as *const u8)
+            .map(|&o| unsafe { self.base().as_ptr().add(o) } as *const u8)
             .collect();
         loci_place::sys::pages_nodes(0, &pages)
             .map_err(|e| ArrayError::Memory(format!("move_pages query failed: {e}")))
@@ -220,10 +282,10 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        if self.mapped > 0 {
-            // SAFETY: unmapping exactly the mapping this Region created; nothing borrows it
-            // any more (drop has `&mut self`).
-            unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.mapped) };
+        // A pooled region goes back with its binding; any other mapping is unmapped (Mapping's
+        // own drop).
+        if let (Some(map), Some((pool, binding))) = (self.map.take(), self.pool.take()) {
+            pool.give(Pooled { map, binding });
         }
     }
 }

@@ -10,15 +10,17 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
-use loci_topo::Topology;
+use loci_topo::{CpuSet, Topology};
 use serde::{Deserialize, Serialize};
 
 use crate::array::{Array, Chunk};
 use crate::error::ArrayError;
 use crate::layout::{Bounds, Layout};
-use crate::mem::Home;
+use crate::mem::{Home, Region};
 use crate::pin::{run_pinned, Pinning};
+use crate::pool::{Binding, BufferPool};
 
 /// How parts are dealt to threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -70,6 +72,21 @@ pub struct SubarrayOptions {
     /// Results smaller than this many bytes are copied by the calling thread instead of the
     /// pinning's threads (default [`INLINE_BYTES`]; 0 always uses the pinning's threads).
     pub inline_bytes: usize,
+    /// Results smaller than this many bytes are copied by the calling thread when a pooled
+    /// buffer (already faulted in) serves them (default [`INLINE_POOLED_BYTES`]; below
+    /// `inline_bytes` the calling thread copies anyway; 0 turns this off).
+    pub inline_bytes_pooled: usize,
+    /// Results of at least this many bytes are written with non-temporal (streaming) stores,
+    /// which skip reading each destination line first and leave the caches to the source (default
+    /// [`default_stream_bytes`], the largest cache's size; `usize::MAX` never streams).
+    pub stream_bytes: usize,
+    /// The result-buffer pool the result's memory comes from and goes back to when the result is
+    /// dropped (default: [`BufferPool::global`]); `None` maps fresh memory for every result and
+    /// unmaps it on drop. With a pool, a result whose threads' nodes are known before the copy
+    /// (pinned threads, or a machine with one node) has its pages bound (`MPOL_BIND`) to the node
+    /// of the thread that writes them, and reuses only pooled memory bound the same way; a result
+    /// of threads of unknown node is first-touched in fresh memory and never pooled.
+    pub pool: Option<Arc<BufferPool>>,
 }
 
 impl Default for SubarrayOptions {
@@ -80,8 +97,28 @@ impl Default for SubarrayOptions {
             sample_locality: false,
             huge_pages: false,
             inline_bytes: INLINE_BYTES,
+            inline_bytes_pooled: INLINE_POOLED_BYTES,
+            stream_bytes: default_stream_bytes(),
+            pool: Some(BufferPool::global().clone()),
         }
     }
+}
+
+/// Where a result's memory came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolOutcome {
+    /// No pool: fresh memory, first touch.
+    #[default]
+    Off,
+    /// A pooled buffer bound as the result wants.
+    Hit,
+    /// No pooled buffer served it: fresh memory bound as the result wants (pooled when dropped).
+    Miss,
+    /// The threads' nodes were not known before the copy: fresh memory, first touch, not pooled.
+    Bypass,
+    /// The result has no bytes.
+    Empty,
 }
 
 /// What a run did, besides the result.
@@ -97,6 +134,8 @@ pub struct RunStats {
     /// Bytes read by a thread on the node of the page it read / bytes sampled (from `move_pages`;
     /// `None` when not sampled or nothing could be attributed).
     pub local_access_ratio: Option<f64>,
+    /// Where the result's memory came from.
+    pub pool: PoolOutcome,
 }
 
 /// The parts of `subarray(b)` on `layout` for `threads` threads (the box must be checked).
@@ -201,7 +240,70 @@ unsafe impl Send for DstPtr {}
 // SAFETY: see above.
 unsafe impl Sync for DstPtr {}
 
-fn copy_part(src: &Array, dst_chunks: &[(DstPtr, Vec<usize>)], part: &Part) -> usize {
+/// Copies `len` bytes from `src` to `dst` with non-temporal (streaming) stores for the whole
+/// 64-byte lines of the destination (regular stores for the partial lines at both ends): the written lines go to memory without being read first and
+/// without evicting the caches, which is what a result larger than the caches wants (a regular
+/// store reads each destination line before writing it: three transfers per byte instead of two).
+/// The caller issues [`stream_fence`] before anyone else may read the bytes.
+///
+/// Hand-written (SSE2 intrinsics) because the runs of a subarray are short (a row of a box, often
+/// 1-2 KB) and glibc's `memcpy` switches to streaming stores only for single copies larger than
+/// a share of the last-level cache.
+///
+/// # Safety
+/// `src..src+len` readable, `dst..dst+len` writable, the two do not overlap.
+#[cfg(target_arch = "x86_64")]
+unsafe fn stream_copy(src: *const u8, dst: *mut u8, len: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+    // Only whole cache lines are streamed: a partly streamed line is written to memory as a
+    // partial write (a read-modify-write there), slower than a regular store.
+    let head = (dst as usize).wrapping_neg() & 63;
+    if head >= len {
+        // SAFETY: the caller's ranges.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        return;
+    }
+    // SAFETY: every access below stays inside the caller's ranges: `head + 64*k + tail == len`;
+    // the streamed stores are 64-byte aligned (`dst + head` is); loads are unaligned. SSE2 is
+    // part of x86_64.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, head);
+        let (mut s, mut d, mut n) = (src.add(head), dst.add(head), len - head);
+        while n >= 64 {
+            let a = _mm_loadu_si128(s as *const __m128i);
+            let b = _mm_loadu_si128(s.add(16) as *const __m128i);
+            let c = _mm_loadu_si128(s.add(32) as *const __m128i);
+            let e = _mm_loadu_si128(s.add(48) as *const __m128i);
+            _mm_stream_si128(d as *mut __m128i, a);
+            _mm_stream_si128(d.add(16) as *mut __m128i, b);
+            _mm_stream_si128(d.add(32) as *mut __m128i, c);
+            _mm_stream_si128(d.add(48) as *mut __m128i, e);
+            s = s.add(64);
+            d = d.add(64);
+            n -= 64;
+        }
+        std::ptr::copy_nonoverlapping(s, d, n);
+    }
+}
+
+/// Orders the streaming stores of this thread before its later stores (and so before the thread
+/// signals that it is done): they are weakly ordered otherwise.
+#[cfg(target_arch = "x86_64")]
+fn stream_fence() {
+    // SAFETY: sfence has no preconditions (SSE, part of x86_64).
+    unsafe { std::arch::x86_64::_mm_sfence() }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn stream_copy(src: *const u8, dst: *mut u8, len: usize) {
+    // SAFETY: the caller's ranges.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn stream_fence() {}
+
+fn copy_part(src: &Array, dst_chunks: &[(DstPtr, Vec<usize>)], part: &Part, stream: bool) -> usize {
     let layout = src.layout();
     let chunk: &Chunk = &src.chunks()[part.src];
     let (dptr, doff) = &dst_chunks[part.dst];
@@ -219,11 +321,18 @@ fn copy_part(src: &Array, dst_chunks: &[(DstPtr, Vec<usize>)], part: &Part) -> u
             // disjoint destination block (the runs of a part fill it in order); no overlap
             // between source and a freshly mapped result.
             unsafe {
-                std::ptr::copy_nonoverlapping(from.as_ptr(), d, len);
+                if stream {
+                    stream_copy(from.as_ptr(), d, len);
+                } else {
+                    std::ptr::copy_nonoverlapping(from.as_ptr(), d, len);
+                }
                 d = d.add(len);
             }
             bytes += len;
         });
+    }
+    if stream {
+        stream_fence();
     }
     bytes
 }
@@ -246,6 +355,49 @@ impl Array {
 /// calling thread (see [`subarray`]).
 pub const INLINE_BYTES: usize = 1 << 20;
 
+/// Default of [`SubarrayOptions::inline_bytes_pooled`]. Into pooled memory (no page faults) one
+/// thread copies at memcpy speed, and starting and binding worker threads costs more than a
+/// second thread saves below a few MiB (measured with 2 threads on the 2-core development machine
+/// under load: 0.5 MB took 35-56 us inline against 350-860 us on the threads, 5 MB 430-470 us
+/// against 980-1460 us, 18 MB the same either way).
+pub const INLINE_POOLED_BYTES: usize = 4 << 20;
+
+/// Default of [`SubarrayOptions::stream_bytes`] where the cache sizes cannot be read: 32 MiB.
+pub const STREAM_BYTES: usize = 32 << 20;
+
+/// Default of [`SubarrayOptions::stream_bytes`]: the size of cpu 0's largest cache (sysfs
+/// `cpu0/cache/index*/size`; [`STREAM_BYTES`] when unreadable). A result that large does not stay
+/// in the caches anyway, so its lines are better written straight to memory; a smaller one is
+/// better left in the cache. Measured on the development machine (32 MiB L3, pooled result
+/// memory, stream and regular runs interleaved in one process, loaded machine): 92 MB results
+/// (box 0.7 of every chunk of a 128 MiB volume in 1, 10, 100, 1000 chunks) took medians of
+/// 9.1-14.9 ms streamed against 10.9-19.4 ms with regular stores on one thread, 9.5-14.9 against
+/// 13.8-17.2 ms on two; a 2.6 MB result in the cache took 0.12 ms streamed against 0.08 ms, a
+/// 26 MB one the same either way.
+pub fn default_stream_bytes() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+        let sizes = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let s = std::fs::read_to_string(e.path().join("size")).ok()?;
+                let s = s.trim();
+                let (num, mul) = match s.strip_suffix('K') {
+                    Some(n) => (n, 1 << 10),
+                    None => match s.strip_suffix('M') {
+                        Some(n) => (n, 1 << 20),
+                        None => (s, 1),
+                    },
+                };
+                num.parse::<usize>().ok().map(|n| n * mul)
+            });
+        sizes.max().filter(|&b| b > 0).unwrap_or(STREAM_BYTES)
+    })
+}
+
 /// Copies the box `b` of `src` into a new array, with the worker threads of `pinning`
 /// (results under [`SubarrayOptions::inline_bytes`] by the calling thread).
 /// The result's chunks are mapped untouched, so their pages land where the copying thread runs
@@ -263,8 +415,26 @@ pub fn subarray(
     let threads = pinning.len();
     let out_layout = layout.sub_layout(b);
     let parts = plan_parts(layout, b, threads, opts.part_bytes);
-    let (arena, mut out_chunks) =
-        Array::map_chunks(&out_layout, opts.huge_pages, |_| Home::Unknown)?;
+    let (arena_len, mut out_chunks) = Array::plan_chunks(&out_layout, |_| Home::Unknown);
+    let result_bytes: usize = parts.iter().map(|p| p.len()).sum::<usize>() * layout.cell_bytes();
+    let (arena, pool_outcome, inline) = result_memory(
+        src,
+        &parts,
+        &out_chunks,
+        arena_len,
+        pinning,
+        opts,
+        result_bytes,
+        topo,
+    )?;
+    if let Some(binding) = arena.binding() {
+        // Bound pages: each chunk's home is the node its first page is bound to.
+        for c in &mut out_chunks {
+            if let Some(n) = binding.node_at(c.offset) {
+                c.home = Home::Node(n);
+            }
+        }
+    }
     let dst: Vec<(DstPtr, Vec<usize>)> = out_chunks
         .iter()
         // SAFETY: the chunk's offset is inside the arena (map_chunks sized it).
@@ -282,13 +452,13 @@ pub fn subarray(
     // (tens of microseconds each) costs more than copying it (measured in `loci bench subarray`:
     // one chunk of a 1000-chunk 512 MiB volume took 0.5 ms with two threads against 0.1 ms for a
     // memcpy of the same bytes). The run then reports one thread that did every part.
-    let result_bytes: usize = parts.iter().map(|p| p.len()).sum::<usize>() * layout.cell_bytes();
+    let stream = result_bytes >= opts.stream_bytes;
     let work = |t: usize| {
         let mut done: Vec<(usize, Option<u32>)> = Vec::new();
         let mut bytes = 0;
         let mut one = |i: usize| {
             let cpu = loci_place::sys::current_cpu().ok();
-            bytes += copy_part(src, dst_ref, &parts_ref[i]);
+            bytes += copy_part(src, dst_ref, &parts_ref[i], stream);
             done.push((i, cpu));
         };
         match opts.schedule {
@@ -308,12 +478,12 @@ pub fn subarray(
         }
         (bytes, done)
     };
-    let per_thread = if result_bytes < opts.inline_bytes {
+    let per_thread = if inline {
         vec![{
             let mut all = (0, Vec::new());
             for (i, part) in parts.iter().enumerate() {
                 let cpu = loci_place::sys::current_cpu().ok();
-                all.0 += copy_part(src, dst_ref, part);
+                all.0 += copy_part(src, dst_ref, part, stream);
                 all.1.push((i, cpu));
             }
             all
@@ -327,13 +497,14 @@ pub fn subarray(
         bytes_per_thread: per_thread.iter().map(|(b, _)| *b).collect(),
         part_thread: vec![(0, None); parts.len()],
         local_access_ratio: None,
+        pool: pool_outcome,
     };
     for (t, (_, done)) in per_thread.into_iter().enumerate() {
         for (i, cpu) in done {
             stats.part_thread[i] = (t, cpu);
         }
     }
-    // Home of each result chunk: the node of the thread that wrote its first part.
+    // Home of each result chunk not bound above: the node of the thread that wrote its first part.
     for (i, p) in parts.iter().enumerate() {
         if out_chunks[p.dst].home == Home::Unknown {
             if let Some(n) = stats.part_thread[i].1.and_then(|c| topo.node_of_cpu(c)) {
@@ -345,6 +516,150 @@ pub fn subarray(
         stats.local_access_ratio = local_access_ratio(src, &parts, &stats.part_thread, topo)?;
     }
     Ok((Array::from_parts(out_layout, arena, out_chunks), stats))
+}
+
+/// The node of a thread whose cpus are `cpus`, when they all sit on one node that has memory
+/// this process may use.
+fn node_of(cpus: &CpuSet, topo: &Topology) -> Option<u32> {
+    let mut nodes = cpus.iter().map(|c| topo.node_of_cpu(c));
+    let first = nodes.next()??;
+    (nodes.all(|n| n == Some(first)) && has_usable_memory(first, topo)).then_some(first)
+}
+
+/// Whether this process may allocate on node `n` (as [`Topology::allowed_mems`] says, without
+/// building the set: this runs on every subarray call).
+fn has_usable_memory(n: u32, topo: &Topology) -> bool {
+    topo.node(n)
+        .is_some_and(|x| x.allowed && x.memory_bytes != Some(0))
+}
+
+/// The node that will write each part, when every one is known before the copy: the calling
+/// thread's node for an inline copy; for the pinning's threads, the node of the thread the static
+/// schedule gives the part, or under the dynamic schedule the one node all threads share. An
+/// unpinned thread's node is known when every cpu this process may use is on one node.
+fn planned_part_nodes(
+    parts: &[Part],
+    pinning: &Pinning,
+    schedule: Schedule,
+    inline: bool,
+    topo: &Topology,
+) -> Option<Vec<u32>> {
+    if inline {
+        let cpu = loci_place::sys::current_cpu().ok()?;
+        let n = topo
+            .node_of_cpu(cpu)
+            .filter(|&n| has_usable_memory(n, topo))?;
+        return Some(vec![n; parts.len()]);
+    }
+    let anywhere = topo.allowed_cpus();
+    let thread_nodes: Vec<u32> = pinning
+        .threads
+        .iter()
+        .map(|t| node_of(t.as_ref().unwrap_or(&anywhere), topo))
+        .collect::<Option<_>>()?;
+    let threads = thread_nodes.len();
+    match schedule {
+        Schedule::Static => {
+            let n = parts.len();
+            let mut out = Vec::with_capacity(n);
+            for (t, &node) in thread_nodes.iter().enumerate() {
+                out.extend(std::iter::repeat_n(
+                    node,
+                    (t + 1) * n / threads - t * n / threads,
+                ));
+            }
+            Some(out)
+        }
+        Schedule::Dynamic => {
+            let first = thread_nodes[0];
+            thread_nodes
+                .iter()
+                .all(|&n| n == first)
+                .then(|| vec![first; parts.len()])
+        }
+    }
+}
+
+/// The binding a result wants over `mapped` bytes of its arena: every page on the node of the
+/// part that writes the page's first byte (a page shared by two parts goes to the one that starts
+/// on it earlier, the way first touch would give it to either).
+fn wanted_binding(
+    src: &Array,
+    parts: &[Part],
+    nodes: &[u32],
+    out_chunks: &[Chunk],
+    mapped: usize,
+) -> Binding {
+    if let Some(&first) = nodes.first() {
+        if nodes.iter().all(|&n| n == first) {
+            return Binding::node(mapped, first);
+        }
+    }
+    let ps = loci_place::sys::page_size();
+    let layout = src.layout();
+    let mut starts = Vec::with_capacity(parts.len() * layout.attrs.len());
+    for (p, &n) in parts.iter().zip(nodes) {
+        let c = &out_chunks[p.dst];
+        for (a, attr) in layout.attrs.iter().enumerate() {
+            let sz = attr.dtype.size();
+            let from = c.offset + c.attr_off[a] + p.dst_offset * sz;
+            let to = from + p.len() * sz;
+            let page = from.next_multiple_of(ps);
+            if page < to {
+                starts.push((page, n));
+            }
+        }
+    }
+    Binding::from_starts(starts, mapped)
+}
+
+/// The result's arena, and whether the calling thread copies (inline): from the pool when one is
+/// given and the writers' nodes are planned (bound to them), else a fresh first-touch mapping.
+/// A result under `inline_bytes` is copied inline; one under `inline_bytes_pooled` too when a
+/// pooled buffer bound for the calling thread serves it.
+#[allow(clippy::too_many_arguments)]
+fn result_memory(
+    src: &Array,
+    parts: &[Part],
+    out_chunks: &[Chunk],
+    len: usize,
+    pinning: &Pinning,
+    opts: &SubarrayOptions,
+    result_bytes: usize,
+    topo: &Topology,
+) -> Result<(Region, PoolOutcome, bool), ArrayError> {
+    let inline = result_bytes < opts.inline_bytes;
+    if len == 0 {
+        return Ok((Region::map(0, false)?, PoolOutcome::Empty, inline));
+    }
+    let Some(pool) = &opts.pool else {
+        return Ok((Region::map(len, opts.huge_pages)?, PoolOutcome::Off, inline));
+    };
+    if !inline && result_bytes < opts.inline_bytes_pooled {
+        if let Some(nodes) = planned_part_nodes(parts, pinning, opts.schedule, true, topo) {
+            let want = wanted_binding(src, parts, &nodes, out_chunks, len);
+            if let Some(p) = pool.take(&want, false) {
+                let r = Region::from_pooled(p, len, pool.clone());
+                return Ok((r, PoolOutcome::Hit, true));
+            }
+        }
+    }
+    let Some(nodes) = planned_part_nodes(parts, pinning, opts.schedule, inline, topo) else {
+        pool.count_bypass();
+        return Ok((
+            Region::map(len, opts.huge_pages)?,
+            PoolOutcome::Bypass,
+            inline,
+        ));
+    };
+    if let Some(p) = pool.take(&wanted_binding(src, parts, &nodes, out_chunks, len), true) {
+        let r = Region::from_pooled(p, len, pool.clone());
+        return Ok((r, PoolOutcome::Hit, inline));
+    }
+    let mut r = Region::map(len, opts.huge_pages)?;
+    let binding = wanted_binding(src, parts, &nodes, out_chunks, r.mapped());
+    r.bind_for_pool(binding, pool.clone())?;
+    Ok((r, PoolOutcome::Miss, inline))
 }
 
 /// Local-access ratio of a finished run: for every part, up to 4 pages of its source runs are
@@ -412,6 +727,72 @@ mod tests {
         runs.clear();
         for_each_run(&chunk, &[0..0, 0..5, 0..6], |o, n| runs.push((o, n)));
         assert!(runs.is_empty());
+    }
+
+    /// Streaming copies equal plain ones for every destination alignment and length (head, whole
+    /// lines, tail), and write nothing outside their range.
+    #[test]
+    fn stream_copy_equals_copy_at_every_alignment() {
+        let src: Vec<u8> = (0..800u32).map(|i| (i * 7 + 3) as u8).collect();
+        for off in 0..70 {
+            for len in [0, 1, 15, 16, 17, 63, 64, 65, 100, 129, 500] {
+                let mut dst = vec![0xEEu8; 800];
+                // SAFETY: both ranges lie inside their vectors and do not overlap.
+                unsafe { stream_copy(src.as_ptr().add(3), dst.as_mut_ptr().add(off), len) };
+                stream_fence();
+                assert_eq!(
+                    &dst[off..off + len],
+                    &src[3..3 + len],
+                    "off {off} len {len}"
+                );
+                assert!(dst[..off].iter().all(|&b| b == 0xEE));
+                assert!(dst[off + len..].iter().all(|&b| b == 0xEE));
+            }
+        }
+        assert!(default_stream_bytes() >= 64 << 10);
+    }
+
+    /// With parts written on different nodes, every page is bound to the node of the part that
+    /// writes its first byte, for every attribute; with one node the binding is one segment.
+    #[test]
+    fn wanted_binding_follows_the_writer_of_each_page() {
+        let topo = Topology::flat(loci_place::sys::get_affinity(0).unwrap(), "test");
+        let l = Layout::new(
+            vec![crate::Dim::new("a", 300), crate::Dim::new("b", 40)],
+            vec![
+                crate::Attr::new("v", crate::DType::F64),
+                crate::Attr::new("w", crate::DType::U16),
+            ],
+            &crate::Chunking::Shape(vec![100, 40]),
+        )
+        .unwrap();
+        let src = Array::from_fn(l, &topo, |_, c| c[0] as f64).unwrap();
+        let b = vec![10..290, 0..40];
+        let parts = plan_parts(src.layout(), &b, 4, Some(3000));
+        assert!(parts.len() > 8);
+        let nodes: Vec<u32> = (0..parts.len()).map(|i| (i % 3) as u32).collect();
+        let out = src.layout().sub_layout(&b);
+        let (len, chunks) = Array::plan_chunks(&out, |_| Home::Unknown);
+        let bind = wanted_binding(&src, &parts, &nodes, &chunks, len);
+        assert_eq!(bind.len(), len);
+        let ps = loci_place::sys::page_size();
+        let mut checked = 0;
+        for (p, &n) in parts.iter().zip(&nodes) {
+            let c = &chunks[p.dst];
+            for (a, sz) in [(0, 8), (1, 2)] {
+                let from = c.offset + c.attr_off[a] + p.dst_offset * sz;
+                let to = from + p.len() * sz;
+                let mut page = from.next_multiple_of(ps);
+                while page < to {
+                    assert_eq!(bind.node_at(page), Some(n), "page {page} of part {p:?}");
+                    page += ps;
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 10);
+        let one = wanted_binding(&src, &parts, &vec![2; parts.len()], &chunks, len + ps);
+        assert_eq!(one.segments(), &[(0..len + ps, 2)]);
     }
 
     #[test]

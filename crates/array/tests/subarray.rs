@@ -80,8 +80,25 @@ fn run(
         // One thread: the calling thread copies (the inline path); more: always the pinned
         // threads, whatever the result's size, so both paths meet the reference.
         inline_bytes: if threads == 1 { usize::MAX } else { 0 },
+        inline_bytes_pooled: 0,
+        // Streaming stores for every run with an even thread count, regular ones otherwise.
+        stream_bytes: if threads % 2 == 0 { 0 } else { usize::MAX },
+        // The process-wide result-buffer pool: results reuse the memory of earlier ones (of
+        // other sizes and boxes), so stale bytes would show up as differences.
+        pool: Some(BufferPool::global().clone()),
     };
     let (out, stats) = subarray(src, b, &pin, &opts, &topo).unwrap();
+    // One node here: every thread's node is known, so a non-empty result is bound and pooled.
+    if out.arena().is_empty() {
+        assert_eq!(stats.pool, PoolOutcome::Empty);
+    } else {
+        assert!(
+            matches!(stats.pool, PoolOutcome::Hit | PoolOutcome::Miss),
+            "{:?}",
+            stats.pool
+        );
+        assert!(out.chunks().iter().all(|c| c.home == Home::Node(0)));
+    }
     let copied: usize = stats.bytes_per_thread.iter().sum();
     assert_eq!(
         copied,
@@ -338,6 +355,7 @@ fn small_results_are_copied_inline_unless_told_otherwise() {
     for (inline, threads_used) in [(loci_array::subarray::INLINE_BYTES, 1), (0, 3)] {
         let opts = SubarrayOptions {
             inline_bytes: inline,
+            inline_bytes_pooled: 0,
             ..Default::default()
         };
         let (out, stats) = subarray(&src, &b, &pin, &opts, &topo).unwrap();

@@ -17,6 +17,10 @@ fn suite(topology: &str) {
         .timeout(Duration::from_secs(400))
         .run(CHECK, &["64"])
         .unwrap_or_else(|e| panic!("{e}"));
+    // The measured notes (ratios, pool reuse, pages per node) for the test log.
+    for l in out.stdout.lines().filter(|l| l.starts_with('#')) {
+        println!("VM {topology}: {l}");
+    }
     let report = out.checks();
     let ran: BTreeSet<&str> = report.names().into_iter().collect();
     for want in [
@@ -25,6 +29,9 @@ fn suite(topology: &str) {
         "array/subarray/home/threads-where-planned",
         "array/subarray/home/local-access>=0.95",
         "array/subarray/equals-reference",
+        "array/pool/reuse-same-node",
+        "array/pool/never-across-nodes",
+        "array/pool/spread-binding-pages-where-planned",
     ] {
         assert!(
             ran.contains(want),

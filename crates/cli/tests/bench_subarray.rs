@@ -82,6 +82,73 @@ fn tiny_sweep_gives_a_row_per_case_and_strategy() {
     }
     // The search cached its winners in the private cache directory.
     assert!(dir.join("loci").join("search.json").is_file());
+    // The result-buffer pool is on by default: recorded, counted per row and in total.
+    assert_eq!(v["params"]["pool"], "on", "{}", v["params"]);
+    let st = &v["params"]["pool_stats"];
+    assert!(st["hits"].as_u64().unwrap() > 0, "{st}");
+    for r in &loci {
+        assert_eq!(r["extra"]["pool"], "on", "{r}");
+        assert!(r["extra"]["pool_hits"].as_u64().is_some(), "{r}");
+    }
+    let dsts: std::collections::BTreeSet<&str> = rows
+        .iter()
+        .filter(|r| r["system"] == "memcpy")
+        .map(|r| r["config"]["dst"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        dsts.into_iter().collect::<Vec<_>>(),
+        ["new-mapping", "prefaulted"]
+    );
+    // The bars are printed from the run's own rows.
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("vs memcpy into a prefaulted buffer") && out.contains("result-buffer pool"),
+        "{out}"
+    );
+    // --pool off: fresh memory for every result, no pool counters, the same results.
+    let off = dir.join("off.json");
+    let o = bench(
+        &[
+            "--size",
+            "262144",
+            "--chunks",
+            "10",
+            "--selectivity",
+            "0.5",
+            "--span",
+            "all",
+            "--threads",
+            "compact",
+            "--peers",
+            "memcpy",
+            "--reps",
+            "2",
+            "--pool",
+            "off",
+            "--json",
+            off.to_str().unwrap(),
+        ],
+        &dir,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let w: Value = serde_json::from_str(&std::fs::read_to_string(&off).unwrap()).unwrap();
+    assert_eq!(w["params"]["pool"], "off");
+    assert!(w["params"].get("pool_stats").is_none(), "{}", w["params"]);
+    let row = w["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["system"] == "loci")
+        .unwrap();
+    assert_eq!(row["extra"]["pool"], "off");
+    assert!(row["extra"].get("pool_hits").is_none(), "{row}");
+    let on_sum = loci
+        .iter()
+        .find(|r| r["case"] == "c10/all/s0.5")
+        .map(|r| r["extra"]["sum32"].clone())
+        .unwrap();
+    assert_eq!(row["extra"]["sum32"], on_sum);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("result-buffer pool: off"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -93,6 +160,7 @@ fn bad_input_is_refused_before_work() {
         (vec!["--selectivity", "1.5"], "not in (0, 1]"),
         (vec!["--threads", "spread"], "search"),
         (vec!["--peers", "pandas"], "numpy, xarray, tiledb, memcpy"),
+        (vec!["--pool", "maybe"], "[possible values: on, off]"),
     ] {
         let mut all = vec!["--size", "262144", "--peers", "memcpy"];
         all.extend(args.iter());

@@ -9,15 +9,18 @@
 //!    planned for them, and the local-access ratio is >= 0.95 (the round-robin bound volume's
 //!    ratio, which a static schedule caps at 1/2 here, is reported);
 //! 4. the same query under `compact` (every thread on the first node(s)) is reported for contrast;
-//! 5. results equal a slice of the dense volume.
+//! 5. results equal a slice of the dense volume;
+//! 6. the result-buffer pool: a dropped result's memory serves the next result on the same node
+//!    (pages still there), never one on another node (that one gets fresh memory on its node),
+//!    and a result spread over every node, reused, has each page on the node its binding names.
 //!
 //! Usage: loci-array-vm-check [SIDE]   (volume SIDE^3 f32, default 96)
 
 use loci_array::search::home_pinning;
 use loci_array::strategy::{static_pinning, RunInfo, ThreadStrategy};
 use loci_array::{
-    seismic_layout, subarray, Array, BuildOptions, ChunkMem, Chunking, DType, Home, ModelWorkload,
-    Pinning, Query, Seismic, Span, SubarrayOptions,
+    seismic_layout, subarray, Array, BufferPool, BuildOptions, ChunkMem, Chunking, DType, Home,
+    ModelWorkload, Pinning, PoolOutcome, Query, Seismic, Span, SubarrayOptions,
 };
 
 fn line(name: &str, r: Result<String, String>, failed: &mut bool) {
@@ -127,6 +130,7 @@ fn main() {
         sample_locality: true,
         // Placement is the point here: the pinned threads copy even a small result.
         inline_bytes: 0,
+        inline_bytes_pooled: 0,
         ..Default::default()
     };
     let planned = home.single_cpus().expect("one cpu per thread");
@@ -215,5 +219,145 @@ fn main() {
         },
         &mut failed,
     );
+
+    // 6. The result-buffer pool keeps placement: a result pinned on node A, dropped, serves the
+    // next result on A (same memory, pages still on A); a result on node B does not get it (a
+    // fresh buffer, pages on B); a result spread over every node (the `home` pinning) reused
+    // from the pool has every sampled page on the node its binding names.
+    let nodes_with_cpus: Vec<u32> = mems
+        .iter()
+        .filter(|&n| !topo.allowed_cpus_of(n).is_empty())
+        .collect();
+    if nodes_with_cpus.len() >= 2 {
+        let (na, nb) = (nodes_with_cpus[0], nodes_with_cpus[1]);
+        let pool = BufferPool::new(1 << 30);
+        let popts = SubarrayOptions {
+            pool: Some(pool.clone()),
+            inline_bytes: 0,
+            inline_bytes_pooled: 0,
+            // Streaming stores into the bound pages (placement is set before the first touch,
+            // whatever kind of store touches first).
+            stream_bytes: 0,
+            ..Default::default()
+        };
+        let on = |n: u32| Pinning::on_cpus(&topo.allowed_cpus_of(n).iter().collect::<Vec<_>>());
+        let run = |p: &Pinning| subarray(&bound, &q.bounds, p, &popts, &topo);
+        let first = run(&on(na));
+        let addr = first.as_ref().map(|(r, _)| r.arena().as_ptr()).ok();
+        let first_ok = match &first {
+            Err(e) => Err(e.to_string()),
+            Ok((r, st)) if st.pool != PoolOutcome::Miss => Err(format!(
+                "first result: pool {:?}, want miss ({} B)",
+                st.pool,
+                r.arena().len()
+            )),
+            Ok((r, _)) => result_pages_on(r, na),
+        };
+        drop(first);
+        line(
+            "array/pool/reuse-same-node",
+            first_ok.and_then(|_| match run(&on(na)) {
+                Err(e) => Err(e.to_string()),
+                Ok((r, st)) => {
+                    if st.pool != PoolOutcome::Hit || Some(r.arena().as_ptr()) != addr {
+                        Err(format!(
+                            "second result on node {na}: pool {:?}, same memory: {}",
+                            st.pool,
+                            Some(r.arena().as_ptr()) == addr
+                        ))
+                    } else {
+                        result_pages_on(&r, na).map(|n| format!("node {na}, reused: {n}"))
+                    }
+                }
+            }),
+            &mut failed,
+        );
+        // The node-A buffer is in the pool now; a result on B must not get it.
+        let other = run(&on(nb));
+        line(
+            "array/pool/never-across-nodes",
+            match &other {
+                Err(e) => Err(e.to_string()),
+                Ok((r, st)) => {
+                    if st.pool == PoolOutcome::Hit || Some(r.arena().as_ptr()) == addr {
+                        Err(format!("result on node {nb} got pooled memory ({:?}) while only node {na}'s buffer was pooled", st.pool))
+                    } else {
+                        let held = pool.stats().buffers_held;
+                        result_pages_on(r, nb).and_then(|n| {
+                            (held == 1)
+                                .then(|| format!("node {nb}: {n}; node {na}'s buffer still pooled"))
+                                .ok_or(format!("pool holds {held} buffers, want node {na}'s one"))
+                        })
+                    }
+                }
+            },
+            &mut failed,
+        );
+        drop(other);
+        // Spread over every node: bound per page to the node of its writer, and so when reused.
+        let spread = |_: ()| subarray(&bound, &q.bounds, &home, &popts, &topo);
+        let r1 = spread(());
+        drop(r1);
+        line(
+            "array/pool/spread-binding-pages-where-planned",
+            match spread(()) {
+                Err(e) => Err(e.to_string()),
+                Ok((r, st)) => {
+                    let b = r.arena().binding().cloned();
+                    match (st.pool, b) {
+                        (PoolOutcome::Hit, Some(b)) => pages_follow_binding(&r, &b),
+                        (o, b) => Err(format!("second spread result: pool {o:?}, binding {b:?}")),
+                    }
+                }
+            },
+            &mut failed,
+        );
+    } else {
+        println!("# array/pool: fewer than 2 nodes with cpus and memory, pool checks skipped");
+    }
     std::process::exit(if failed { 1 } else { 0 });
+}
+
+/// Every sampled page of a result's memory (64 samples over its length) is on `node`.
+fn result_pages_on(r: &Array, node: u32) -> Result<String, String> {
+    let len = r.arena().len();
+    let offs: Vec<usize> = (0..64).map(|i| i * len / 64).collect();
+    let st = r.arena().nodes_at(&offs).map_err(|e| e.to_string())?;
+    let b = loci_place::verify::BufferPages::from_statuses(&st);
+    b.check_all_on(&loci_topo::NodeSet::single(node))
+        .map(|_| format!("{} sampled pages on node {node}", st.len()))
+}
+
+/// Every page of a result's memory (one sample per page, at most 4096 pages) is on the node its
+/// binding names, and the binding spans more than one node.
+fn pages_follow_binding(r: &Array, b: &loci_array::Binding) -> Result<String, String> {
+    let ps = loci_place::sys::page_size();
+    let len = r.arena().len();
+    let step = (len.div_ceil(ps) / 4096).max(1) * ps;
+    let offs: Vec<usize> = (0..len).step_by(step).collect();
+    let st = r.arena().nodes_at(&offs).map_err(|e| e.to_string())?;
+    let mut wrong = Vec::new();
+    for (&o, &n) in offs.iter().zip(&st) {
+        let want = b.node_at(o).map(|x| x as i32);
+        if Some(n) != want {
+            wrong.push(format!("offset {o}: page on {n}, bound to {want:?}"));
+        }
+    }
+    let nodes: std::collections::BTreeSet<u32> = b.segments().iter().map(|s| s.1).collect();
+    if !wrong.is_empty() {
+        return Err(format!(
+            "{} of {} pages off their binding: {}",
+            wrong.len(),
+            offs.len(),
+            wrong[..wrong.len().min(4)].join("; ")
+        ));
+    }
+    if nodes.len() < 2 {
+        return Err(format!("the spread result is bound to one node only ({b})"));
+    }
+    Ok(format!(
+        "{} pages on their bound node, {} segments over nodes {nodes:?}",
+        offs.len(),
+        b.segments().len()
+    ))
 }

@@ -86,7 +86,9 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             let rep = subarray::run(a)?;
             finish(&rep, &common, |r| {
                 r.system == "loci" && r.config.get("threads").map(String::as_str) == Some("os")
-            })
+            })?;
+            print!("{}", subarray::goals(&rep));
+            Ok(())
         }
         BenchCmd::Alloc(a) => {
             let common = a.common.clone();

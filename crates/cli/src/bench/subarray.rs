@@ -15,8 +15,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use loci_array::strategy::{choose, RunInfo, ThreadStrategy};
 use loci_array::{
-    seismic_layout, subarray, Array, BuildOptions, ChunkMem, Chunking, DType, Evaluator,
-    ModelWorkload, Pinning, Query, Region, SearchCache, SearchConfig, Seismic, Span,
+    seismic_layout, subarray, Array, BufferPool, BuildOptions, ChunkMem, Chunking, DType,
+    Evaluator, ModelWorkload, Pinning, Query, Region, SearchCache, SearchConfig, Seismic, Span,
     SubarrayOptions,
 };
 use loci_report::{Machine, Report, Row};
@@ -61,6 +61,14 @@ pub struct SubarrayArgs {
     /// Do not ask for transparent huge pages for the volume and the results.
     #[arg(long)]
     pub no_huge_pages: bool,
+    /// Result-buffer pool: `on` (default) gives a dropped result's memory (already faulted in,
+    /// bound to the node that wrote it) to the next result bound the same way; `off` maps fresh
+    /// memory for every result (page faults and kernel zeroing on every page, like a new malloc).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub pool: String,
+    /// Byte cap of the result-buffer pool (default: 1 GiB or an eighth of the memory, the smaller).
+    #[arg(long)]
+    pub pool_cap: Option<usize>,
     /// Python with numpy/xarray/tiledb (default: bench/peers/.venv/bin/python).
     #[arg(long)]
     pub python: Option<PathBuf>,
@@ -214,8 +222,17 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
         pinning: Pinning::on_cpus(&cpus),
         huge_pages: huge,
     };
+    let pool = (a.pool == "on").then(|| {
+        let p = BufferPool::global().clone();
+        if let Some(cap) = a.pool_cap {
+            p.set_cap(cap);
+        }
+        p
+    });
+    let pool_cap = pool.as_ref().map(|p| p.cap());
     let opts = SubarrayOptions {
         huge_pages: huge,
+        pool: pool.clone(),
         ..Default::default()
     };
     let mut cache = SearchCache::default_path().map(|p| SearchCache::open(&p));
@@ -226,6 +243,8 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
             "chunks": a.chunks, "selectivity": a.selectivity, "span": a.span,
             "threads": nthreads, "mem": mem.to_string(), "huge_pages": huge, "reps": reps,
             "seed": Seismic::default().seed, "layers": Seismic::default().layers,
+            "pool": a.pool, "pool_cap": pool_cap, "stream_bytes": opts.stream_bytes,
+            "inline_bytes": opts.inline_bytes, "inline_bytes_pooled": opts.inline_bytes_pooled,
         }),
         Machine::of(&topo),
     );
@@ -299,12 +318,17 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                     }
                     let mut times = Vec::with_capacity(reps);
                     let mut last = None;
+                    let before = pool.as_ref().map(|p| p.stats());
                     for _ in 0..reps {
                         let t = Instant::now();
                         let (r, _) = subarray(&src, &q.bounds, &choice.pinning, &opts, &topo)?;
                         times.push(t.elapsed().as_secs_f64());
+                        // The previous result is dropped here, after the next one was made (as
+                        // the Python peers' `out = fn()` does): the pool serves rep k with the
+                        // memory of rep k-2 (or of the strategy's trials).
                         last = Some(r);
                     }
+                    let during = pool.as_ref().zip(before).map(|(p, b)| p.stats().since(&b));
                     let result = last.expect("reps > 0");
                     let sum = sum32(&result.to_dense(0));
                     loci_sums.insert(case.clone(), sum);
@@ -328,7 +352,14 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                         .extra("parts", stats.parts)
                         .extra("result_bytes", bytes)
                         .extra("selectivity_real", q.selectivity)
-                        .extra("sum32", sum);
+                        .extra("sum32", sum)
+                        .extra("pool", &a.pool);
+                    if let Some(d) = during {
+                        row = row
+                            .extra("pool_hits", d.hits)
+                            .extra("pool_misses", d.misses)
+                            .extra("pool_bypassed", d.bypassed);
+                    }
                     if !choice.trials.is_empty() {
                         row = row.extra(
                             "trial_times_s",
@@ -359,7 +390,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                         fresh.push(t.elapsed().as_secs_f64());
                         std::hint::black_box(&r);
                     }
-                    for (dst, times) in [("prefaulted", warm), ("new mapping", fresh)] {
+                    for (dst, times) in [("prefaulted", warm), ("new-mapping", fresh)] {
                         rep.results.push(
                             Row::from_times("memcpy", times)
                                 .case(&case)
@@ -452,5 +483,105 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
         }
     }
     pb.finish();
+    if let Some(p) = &pool {
+        let st = p.stats();
+        rep.params["pool_stats"] = serde_json::to_value(st)?;
+    }
     Ok(rep)
+}
+
+/// Median of a non-empty list.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// The issue's bars from this run: per case, `search` (else the first loci strategy) against
+/// numpy (speed-up, bar 1.3x) and against both memcpy peers (bandwidth ratio, bar 0.8x), and the
+/// result-buffer pool's counters.
+pub fn goals(rep: &Report) -> String {
+    let mut cases: Vec<&str> = Vec::new();
+    for r in &rep.results {
+        if let Some(c) = r.case.as_deref() {
+            if !cases.contains(&c) {
+                cases.push(c);
+            }
+        }
+    }
+    let mut ratios: [(Vec<f64>, &str, f64); 3] = [
+        (Vec::new(), "numpy (speed-up)", 1.3),
+        (
+            Vec::new(),
+            "memcpy into a prefaulted buffer (the limit)",
+            0.8,
+        ),
+        (
+            Vec::new(),
+            "memcpy into a new mapping (page faults included)",
+            0.8,
+        ),
+    ];
+    for case in &cases {
+        let rows: Vec<&Row> = rep.rows_of(Some(case)).collect();
+        let loci = rows
+            .iter()
+            .filter(|r| r.system == "loci")
+            .find(|r| r.config.get("threads").map(String::as_str) == Some("search"))
+            .or_else(|| rows.iter().find(|r| r.system == "loci"));
+        let Some(loci) = loci else { continue };
+        let peer = |sys: &str, dst: Option<&str>| {
+            rows.iter()
+                .find(|r| {
+                    r.system == sys
+                        && dst.is_none_or(|d| r.config.get("dst").map(String::as_str) == Some(d))
+                })
+                .map(|r| r.median_s / loci.median_s)
+        };
+        for (i, p) in [
+            peer("numpy", None),
+            peer("memcpy", Some("prefaulted")),
+            peer("memcpy", Some("new-mapping")),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if let Some(x) = p {
+                ratios[i].0.push(x);
+            }
+        }
+    }
+    let mut out = String::from(
+        "
+subarray goals (loci `search`, or the first loci strategy, per case; medians of the reps):
+",
+    );
+    for (v, what, bar) in ratios {
+        if v.is_empty() {
+            continue;
+        }
+        let n = v.len();
+        let met = v.iter().filter(|&&x| x >= bar).count();
+        out += &format!(
+            "  vs {what}: median {:.2}x, {met} of {n} cases >= {bar}x\n",
+            median(v)
+        );
+    }
+    match rep.params.get("pool_stats") {
+        Some(st) => {
+            out += &format!(
+                "  result-buffer pool (cap {} MiB): {} hits, {} misses, {} bypassed, {} evicted; {} MiB in {} buffers held at the end\n",
+                st["cap"].as_u64().unwrap_or(0) >> 20,
+                st["hits"], st["misses"], st["bypassed"], st["evicted"],
+                st["bytes_held"].as_u64().unwrap_or(0) >> 20,
+                st["buffers_held"],
+            );
+        }
+        None => out += "  result-buffer pool: off (every result in fresh memory)\n",
+    }
+    out
 }

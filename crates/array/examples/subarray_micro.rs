@@ -1,0 +1,96 @@
+//! Micro-measurement of one repeated `subarray` query, for the choices inside it that the full
+//! benchmark (`loci bench subarray`) cannot isolate: the result-buffer pool on or off, the inline
+//! thresholds, and streaming stores (with `ALT=1`, stream and regular runs alternate in one
+//! process, so both see the same machine load).
+//!
+//! ```text
+//! cargo build --release -p loci-array --example subarray_micro
+//! ALT=1 SIDE=320 COUNT=100 SEL=0.7 SPAN=all N=40 target/release/examples/subarray_micro on
+//! ```
+//!
+//! Argument: `on` (default) or `off` (the pool). Environment: `SIDE` (volume side, f32 cells;
+//! 256), `COUNT` (chunks; 1000), `SPAN` (one, fifth, all; one), `SEL` (selectivity; 0.2), `N`
+//! (queries; 200000), `INLINE` (`inline_bytes`; 1 MiB), `STREAM` (`stream_bytes`; the largest
+//! cache), `ALT` (set: alternate streaming on and off and print min and median of each).
+//! Two threads, on cpus 0 and 1 (or the allowed cpus, repeated).
+
+use std::time::Instant;
+
+use loci_array::*;
+
+fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v} does not parse")),
+        Err(_) => default,
+    }
+}
+
+fn main() -> Result<(), ArrayError> {
+    let topo = loci_topo::load(&loci_topo::Source::live())
+        .map_err(|e| ArrayError::Parse(format!("topology: {e}")))?;
+    let side: usize = env("SIDE", 256);
+    let layout = seismic_layout(
+        [side, side, side],
+        DType::F32,
+        &Chunking::Count(env("COUNT", 1000)),
+    )?;
+    let gen = BuildOptions {
+        huge_pages: true,
+        ..BuildOptions::first_touch(2)
+    };
+    let src = Array::build(layout, &gen, &topo, |c| Seismic::default().fill(c))?;
+    let span: Span = env("SPAN", "one".to_string()).parse()?;
+    let q = Query::new(src.layout(), span, env("SEL", 0.2))?;
+    let cpus: Vec<u32> = topo.allowed_cpus().iter().collect();
+    let pin = Pinning::on_cpus(&[cpus[0], cpus[1 % cpus.len()]]);
+    let pool = std::env::args().nth(1).unwrap_or("on".into()) == "on";
+    let opts = SubarrayOptions {
+        huge_pages: true,
+        pool: pool.then(|| BufferPool::global().clone()),
+        inline_bytes: env("INLINE", subarray::INLINE_BYTES),
+        stream_bytes: env("STREAM", subarray::default_stream_bytes()),
+        ..Default::default()
+    };
+    let n: usize = env("N", 200_000);
+    let mut last = None;
+    if std::env::var("ALT").is_ok() {
+        let mut t = [Vec::new(), Vec::new()];
+        for i in 0..n {
+            let o = SubarrayOptions {
+                stream_bytes: if i % 2 == 0 { 0 } else { usize::MAX },
+                ..opts.clone()
+            };
+            let s = Instant::now();
+            let (r, _) = subarray(&src, &q.bounds, &pin, &o, &topo)?;
+            t[i % 2].push(s.elapsed().as_secs_f64() * 1e3);
+            last = Some(r);
+        }
+        let bytes = last.map_or(0, |r| r.arena().len());
+        for (k, v) in t.iter_mut().enumerate() {
+            v.sort_by(f64::total_cmp);
+            println!(
+                "{} ({bytes} B): min {:.3} ms, median {:.3} ms",
+                ["stream", "regular"][k],
+                v[0],
+                v[v.len() / 2]
+            );
+        }
+        return Ok(());
+    }
+    let t = Instant::now();
+    for _ in 0..n {
+        let (r, _) = subarray(&src, &q.bounds, &pin, &opts, &topo)?;
+        last = Some(r);
+    }
+    let per = t.elapsed().as_secs_f64() / n.max(1) as f64;
+    let bytes = last.map_or(0, |r| r.arena().len());
+    println!(
+        "pool {}: {:.2} us per subarray of {bytes} B; {:?}",
+        if pool { "on" } else { "off" },
+        per * 1e6,
+        BufferPool::global().stats()
+    );
+    Ok(())
+}
