@@ -62,24 +62,29 @@ pub struct Row {
     pub extra: BTreeMap<String, serde_json::Value>,
 }
 
+/// The median of `values` (the mean of the two middle ones for an even count); None when empty.
+/// Every `median_s` of the result format is this.
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
 impl Row {
     /// A row from repeated timings. `work` units per run give the throughput at the median.
     /// Panics on an empty `times` (a benchmark that measured nothing is a bug in the benchmark).
     pub fn from_times(system: &str, times: Vec<f64>) -> Self {
-        assert!(!times.is_empty(), "a result row needs at least one timing");
-        let mut sorted = times.clone();
-        sorted.sort_by(f64::total_cmp);
-        let n = sorted.len();
-        let median = if n % 2 == 1 {
-            sorted[n / 2]
-        } else {
-            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
-        };
+        let median_s = median(&times).expect("a result row needs at least one timing");
         Row {
             system: system.to_string(),
-            min_s: sorted[0],
-            max_s: sorted[n - 1],
-            median_s: median,
+            min_s: times.iter().copied().fold(f64::INFINITY, f64::min),
+            max_s: times.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            median_s,
             times_s: times,
             ..Default::default()
         }
@@ -332,6 +337,10 @@ mod tests {
         assert_eq!(r.throughput, Some(3.0));
         let even = Row::from_times("x", vec![4.0, 1.0, 2.0, 3.0]);
         assert_eq!(even.median_s, 2.5);
+        assert_eq!((even.min_s, even.max_s), (1.0, 4.0));
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[5.0]), Some(5.0));
+        assert_eq!(median(&[9.0, -1.0, 0.5]), Some(0.5));
         let mut rep = Report::new(
             "w2",
             serde_json::json!({"rows": 10}),

@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use loci_report::{Machine, Report, Row};
+use loci_report::{median, Machine, Report, Row};
 use serde::{Deserialize, Serialize};
 
 #[derive(Args, Debug)]
@@ -337,7 +337,7 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
                 .config("threads", threads)
                 .work(work, unit)
                 .extra("rss_over_requested", rss as f64 / req.max(1) as f64)
-                .extra("cpu_s_median", median(&mut cpus))
+                .extra("cpu_s_median", median(&cpus).unwrap_or(0.0))
                 .extra(
                     "max_rss_bytes",
                     results.iter().map(|r| r.max_rss_bytes).max(),
@@ -467,18 +467,6 @@ fn children_cpu() -> f64 {
     unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
     let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 * 1e-6;
     t(ru.ru_utime) + t(ru.ru_stime)
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        0.0
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 fn rss_now() -> u64 {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use clap::Args;
-use loci_report::{Machine, Report, Row};
+use loci_report::{median, Machine, Report, Row};
 use loci_sched::workload::{
     aggregate, check_checksums, locality_check, pipeline_expected, produce, run_pipelines_into,
     transform, tree, PipelineSpec,
@@ -320,7 +320,7 @@ pub fn run(a: SchedArgs) -> anyhow::Result<Report> {
             }
         }
         for (((sys, t), b), c) in systems.iter().zip(times).zip(&before).zip(cpu) {
-            let cpu_med = median(c);
+            let cpu_med = median(&c).unwrap_or(0.0);
             let mut row = Row::from_times(&sys.name, t)
                 .case(case)
                 .config("threads", threads)
@@ -349,18 +349,6 @@ fn process_cpu_s() -> f64 {
     // SAFETY: clock_gettime writes one timespec into `ts`, which lives for the call.
     unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        0.0
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// Prints the counters of the loci rows (after the table).

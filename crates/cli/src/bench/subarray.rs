@@ -19,7 +19,7 @@ use loci_array::{
     Evaluator, ModelWorkload, Pinning, Query, Region, SearchCache, SearchConfig, Seismic, Span,
     SubarrayOptions,
 };
-use loci_report::{Machine, Report, Row};
+use loci_report::{median, Machine, Report, Row};
 use loci_topo::Topology;
 
 #[derive(Args, Debug)]
@@ -490,17 +490,6 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
     Ok(rep)
 }
 
-/// Median of a non-empty list.
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 /// The bars from this run: per case, `search` (else the first loci strategy) against
 /// numpy (speed-up, bar 1.3x) and against both memcpy peers (bandwidth ratio, bar 0.8x), and the
 /// result-buffer pool's counters.
@@ -568,7 +557,7 @@ subarray goals (loci `search`, or the first loci strategy, per case; medians of 
         let met = v.iter().filter(|&&x| x >= bar).count();
         out += &format!(
             "  vs {what}: median {:.2}x, {met} of {n} cases >= {bar}x\n",
-            median(v)
+            median(&v).unwrap_or(0.0)
         );
     }
     match rep.params.get("pool_stats") {
