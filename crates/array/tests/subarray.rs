@@ -82,7 +82,11 @@ fn run(
         inline_bytes: if threads == 1 { usize::MAX } else { 0 },
         inline_bytes_pooled: 0,
         // Streaming stores for every run with an even thread count, regular ones otherwise.
-        stream_bytes: if threads % 2 == 0 { 0 } else { usize::MAX },
+        stream_bytes: if threads.is_multiple_of(2) {
+            0
+        } else {
+            usize::MAX
+        },
         // The process-wide result-buffer pool: results reuse the memory of earlier ones (of
         // other sizes and boxes), so stale bytes would show up as differences.
         pool: Some(BufferPool::global().clone()),
