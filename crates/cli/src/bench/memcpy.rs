@@ -23,16 +23,16 @@ pub fn run(a: MemcpyArgs) -> anyhow::Result<Report> {
     let reps = a.common.reps.unwrap_or(if a.common.quick { 3 } else { 5 });
     anyhow::ensure!(bytes > 0, "--bytes must be positive");
     anyhow::ensure!(reps > 0, "--reps must be positive");
-    let src = vec![0x5au8; bytes];
+    let src = super::memcpy_source(bytes);
     let mut dst = vec![0u8; bytes];
     let mut times = Vec::with_capacity(reps);
     for _ in 0..reps {
         let t = Instant::now();
-        dst.copy_from_slice(&src);
+        dst.copy_from_slice(std::hint::black_box(&src));
         std::hint::black_box(&mut dst);
         times.push(t.elapsed().as_secs_f64());
     }
-    anyhow::ensure!(dst[bytes / 2] == 0x5a, "copy did not happen");
+    anyhow::ensure!(super::copied(&src, &dst), "copy did not happen");
     let topo = crate::this_machine()?;
     let mut rep = Report::new(
         "memcpy",

@@ -156,3 +156,51 @@ pub fn finish(
     }
     Ok(())
 }
+
+/// The source of a memcpy peer: `bytes` bytes of varied data, hidden from the optimizer.
+///
+/// A source made as `vec![c; n]` lets LLVM see that it holds one repeated byte and turn the
+/// peer's copy into a `memset` of the destination (no source read at all: half the memory
+/// traffic of a copy, so the "memcpy limit" came out twice as fast as any real copy). The data
+/// here varies per word and reaches the copy through `black_box`, so the peer reads every byte.
+pub fn memcpy_source(bytes: usize) -> Vec<u8> {
+    let mut v = vec![0u8; bytes];
+    for (i, w) in v.chunks_mut(8).enumerate() {
+        let x = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes();
+        w.copy_from_slice(&x[..w.len()]);
+    }
+    std::hint::black_box(v)
+}
+
+/// Whether `dst` holds a copy of `src`, checked at a few spread positions (cheap; it catches a
+/// copy that was skipped or replaced by a fill).
+pub fn copied(src: &[u8], dst: &[u8]) -> bool {
+    src.len() == dst.len()
+        && (0..16).all(|k| {
+            let i = k * src.len() / 16;
+            src.get(i..(i + 8).min(src.len())) == dst.get(i..(i + 8).min(dst.len()))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The memcpy peer's source is not one repeated byte (which the optimizer folds into a
+    /// memset of the destination), and `copied` tells a copy from a fill or a skipped copy.
+    #[test]
+    fn memcpy_source_varies_and_copied_checks_the_bytes() {
+        let src = memcpy_source(1 << 16);
+        assert_eq!(src.len(), 1 << 16);
+        assert!(src.windows(2).any(|w| w[0] != w[1]));
+        assert!(src[..8] != src[8..16]);
+        let mut dst = vec![0u8; src.len()];
+        assert!(!copied(&src, &dst));
+        dst.fill(src[0]);
+        assert!(!copied(&src, &dst));
+        dst.copy_from_slice(&src);
+        assert!(copied(&src, &dst));
+        assert!(!copied(&src, &dst[1..]));
+        assert_eq!(memcpy_source(13).len(), 13);
+    }
+}

@@ -372,23 +372,36 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                 }
                 if a.peers.iter().any(|p| p == "memcpy") {
                     pb.start(format!("{case} memcpy"));
-                    let srcbuf = vec![0x5au8; bytes];
-                    let mut pre = vec![0u8; bytes];
+                    let srcbuf = super::memcpy_source(bytes);
+                    // The limit: a destination mapped like loci's results (huge pages as asked)
+                    // and written once before the clock starts.
+                    let mut pre = Region::map(bytes, huge)?;
+                    pre.as_mut_slice().fill(1);
                     let mut fresh = Vec::with_capacity(reps);
                     let mut warm = Vec::with_capacity(reps);
                     for _ in 0..reps {
                         let t = Instant::now();
-                        pre.copy_from_slice(&srcbuf);
+                        pre.as_mut_slice()
+                            .copy_from_slice(std::hint::black_box(&srcbuf));
                         warm.push(t.elapsed().as_secs_f64());
                         std::hint::black_box(&mut pre);
                         let t = Instant::now();
                         let r = Region::map(bytes, huge)?;
                         // SAFETY: `r` is a fresh mapping of `bytes` bytes; `srcbuf` has `bytes`.
                         unsafe {
-                            std::ptr::copy_nonoverlapping(srcbuf.as_ptr(), r.as_mut_ptr(), bytes)
+                            std::ptr::copy_nonoverlapping(
+                                std::hint::black_box(srcbuf.as_ptr()),
+                                r.as_mut_ptr(),
+                                bytes,
+                            )
                         };
                         fresh.push(t.elapsed().as_secs_f64());
                         std::hint::black_box(&r);
+                        anyhow::ensure!(
+                            super::copied(&srcbuf, pre.as_slice())
+                                && super::copied(&srcbuf, r.as_slice()),
+                            "memcpy peer: the copy did not happen"
+                        );
                     }
                     for (dst, times) in [("prefaulted", warm), ("new-mapping", fresh)] {
                         rep.results.push(
