@@ -78,7 +78,7 @@ pub struct SubarrayOptions {
     pub inline_bytes_pooled: usize,
     /// Results of at least this many bytes are written with non-temporal (streaming) stores,
     /// which skip reading each destination line first and leave the caches to the source (default
-    /// [`default_stream_bytes`], the largest cache's size; `usize::MAX` never streams).
+    /// [`default_stream_bytes`], a quarter of the largest cache; `usize::MAX` never streams).
     pub stream_bytes: usize,
     /// The result-buffer pool the result's memory comes from and goes back to when the result is
     /// dropped (default: [`BufferPool::global`]); `None` maps fresh memory for every result and
@@ -512,18 +512,19 @@ pub const INLINE_BYTES: usize = 1 << 20;
 /// against 980-1460 us, 18 MB the same either way).
 pub const INLINE_POOLED_BYTES: usize = 4 << 20;
 
-/// Default of [`SubarrayOptions::stream_bytes`] where the cache sizes cannot be read: 32 MiB.
-pub const STREAM_BYTES: usize = 32 << 20;
+/// Default of [`SubarrayOptions::stream_bytes`] where the cache sizes cannot be read: 8 MiB.
+pub const STREAM_BYTES: usize = 8 << 20;
 
-/// Default of [`SubarrayOptions::stream_bytes`]: the size of cpu 0's largest cache (sysfs
-/// `cpu0/cache/index*/size`; [`STREAM_BYTES`] when unreadable). A result that large does not stay
-/// in the caches anyway, so its lines are better written straight to memory; a smaller one is
+/// Default of [`SubarrayOptions::stream_bytes`]: a quarter of cpu 0's largest cache (sysfs
+/// `cpu0/cache/index*/size`; [`STREAM_BYTES`] when unreadable). The cache also holds the source
+/// lines being read and the previous results of a query stream (the pool hands back recently
+/// written buffers), so a result of a quarter of the cache already pushes its own lines out
+/// before anyone reads them: they are better written straight to memory. A smaller result is
 /// better left in the cache. Measured on the development machine (32 MiB L3, pooled result
-/// memory, stream and regular runs interleaved in one process, loaded machine): 92 MB results
-/// (box 0.7 of every chunk of a 128 MiB volume in 1, 10, 100, 1000 chunks) took medians of
-/// 9.1-14.9 ms streamed against 10.9-19.4 ms with regular stores on one thread, 9.5-14.9 against
-/// 13.8-17.2 ms on two; a 2.6 MB result in the cache took 0.12 ms streamed against 0.08 ms, a
-/// 26 MB one the same either way.
+/// memory, 2 threads, streamed and regular queries alternating in one process, medians of 60,
+/// quiet machine, `StreamWriter`): 3.7 MB 0.18 ms streamed against 0.12 ms regular; 5.4 MB 0.74
+/// against 0.98; 8.3 MB 0.37 against 0.36; 10.7 MB 0.96 against 1.14; 22 MB 3.5 against 4.2;
+/// 107 MB 8.5 against 8.8-11; 376 MB 19.0 against 27.
 pub fn default_stream_bytes() -> usize {
     static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *BYTES.get_or_init(|| {
@@ -544,7 +545,10 @@ pub fn default_stream_bytes() -> usize {
                 };
                 num.parse::<usize>().ok().map(|n| n * mul)
             });
-        sizes.max().filter(|&b| b > 0).unwrap_or(STREAM_BYTES)
+        sizes
+            .max()
+            .filter(|&b| b > 0)
+            .map_or(STREAM_BYTES, |b| (b / 4).max(64 << 10))
     })
 }
 
