@@ -227,7 +227,7 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
     if a.cases.iter().any(|c| c == "buffer-passing") {
         anyhow::ensure!(threads >= 2, "buffer-passing needs --threads 2 or more");
     }
-    let reps = a.common.reps.unwrap_or(if a.common.quick { 1 } else { 3 });
+    let reps = a.common.reps.unwrap_or(5);
     anyhow::ensure!(reps > 0, "--reps must be positive");
     let exe = std::env::current_exe().context("cannot find the loci executable")?;
     let loci_lib = a
@@ -284,11 +284,16 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
         Machine::of(&topo),
     );
     for case in &a.cases {
-        for (al, lib) in &chosen {
-            let mut times = Vec::new();
-            let mut results = Vec::new();
-            let mut cpus = Vec::new();
-            for r in 0..reps {
+        // Each rep runs every allocator once, in an order rotated by one per rep (as `loci bench
+        // sched` does): a load spike on the host then hits one rep of every allocator rather
+        // than every rep of one, and the medians stay comparable.
+        let mut times = vec![Vec::new(); chosen.len()];
+        let mut results: Vec<Vec<ChildResult>> = (0..chosen.len()).map(|_| Vec::new()).collect();
+        let mut cpus = vec![Vec::new(); chosen.len()];
+        for r in 0..reps {
+            for k in 0..chosen.len() {
+                let i = (k + r) % chosen.len();
+                let (al, lib) = &chosen[i];
                 let mut cmd = Command::new(&exe);
                 cmd.args(["bench", "alloc", "--child", case])
                     .args(["--threads", &threads.to_string()])
@@ -307,7 +312,7 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
                 std::io::stderr().flush().ok();
                 let cpu0 = children_cpu();
                 let out = cmd.output().context("cannot start the benchmark child")?;
-                cpus.push(children_cpu() - cpu0);
+                cpus[i].push(children_cpu() - cpu0);
                 if !out.status.success() {
                     eprintln!("failed");
                     bail!(
@@ -322,9 +327,14 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
                 let res: ChildResult = serde_json::from_str(line)
                     .with_context(|| format!("child of {} printed {line:?}", al.name))?;
                 eprintln!("{:.3} s", res.seconds);
-                times.push(res.seconds);
-                results.push(res);
+                times[i].push(res.seconds);
+                results[i].push(res);
             }
+        }
+        for (((al, lib), times), (results, cpus)) in
+            chosen.iter().zip(times).zip(results.into_iter().zip(cpus))
+        {
+            // RSS: the worst rep (a user meets the worst case); time: the median rep.
             let rss = results.iter().map(|r| r.rss_bytes).max().unwrap_or(0);
             let req = results.iter().map(|r| r.requested_bytes).max().unwrap_or(0);
             let (work, unit) = if case == "general" {
