@@ -343,7 +343,7 @@ impl StreamWriter {
                 p = p.add(k);
                 n -= k;
                 self.d = self.d.add(k);
-                if self.d as usize % 64 != 0 {
+                if !(self.d as usize).is_multiple_of(64) {
                     return;
                 }
                 let base = self.d.sub(64);
