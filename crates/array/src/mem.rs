@@ -7,6 +7,7 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use loci_place::policy::MemPlan;
 use loci_topo::{NodeSet, Topology};
 use serde::{Deserialize, Serialize};
 
@@ -214,7 +215,6 @@ impl Region {
     /// Sets the policy of the bytes `offset..offset+len` (widened to whole pages; `offset` must
     /// be page aligned) to `home`, before any of them is touched.
     pub fn place(&self, offset: usize, len: usize, home: &Home) -> Result<(), ArrayError> {
-        use loci_place::sys::mode;
         let ps = loci_place::sys::page_size();
         let mapped = self.mapped();
         if len == 0 || mapped == 0 {
@@ -225,14 +225,23 @@ impl Region {
             "page-aligned offset inside the mapping"
         );
         let len = len.next_multiple_of(ps).min(mapped - offset);
-        let (m, nodes) = match home {
-            Home::Node(n) => (mode::MPOL_BIND, NodeSet::single(*n)),
-            Home::Interleave(s) => (mode::MPOL_INTERLEAVE, s.clone()),
+        let plan = match home {
+            Home::Node(n) => MemPlan {
+                policy: "bind",
+                nodes: NodeSet::single(*n),
+            },
+            Home::Interleave(s) => MemPlan {
+                policy: "interleave",
+                nodes: s.clone(),
+            },
             Home::Unknown => return Ok(()),
         };
-        // SAFETY: offset..offset+len is inside this Region's own mapping (checked above).
-        unsafe { loci_place::sys::mbind(self.base().as_ptr().add(offset), len, m, &nodes, 0) }
-            .map_err(|e| ArrayError::Memory(format!("mbind of a chunk to {home} failed: {e}")))
+        // SAFETY: offset..offset+len is inside this Region's own mapping (checked above), and
+        // no page of it is touched yet.
+        unsafe {
+            loci_place::apply::apply_range(&plan, self.base().as_ptr().add(offset), len, false)
+        }
+        .map_err(|e| ArrayError::Memory(format!("placing a chunk on {home}: {e}")))
     }
 
     /// Bytes asked for.

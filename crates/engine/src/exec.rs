@@ -30,16 +30,15 @@
 //! started), which is what the local-access ratio is computed from.
 
 use std::fmt;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::str::FromStr;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Mutex;
 
 use loci_place::strategy::{place_threads, Strategy};
 use loci_place::sys;
 use loci_sched::{Affinity, Config, Ctx, Policy, RequestOptions, Scheduler};
 use loci_topo::{CpuSet, Topology};
 
-use crate::{EngineError, SendPtr, Trace};
+use crate::{EngineError, Trace};
 
 /// How workers are placed on cpus.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -273,48 +272,17 @@ impl Exec {
         }
     }
 
-    /// Runs `f` as the first task of a new request and returns its result once the request and
-    /// every task it spawned are done. `f` may borrow from the caller: loci-sched's `submit` takes
-    /// `'static` closures, and this is the adapter (the scoped-thread pattern): the caller blocks
-    /// until `f` has returned and its captures are gone. Must not be called from inside a task
-    /// (the waiting worker would hold a cpu the request may need).
+    /// Runs `f` as the first task of a new request (`stay_on_node` under `--locality strict`) and
+    /// returns its result once the request and every task it spawned are done; `f` may borrow
+    /// from the caller (`Scheduler::run_with`). A panic inside is resumed here. Must not be
+    /// called from inside a task.
     fn request<R: Send>(&self, f: impl FnOnce(&Ctx) -> R + Send) -> R {
-        let mut out: Option<std::thread::Result<R>> = None;
-        let out_ptr = SendPtr(&mut out as *mut Option<std::thread::Result<R>>);
-        let done = Arc::new((Mutex::new(false), Condvar::new()));
-        let done2 = done.clone();
-        let job = move |ctx: &Ctx| {
-            let r = catch_unwind(AssertUnwindSafe(|| f(ctx)));
-            // SAFETY: the caller waits below until `done` is set, so `out` is alive; nobody else
-            // writes it.
-            unsafe { *out_ptr.ptr() = Some(r) };
-            let (m, cv) = &*done2;
-            *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
-            cv.notify_all();
-            // Only `done2` (an Arc, no borrowed data) is dropped after this point.
-        };
-        let job: Box<dyn FnOnce(&Ctx) + Send + '_> = Box::new(job);
-        // SAFETY: only the lifetime is erased. The job runs exactly once (the scheduler runs every
-        // submitted task, and `self.sched` lives while `&self` does), it consumes `f` and every
-        // borrow before it sets `done`, and this function does not return before `done` is set.
-        let job: Box<dyn FnOnce(&Ctx) + Send + 'static> = unsafe { std::mem::transmute(job) };
         let opts = RequestOptions {
             stay_on_node: self.locality == Locality::Strict,
         };
-        let _handle = self.sched.submit_with(opts, move |ctx: &Ctx| job(ctx));
-        let (m, cv) = &*done;
-        let mut d = m.lock().unwrap_or_else(|e| e.into_inner());
-        while !*d {
-            d = cv.wait(d).unwrap_or_else(|e| e.into_inner());
-        }
-        drop(d);
-        match out
-            .take()
-            .expect("the job wrote its result before setting done")
-        {
-            Ok(v) => v,
-            Err(p) => resume_unwind(p),
-        }
+        self.sched
+            .run_with(opts, f)
+            .unwrap_or_else(|e| panic!("engine request: {e}"))
     }
 
     /// Runs `f` once, on one worker (single-threaded phases: `first-touch-1` generation, an
@@ -500,7 +468,7 @@ mod tests {
         assert_eq!(sums.iter().sum::<u64>(), data.iter().sum::<u64>());
         let (v, node) = ex.one(|| data.len());
         assert_eq!((v, node), (10_000, Some(0)));
-        let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             ex.for_each(&[None; 4], || (), |_, i| assert!(i != 2, "item two failed"))
         }));
         let p = r.err().expect("the panic reaches the caller");

@@ -1195,6 +1195,8 @@ pub enum RequestError {
     Panicked { request: u64, message: String },
     #[error("request {request}: wait() called on a worker thread of the scheduler would block it (use Ctx::scope inside tasks)")]
     WaitOnWorker { request: u64 },
+    #[error("Scheduler::run called on a worker thread of the scheduler would block it (use Ctx::scope inside tasks)")]
+    RunOnWorker,
 }
 
 #[cfg(not(loom))]
@@ -1407,6 +1409,62 @@ impl Scheduler {
         let ng = self.shared.layout.groups.len();
         let g = self.shared.next_group.fetch_add(1, Ordering::Relaxed) % ng;
         self.submit_to(g, opts, f)
+    }
+
+    /// Runs `f` as the first task of a new request and returns its result once every task of
+    /// the request has finished. Unlike [`Scheduler::submit`], `f` and its result may borrow from
+    /// the caller (the scoped-thread pattern: the caller blocks until the request is done, so
+    /// nothing `f` borrowed is used after `run` returns); inside, `ctx.scope` spawns borrowing
+    /// tasks. A panic in `f` (or in a scoped task, which the scope re-raises in `f`) is resumed
+    /// here with its payload; a panic in an unscoped task of the request fails it with
+    /// [`RequestError::Panicked`]. Called on a worker of a scheduler it returns
+    /// [`RequestError::RunOnWorker`] (the waiting worker would hold a cpu the request may need).
+    pub fn run<'a, R, F>(&self, f: F) -> Result<R, RequestError>
+    where
+        R: Send + 'a,
+        F: FnOnce(&Ctx) -> R + Send + 'a,
+    {
+        self.run_with(RequestOptions::default(), f)
+    }
+
+    /// [`Scheduler::run`] with per-request options (see [`RequestOptions`]).
+    pub fn run_with<'a, R, F>(&self, opts: RequestOptions, f: F) -> Result<R, RequestError>
+    where
+        R: Send + 'a,
+        F: FnOnce(&Ctx) -> R + Send + 'a,
+    {
+        #[cfg(not(loom))]
+        if ON_WORKER.with(|w| w.get()) {
+            return Err(RequestError::RunOnWorker);
+        }
+        /// The result slot on the caller's stack, written by the first task.
+        struct Out<R>(*mut Option<std::thread::Result<R>>);
+        // SAFETY: the slot is written by exactly one task and read by the caller only after the
+        // request is done (the request's completion orders the write before the read).
+        unsafe impl<R: Send> Send for Out<R> {}
+        let mut out: Option<std::thread::Result<R>> = None;
+        let slot = Out(&mut out);
+        let job = move |ctx: &Ctx| {
+            let slot = slot;
+            let r = catch_unwind(AssertUnwindSafe(|| f(ctx)));
+            // SAFETY: `out` lives on the stack of `run_with`, which does not return before the
+            // request is done; nobody else writes it.
+            unsafe { *slot.0 = Some(r) };
+        };
+        let job: Box<dyn FnOnce(&Ctx) + Send + 'a> = Box::new(job);
+        // SAFETY: only the lifetime is erased. The first task of a request always runs, exactly
+        // once (the scheduler runs every submitted task and lives as long as `&self`), and
+        // consumes `f` with every borrow in it; `wait` below returns only after every task of
+        // the request has finished, and this function does not return before it.
+        let job: Box<dyn FnOnce(&Ctx) + Send + 'static> = unsafe { std::mem::transmute(job) };
+        self.submit_with(opts, move |ctx: &Ctx| job(ctx)).wait()?;
+        match out
+            .take()
+            .expect("the first task ran before its request finished")
+        {
+            Ok(v) => Ok(v),
+            Err(p) => resume_unwind(p),
+        }
     }
 
     /// Submits a request whose first task is queued on a group of `node`.

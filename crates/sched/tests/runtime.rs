@@ -321,6 +321,80 @@ fn waiting_inside_a_worker_is_refused() {
     drop(s);
 }
 
+/// `run` lends the caller's data to the request (through scoped tasks), returns a result that
+/// borrows it, waits for every task, resumes a panic of the request's body with its payload,
+/// reports a panic of an unscoped task as the request's failure, and refuses to run on a worker.
+#[test]
+fn run_borrows_waits_and_reports_panics() {
+    for policy in POLICIES {
+        let s = Arc::new(
+            Scheduler::new(
+                &fixtures::grid(2, 1, 2),
+                Config {
+                    policy,
+                    affinity: Affinity::None,
+                    ..Config::default()
+                },
+            )
+            .unwrap(),
+        );
+        let mut cells = vec![0u64; 1000];
+        let words = ["a", "bb", "ccc"];
+        let longest = s
+            .run(|ctx| {
+                ctx.scope(|sc| {
+                    for (i, c) in cells.chunks_mut(10).enumerate() {
+                        sc.spawn_deferred(move |_| c.iter_mut().for_each(|x| *x = i as u64 + 1));
+                    }
+                });
+                words.iter().max_by_key(|w| w.len()).copied()
+            })
+            .unwrap();
+        assert_eq!(longest, Some("ccc"));
+        assert!(cells
+            .iter()
+            .enumerate()
+            .all(|(j, &x)| x == (j / 10) as u64 + 1));
+
+        // Tasks spawned by the body (not scoped) are waited for too.
+        let n = Arc::new(AtomicU64::new(0));
+        let n2 = n.clone();
+        s.run(move |ctx| {
+            for _ in 0..500 {
+                let n = n2.clone();
+                ctx.spawn_deferred(move |_| {
+                    std::thread::yield_now();
+                    n.fetch_add(1, Ordering::Relaxed);
+                });
+            }
+        })
+        .unwrap();
+        assert_eq!(n.load(Ordering::Relaxed), 500, "{policy:?}");
+
+        let p = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            s.run(|_| -> u32 { panic!("bad morsel 7") })
+        }))
+        .expect_err("the body's panic is resumed");
+        assert_eq!(p.downcast_ref::<&str>(), Some(&"bad morsel 7"));
+
+        let r = s.run(|ctx| {
+            ctx.spawn_immediate(|_| panic!("unscoped task"));
+            3
+        });
+        assert!(
+            matches!(&r, Err(RequestError::Panicked { message, .. }) if message.contains("unscoped task")),
+            "{r:?}"
+        );
+
+        let s2 = s.clone();
+        let on_worker = s.submit(move |_| s2.run(|_| 1)).wait().unwrap();
+        assert_eq!(on_worker, Err(RequestError::RunOnWorker));
+        // The pool still works after all of that; then it is dropped from this thread.
+        assert_eq!(s.run(|_| 7).unwrap(), 7);
+        drop(Arc::try_unwrap(s).ok().expect("only the test holds it"));
+    }
+}
+
 #[test]
 fn affinity_is_the_group_or_one_cpu_or_none() {
     let topo = this_machine();
