@@ -38,8 +38,10 @@ fn run(topology: &str, mem: Option<&str>, expect: usize) {
     println!("{}", out.stdout);
     assert!(
         report.names().len() >= expect,
-        "VM {topology}: expected a check per node ({expect}), got {:?}",
-        report.names()
+        "VM {topology}: expected a check per node ({expect}), got {:?} (exit status {}; stderr: {})",
+        report.names(),
+        out.status,
+        out.stderr.trim()
     );
     report.print_and_assert();
 }
