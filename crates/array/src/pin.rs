@@ -65,14 +65,17 @@ impl Pinning {
                 "a pinning needs at least one thread".into(),
             ));
         }
-        let allowed = topo.allowed_cpus();
+        // Checked per cpu without building sets (this runs on every subarray call); the sets are
+        // built only for the error message.
+        let allowed = |c: u32| topo.cpu(c).is_some_and(|c| c.online && c.allowed);
         for (i, t) in self.threads.iter().enumerate() {
             if let Some(s) = t {
                 if s.is_empty() {
                     return Err(ArrayError::Pin(format!("thread {i} has an empty cpu set")));
                 }
-                let bad = s.difference(&allowed);
-                if !bad.is_empty() {
+                if !s.iter().all(allowed) {
+                    let allowed = topo.allowed_cpus();
+                    let bad = s.difference(&allowed);
                     return Err(ArrayError::Pin(format!(
                         "thread {i} is planned on cpus {bad}, which are not allowed here (allowed cpus: {allowed})"
                     )));
@@ -159,5 +162,20 @@ mod tests {
         let p = Pinning::on_cpus(&[4000]);
         let e = run_pinned(&p, |_| ()).unwrap_err().to_string();
         assert!(e.contains("thread 0") && e.contains("4000"), "{e}");
+    }
+
+    /// `check` accepts allowed cpus and unpinned threads, and names the thread, its cpus that are
+    /// not allowed (only those) and the allowed ones otherwise.
+    #[test]
+    fn check_names_the_cpus_that_are_not_allowed() {
+        let topo = loci_place::testing::regular(2, 2, 1, 1);
+        assert!(Pinning::on_cpus(&[0, 3, 3]).check(&topo).is_ok());
+        assert!(Pinning::unpinned(3).check(&topo).is_ok());
+        let mut p = Pinning::on_cpus(&[1, 2]);
+        p.threads[1] = Some([2, 3, 9, 12].into_iter().collect());
+        let e = p.check(&topo).unwrap_err().to_string();
+        assert!(e.contains("thread 1") && e.contains("cpus 9,12"), "{e}");
+        assert!(e.contains("allowed cpus: 0-3"), "{e}");
+        assert!(Pinning::unpinned(0).check(&topo).is_err());
     }
 }
