@@ -356,6 +356,8 @@ struct NodeInner {
 #[repr(C, align(64))]
 struct NodeState {
     lock: SpinLock,
+    /// Held by the one thread that maps a new superblock for the node (see [`node_units`]).
+    grow: SpinLock,
     inner: UnsafeCell<NodeInner>,
     os_bytes: AtomicU64,
     sb_total: AtomicU64,
@@ -402,25 +404,26 @@ static SMALL_OWN: AtomicBool = AtomicBool::new(true);
 /// has one node, so `alloc` of a small block needs only the thread's heap (one flag load in
 /// place of the init, delegation and node checks).
 static FAST_SMALL: AtomicBool = AtomicBool::new(false);
-/// Superblocks are advised as transparent huge pages (`madvise(MADV_HUGEPAGE)`, which the
-/// kernel honours where `/sys/kernel/mm/transparent_hugepage/enabled` is `madvise` or
-/// `always`).
+/// Superblocks are advised as transparent huge pages (`madvise(MADV_HUGEPAGE)`) only on request
+/// (`LOCI_ALLOC_HUGEPAGES=on`; the kernel honours it where
+/// `/sys/kernel/mm/transparent_hugepage/enabled` is `madvise` or `always`, and with `always`
+/// the kernel backs superblocks with huge pages without the advice).
 ///
-/// Why: a workload that touches its blocks at random over more memory than the TLB covers
-/// (seed 002's microbenchmark: 27 MB of live blocks read in random order; hash tables and
-/// joins of the same shape) pays a page walk for most block accesses with 4 KiB pages, and
-/// under a hypervisor every walk is a nested one. A superblock (10 MiB, aligned to 16 MiB)
-/// is five whole 2 MiB pages, and its header, unit map and run descriptors share the first
-/// one, so `free`'s metadata loads hit the TLB too. Measured on a 2-vCPU VM shared with
-/// other jobs (alternating runs, timings noisy): `general` with 1 thread and 20M operations
-/// 1.05 s best / 1.32 s median with huge pages, 1.23 / 1.37 without (mimalloc 0.77 / 1.12);
-/// with 2 threads and 2M operations 0.156 / 0.356 s against 0.225 / 0.494 in one series of
-/// 15 runs each, no difference in another of 11; `buffer-passing`'s RSS over requested
-/// unchanged (1.05), since its superblocks are filled anyway. Costs: a superblock's memory is faulted in 2 MiB
-/// at a time (RSS may round up by up to 2 MiB per partly used piece), and the kernel may
-/// compact memory at such a fault. Large blocks (> 512 KiB, their own mappings) are left to
-/// the system's setting. `LOCI_ALLOC_HUGEPAGES=off` turns it off.
-static HUGEPAGES: AtomicBool = AtomicBool::new(true);
+/// Why off by default: a 2 MiB page is taken from the kernel's free 2 MiB blocks, which are the
+/// ones a hypervisor with free page reporting (virtio-balloon) has taken back, so the first
+/// touch of each pays a host fault for all of it, while 4 KiB faults are served from fragments
+/// the host still backs. Measured on the 2-vCPU KVM guest of this project (2026-11-23, 100 MB
+/// touched by a fresh process 3 s after the last one): 1.15-1.29 s with the advice (1.0 s of it
+/// system time) against 0.05-0.09 s without. In `loci bench alloc --quick` that made loci
+/// 0.47-0.49x the best peer in `general` and 0.45-0.68x in `buffer-passing` with the advice,
+/// 0.90-0.91x and 1.04-1.15x without, in alternating runs. jemalloc, tcmalloc and mimalloc do
+/// not advise huge pages by default either. What the advice buys where 2 MiB pages are cheap:
+/// TLB reach for workloads that touch blocks at random over more memory than the TLB covers
+/// (a superblock, 10 MiB aligned to 16 MiB, is five whole 2 MiB pages with its header, unit
+/// map and run descriptors in the first); its cost: memory faulted in 2 MiB at a time (RSS
+/// may round up by up to 2 MiB per partly used piece), and compaction at such a fault. Large
+/// blocks (> 512 KiB, their own mappings) follow the system's setting either way.
+static HUGEPAGES: AtomicBool = AtomicBool::new(false);
 static KEY: AtomicU32 = AtomicU32::new(0);
 static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
 static ALL_HEAPS: AtomicPtr<Heap> = AtomicPtr::new(null_mut());
@@ -428,6 +431,7 @@ static ORPHAN_REMOTE: AtomicU64 = AtomicU64::new(0);
 static NODES: [NodeState; MAX_NODES] = [const {
     NodeState {
         lock: SpinLock::new(),
+        grow: SpinLock::new(),
         inner: UnsafeCell::new(NodeInner {
             cache: null_mut(),
             cached: 0,
@@ -553,7 +557,7 @@ pub struct Config {
     /// or from glibc (`LOCI_ALLOC_SMALL=system`).
     pub small_own: bool,
     /// Superblocks are advised to the kernel as transparent huge pages
-    /// (`madvise(MADV_HUGEPAGE)`; `LOCI_ALLOC_HUGEPAGES=on|off`, default on). See
+    /// (`madvise(MADV_HUGEPAGE)`; `LOCI_ALLOC_HUGEPAGES=on|off`, default off). See
     /// [`HUGEPAGES`] for why.
     pub hugepages: bool,
     /// Nodes the allocator knows (bit n = node n).
@@ -636,7 +640,7 @@ fn init_slow() {
                     _ => warn(&[
                         b"loci-alloc: LOCI_ALLOC_HUGEPAGES=",
                         v,
-                        b" is not one of on, off; using on\n",
+                        b" is not one of on, off; using off\n",
                     ]),
                 }
             }
@@ -735,24 +739,22 @@ fn current_node() -> usize {
 // ---------------------------------------------------------------------------------------------
 // Superblocks (node side)
 
-/// Takes a superblock of `node` from the node's cache or maps and binds a new one. The
-/// caller formats it.
-fn acquire_sb(node: usize) -> *mut Segment {
-    let ns = &NODES[node];
-    ns.lock.lock();
-    // SAFETY: node lock held.
-    let inner = unsafe { &mut *ns.inner.get() };
-    let seg = inner.cache;
+/// Takes a superblock out of `node`'s cache (null when it is empty). The caller holds the
+/// node lock and formats it.
+unsafe fn pop_cached_sb(ns: &NodeState, inner: *mut NodeInner) -> *mut Segment {
+    let seg = (*inner).cache;
     if !seg.is_null() {
-        // SAFETY: cached superblocks are valid mapped headers owned by the node.
-        inner.cache = unsafe { (*seg).next };
-        inner.cached -= 1;
+        // Cached superblocks are valid mapped headers owned by the node.
+        (*inner).cache = (*seg).next;
+        (*inner).cached -= 1;
         ns.sb_cached.fetch_sub(1, Relaxed);
     }
-    ns.lock.unlock();
-    if !seg.is_null() {
-        return seg;
-    }
+    seg
+}
+
+/// Maps and binds a new superblock of `node`. The caller formats it.
+fn map_sb(node: usize) -> *mut Segment {
+    let ns = &NODES[node];
     let size = SB_SIZE.load(Relaxed);
     let region = 1usize << os::REGION_SHIFT.load(Relaxed);
     let p = os::map_aligned(size, region);
@@ -816,7 +818,7 @@ unsafe fn release_sb(seg: *mut Segment) {
 /// listed).
 ///
 /// # Safety
-/// `seg` comes from [`acquire_sb`] and nobody else references it yet.
+/// `seg` comes from [`pop_cached_sb`] or [`map_sb`] and nobody else references it yet.
 unsafe fn format_sb(seg: *mut Segment) -> *mut Run {
     let size = SB_SIZE.load(Relaxed);
     let nunits = size / UNIT;
@@ -1011,48 +1013,72 @@ unsafe fn cut(sp: *mut SpanPool, r: *mut Run, n: usize) {
 /// superblock, else a span never handed out, else a new superblock (see [`SpanPool`]).
 /// Takes the node lock.
 ///
-/// The state is set under the lock: a neighbour freed by another thread looks at this run's
-/// descriptor to decide whether to merge with it, and must not see it free once handed out.
+/// Only one thread of a node maps a superblock at a time (`grow`), and it looks for a span
+/// again once it holds `grow`: two threads that both found nothing used to map one each, and
+/// the second superblock was not needed (`buffer-passing`: RSS 1.17x the bytes requested
+/// instead of 1.05x in about 1 run in 7). For the same reason the cache is popped in the hold
+/// of the node lock that found no span (looked at under one hold and popped under another,
+/// the other thread could empty it in between).
 unsafe fn node_units(node: usize, pool: usize, n: usize, state: u32) -> *mut Run {
     let ns = &NODES[node];
+    let r = find_units(ns, pool, n, state);
+    if !r.is_null() {
+        return r;
+    }
+    ns.grow.lock();
+    // Another thread may have mapped a superblock while this one waited.
+    let mut r = find_units(ns, pool, n, state);
+    if r.is_null() {
+        let seg = map_sb(node);
+        if !seg.is_null() {
+            r = format_sb(seg);
+            (*seg).pool = (pool % NPOOLS) as u32;
+            ns.lock.lock();
+            cut(&raw mut (*ns.inner.get()).spans[pool % NPOOLS], r, n);
+            (*r).state.store(state, Relaxed);
+            ns.lock.unlock();
+        }
+    }
+    ns.grow.unlock();
+    r
+}
+
+/// [`node_units`] from memory the node already has, in one hold of the node lock: the heap's
+/// own pool's resident spans, a cached superblock, the other pools' resident spans, then spans
+/// never handed out (own pool first). Null when none fits.
+///
+/// The state is set under the lock: a neighbour freed by another thread looks at this run's
+/// descriptor to decide whether to merge with it, and must not see it free once handed out.
+unsafe fn find_units(ns: &NodeState, pool: usize, n: usize, state: u32) -> *mut Run {
     // Only raw pointers outside the lock; dereferenced with the lock held.
     let inner = ns.inner.get();
     let pool = pool % NPOOLS;
     let sp = |i: usize| &raw mut (*inner).spans[(pool + i) % NPOOLS];
     ns.lock.lock();
-    // Resident memory: the heap's own pool, a cached superblock (below), the other pools.
     let mut r = take_span(sp(0), false, n);
-    if r.is_null() && (*inner).cache.is_null() {
-        for i in 1..NPOOLS {
-            r = take_span(sp(i), false, n);
-            if !r.is_null() {
-                break;
-            }
+    if r.is_null() {
+        let seg = pop_cached_sb(ns, inner);
+        if !seg.is_null() {
+            r = format_sb(seg);
+            (*seg).pool = pool as u32;
+            cut(sp(0), r, n);
         }
-        // Fresh memory of superblocks already mapped, own pool first.
-        for i in 0..NPOOLS {
-            if !r.is_null() {
-                break;
-            }
-            r = take_span(sp(i), true, n);
+    }
+    for i in 1..NPOOLS {
+        if !r.is_null() {
+            break;
         }
+        r = take_span(sp(i), false, n);
+    }
+    for i in 0..NPOOLS {
+        if !r.is_null() {
+            break;
+        }
+        r = take_span(sp(i), true, n);
     }
     if !r.is_null() {
         (*r).state.store(state, Relaxed);
     }
-    ns.lock.unlock();
-    if !r.is_null() {
-        return r;
-    }
-    let seg = acquire_sb(node);
-    if seg.is_null() {
-        return null_mut();
-    }
-    let r = format_sb(seg);
-    (*seg).pool = pool as u32;
-    ns.lock.lock();
-    cut(sp(0), r, n);
-    (*r).state.store(state, Relaxed);
     ns.lock.unlock();
     r
 }

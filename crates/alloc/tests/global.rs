@@ -304,8 +304,8 @@ fn aligned_pointers_inside_class_blocks_free_whole_blocks() {
     }
 }
 
-/// Superblocks are advised as transparent huge pages (VmFlags `hg` in smaps) unless
-/// `LOCI_ALLOC_HUGEPAGES=off`.
+/// Superblocks are advised as transparent huge pages (VmFlags `hg` in smaps) exactly when
+/// `LOCI_ALLOC_HUGEPAGES=on` (scripts/test runs this with it; the default is off).
 #[test]
 fn superblocks_are_advised_as_huge_pages() {
     let l = Layout::from_size_align(64, 8).unwrap();
