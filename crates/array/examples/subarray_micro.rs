@@ -10,7 +10,8 @@
 //!
 //! Argument: `on` (default) or `off` (the pool). Environment: `SIDE` (volume side, f32 cells;
 //! 256), `COUNT` (chunks; 1000), `SPAN` (one, fifth, all; one), `SEL` (selectivity; 0.2), `N`
-//! (queries; 200000), `INLINE` (`inline_bytes`; 1 MiB), `STREAM` (`stream_bytes`; the largest
+//! (queries; 200000), `INLINE` (`inline_bytes`; 1 MiB), `INLINE_POOLED` (`inline_bytes_pooled`;
+//! 4 MiB), `STREAM` (`stream_bytes`; the largest
 //! cache), `ALT` (set: alternate streaming on and off and print min and median of each).
 //! Two threads, on cpus 0 and 1 (or the allowed cpus, repeated).
 
@@ -50,6 +51,7 @@ fn main() -> Result<(), ArrayError> {
         huge_pages: true,
         pool: pool.then(|| BufferPool::global().clone()),
         inline_bytes: env("INLINE", subarray::INLINE_BYTES),
+        inline_bytes_pooled: env("INLINE_POOLED", subarray::INLINE_POOLED_BYTES),
         stream_bytes: env("STREAM", subarray::default_stream_bytes()),
         ..Default::default()
     };

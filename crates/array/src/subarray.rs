@@ -506,11 +506,13 @@ impl Array {
 pub const INLINE_BYTES: usize = 1 << 20;
 
 /// Default of [`SubarrayOptions::inline_bytes_pooled`]. Into pooled memory (no page faults) one
-/// thread copies at memcpy speed, and starting and binding worker threads costs more than a
-/// second thread saves below a few MiB (measured with 2 threads on the 2-core development machine
-/// under load: 0.5 MB took 35-56 us inline against 350-860 us on the threads, 5 MB 430-470 us
-/// against 980-1460 us, 18 MB the same either way).
-pub const INLINE_POOLED_BYTES: usize = 4 << 20;
+/// thread copies at memcpy speed, and handing parts to the pinning's workers costs about 15 us
+/// (a broadcast to the persistent workers of [`run_pinned`], 2 workers on the 2-core development
+/// machine), for which a second thread makes up only past about 2 MiB: measured with
+/// `subarray_micro` (one chunk of a 100-chunk 512 MiB volume, 300 queries), inline against the
+/// workers, 1.05 MB 54-65 us against 75-110 us, 1.58 MB 73-80 against 89-107, 2.1 MB 253-258
+/// against 223-288, 2.6 MB 298-391 against 205-246, 3.67 MB 341 against 225.
+pub const INLINE_POOLED_BYTES: usize = 2 << 20;
 
 /// Default of [`SubarrayOptions::stream_bytes`] where the cache sizes cannot be read: 8 MiB.
 pub const STREAM_BYTES: usize = 8 << 20;
