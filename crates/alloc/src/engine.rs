@@ -1031,15 +1031,23 @@ unsafe fn node_units(node: usize, pool: usize, n: usize, state: u32) -> *mut Run
     if r.is_null() {
         let seg = map_sb(node);
         if !seg.is_null() {
-            r = format_sb(seg);
-            (*seg).pool = (pool % NPOOLS) as u32;
             ns.lock.lock();
-            cut(&raw mut (*ns.inner.get()).spans[pool % NPOOLS], r, n);
+            r = carve_sb(ns.inner.get(), seg, pool, n);
             (*r).state.store(state, Relaxed);
             ns.lock.unlock();
         }
     }
     ns.grow.unlock();
+    r
+}
+
+/// Formats a superblock just taken (from the cache or the OS) into `pool` and cuts a run of `n`
+/// units from its start; the rest is listed in the pool. The caller holds the node lock.
+unsafe fn carve_sb(inner: *mut NodeInner, seg: *mut Segment, pool: usize, n: usize) -> *mut Run {
+    let pool = pool % NPOOLS;
+    let r = format_sb(seg);
+    (*seg).pool = pool as u32;
+    cut(&raw mut (*inner).spans[pool], r, n);
     r
 }
 
@@ -1059,9 +1067,7 @@ unsafe fn find_units(ns: &NodeState, pool: usize, n: usize, state: u32) -> *mut 
     if r.is_null() {
         let seg = pop_cached_sb(ns, inner);
         if !seg.is_null() {
-            r = format_sb(seg);
-            (*seg).pool = pool as u32;
-            cut(sp(0), r, n);
+            r = carve_sb(inner, seg, pool, n);
         }
     }
     for i in 1..NPOOLS {

@@ -11,7 +11,7 @@
 //! Argument: `on` (default) or `off` (the pool). Environment: `SIDE` (volume side, f32 cells;
 //! 256), `COUNT` (chunks; 1000), `SPAN` (one, fifth, all; one), `SEL` (selectivity; 0.2), `N`
 //! (queries; 200000), `INLINE` (`inline_bytes`; 1 MiB), `INLINE_POOLED` (`inline_bytes_pooled`;
-//! 4 MiB), `STREAM` (`stream_bytes`; the largest
+//! 2 MiB), `STREAM` (`stream_bytes`; the largest
 //! cache), `ALT` (set: alternate streaming on and off and print min and median of each).
 //! Two threads, on cpus 0 and 1 (or the allowed cpus, repeated).
 

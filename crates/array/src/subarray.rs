@@ -483,13 +483,15 @@ fn copy_part(src: &Array, dst_chunks: &[(DstPtr, Vec<usize>)], part: &Part, stre
     let chunk: &Chunk = &src.chunks()[part.src];
     let (dptr, doff) = &dst_chunks[part.dst];
     let mut bytes = 0;
+    // The same cells for every attribute: how far their runs reach, and how many there are.
+    let (end_cell, cells) = (runs_end(&chunk.bounds, &part.cells), part.len());
     for (a, attr) in layout.attrs.iter().enumerate() {
         let sz = attr.dtype.size();
         let s = src.attr_bytes(part.src, a);
         // SAFETY: `doff[a]` is the attribute's offset inside the result chunk's region, which is
         // big enough for all its cells; the part's cells start at `dst_offset` (see DstPtr).
         let mut d = unsafe { dptr.0.add(doff[a] + part.dst_offset * sz) };
-        let end = runs_end(&chunk.bounds, &part.cells) * sz;
+        let end = end_cell * sz;
         assert!(
             end <= s.len(),
             "part reads {end} bytes of a {}-byte chunk",
@@ -516,7 +518,7 @@ fn copy_part(src: &Array, dst_chunks: &[(DstPtr, Vec<usize>)], part: &Part, stre
                 }
             });
         }
-        bytes += part.len() * sz;
+        bytes += cells * sz;
     }
     bytes
 }
