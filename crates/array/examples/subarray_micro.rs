@@ -12,7 +12,11 @@
 //! 256), `COUNT` (chunks; 1000), `SPAN` (one, fifth, all; one), `SEL` (selectivity; 0.2), `N`
 //! (queries; 200000), `INLINE` (`inline_bytes`; 1 MiB), `INLINE_POOLED` (`inline_bytes_pooled`;
 //! 2 MiB), `STREAM` (`stream_bytes`; the largest
-//! cache), `ALT` (set: alternate streaming on and off and print min and median of each).
+//! cache), `ALT` (set: alternate streaming on and off and print min and median of each), `PEER`
+//! (set: alternate the query with a memcpy of its result's bytes into a prefaulted buffer, the
+//! bench's limit peer, and with the box's rows copied by a bare loop of one `memcpy` per row,
+//! no planning and no result to build: numpy's copy, and the bound for a copy run by run; print
+//! the medians and each one's bandwidth against the memcpy).
 //! Two threads, on cpus 0 and 1 (or the allowed cpus, repeated).
 
 use std::time::Instant;
@@ -57,6 +61,61 @@ fn main() -> Result<(), ArrayError> {
     };
     let n: usize = env("N", 200_000);
     let mut last = None;
+    if std::env::var("PEER").is_ok() {
+        // Subarray, the bench's `memcpy prefaulted` peer (one memcpy of the result's bytes into a
+        // buffer written before) and the bare row loop, alternating call by call.
+        let bytes = q.bounds.iter().map(|r| r.end - r.start).product::<usize>() * 4;
+        let from: Vec<u8> = (0..bytes).map(|i| (i * 7 + i / 251) as u8).collect();
+        let mut to = vec![1u8; bytes];
+        let (mut ts, mut tm) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut tr = Vec::with_capacity(n);
+        let mut to2 = vec![1u8; bytes];
+        let inter = src.layout().intersecting(&q.bounds);
+        for _ in 0..n {
+            let s = Instant::now();
+            let mut d = 0;
+            for (c, b) in &inter {
+                let ch = &src.chunks()[*c];
+                let sh = ch.shape();
+                let a = src.attr_bytes(*c, 0);
+                let run = (b[2].end - b[2].start) * 4;
+                for i in b[0].clone() {
+                    for j in b[1].clone() {
+                        let o = (((i - ch.bounds[0].start) * sh[1] + j - ch.bounds[1].start)
+                            * sh[2]
+                            + b[2].start
+                            - ch.bounds[2].start)
+                            * 4;
+                        to2[d..d + run].copy_from_slice(&a[o..o + run]);
+                        d += run;
+                    }
+                }
+            }
+            std::hint::black_box(&mut to2);
+            tr.push(s.elapsed().as_secs_f64() * 1e6);
+            let s = Instant::now();
+            let (r, _) = subarray(&src, &q.bounds, &pin, &opts, &topo)?;
+            ts.push(s.elapsed().as_secs_f64() * 1e6);
+            last = Some(r);
+            let s = Instant::now();
+            to.copy_from_slice(std::hint::black_box(&from));
+            std::hint::black_box(&mut to);
+            tm.push(s.elapsed().as_secs_f64() * 1e6);
+        }
+        drop(last);
+        assert!(from == to);
+        ts.sort_by(f64::total_cmp);
+        tm.sort_by(f64::total_cmp);
+        tr.sort_by(f64::total_cmp);
+        let (s, m, r) = (ts[n / 2], tm[n / 2], tr[n / 2]);
+        println!(
+            "{bytes} B, medians: memcpy {m:.2} us; subarray {s:.2} us ({:.2}x memcpy's bandwidth); \
+             bare row loop {r:.2} us ({:.2}x)",
+            m / s,
+            m / r
+        );
+        return Ok(());
+    }
     if std::env::var("ALT").is_ok() {
         let mut t = [Vec::new(), Vec::new()];
         for i in 0..n {

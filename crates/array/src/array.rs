@@ -7,7 +7,7 @@ use std::ops::Range;
 use loci_topo::Topology;
 
 use crate::error::ArrayError;
-use crate::layout::{Bounds, Layout};
+use crate::layout::{Bounds, Layout, PerDim};
 use crate::mem::{ChunkMem, Home, Region};
 use crate::pin::{run_pinned, Pinning};
 
@@ -21,7 +21,7 @@ pub struct Chunk {
     pub(crate) offset: usize,
     pub(crate) len: usize,
     /// Byte offset of each attribute in the chunk.
-    pub(crate) attr_off: Vec<usize>,
+    pub(crate) attr_off: PerDim<usize>,
 }
 
 impl Chunk {

@@ -11,8 +11,10 @@
 
 use std::fmt;
 use std::ops::Range;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 use crate::dtype::DType;
 use crate::error::ArrayError;
@@ -20,14 +22,15 @@ use crate::error::ArrayError;
 /// A named dimension with cells `0..len`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Dim {
-    pub name: String,
+    /// Shared: a subarray's layout names its dimensions without copying the strings.
+    pub name: Arc<str>,
     pub len: usize,
 }
 
 impl Dim {
     pub fn new(name: &str, len: usize) -> Self {
         Self {
-            name: name.to_string(),
+            name: name.into(),
             len,
         }
     }
@@ -36,14 +39,14 @@ impl Dim {
 /// A named attribute: every cell of the array holds one value of each attribute.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Attr {
-    pub name: String,
+    pub name: Arc<str>,
     pub dtype: DType,
 }
 
 impl Attr {
     pub fn new(name: &str, dtype: DType) -> Self {
         Self {
-            name: name.to_string(),
+            name: name.into(),
             dtype,
         }
     }
@@ -64,16 +67,23 @@ pub enum Chunking {
 /// Dimensions, attributes and chunk grid of an array.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Layout {
-    pub dims: Vec<Dim>,
-    pub attrs: Vec<Attr>,
+    pub dims: PerDim<Dim>,
+    pub attrs: PerDim<Attr>,
     /// Chunk length along each dimension; each at least 1.
-    pub chunk: Vec<usize>,
+    pub chunk: PerDim<usize>,
     /// Grid phase along each dimension; `phase[d] < chunk[d]`.
-    pub phase: Vec<usize>,
+    pub phase: PerDim<usize>,
 }
 
+/// Inline room for this many dimensions (or attributes) in the small vectors of a layout, a box
+/// and a chunk: arrays of up to four dimensions and attributes plan a query without the heap.
+pub const INLINE_DIMS: usize = 4;
+
+/// One value per dimension (or attribute), on the stack up to [`INLINE_DIMS`].
+pub type PerDim<T> = SmallVec<[T; INLINE_DIMS]>;
+
 /// A box: one half-open range per dimension, `lo..hi`.
-pub type Bounds = Vec<Range<usize>>;
+pub type Bounds = PerDim<Range<usize>>;
 
 /// Prints a box as `depth=0..10, inline=5..7`.
 pub struct ShowBox<'a>(pub &'a Layout, pub &'a [Range<usize>]);
@@ -84,7 +94,7 @@ impl fmt::Display for ShowBox<'_> {
             if i > 0 {
                 f.write_str(", ")?;
             }
-            let name = self.0.dims.get(i).map(|d| d.name.as_str()).unwrap_or("?");
+            let name = self.0.dims.get(i).map(|d| &*d.name).unwrap_or("?");
             write!(f, "{name}={}..{}", r.start, r.end)?;
         }
         Ok(())
@@ -137,10 +147,7 @@ impl Layout {
                         "chunk shape has {} lengths but the array has {} dimensions ({})",
                         s.len(),
                         dims.len(),
-                        dims.iter()
-                            .map(|d| d.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        dims.iter().map(|d| &*d.name).collect::<Vec<_>>().join(", ")
                     )));
                 }
                 if let Some(i) = s.iter().position(|&c| c == 0) {
@@ -149,7 +156,7 @@ impl Layout {
                         dims[i].name
                     )));
                 }
-                s.clone()
+                s.iter().copied().collect()
             }
             Chunking::Count(n) => {
                 if *n == 0 {
@@ -179,9 +186,9 @@ impl Layout {
             }
         };
         Ok(Self {
-            phase: vec![0; dims.len()],
-            dims,
-            attrs,
+            phase: smallvec::smallvec![0; dims.len()],
+            dims: dims.into(),
+            attrs: attrs.into(),
             chunk,
         })
     }
@@ -210,13 +217,13 @@ impl Layout {
     pub fn attr_index(&self, name: &str) -> Result<usize, ArrayError> {
         self.attrs
             .iter()
-            .position(|a| a.name == name)
+            .position(|a| &*a.name == name)
             .ok_or_else(|| {
                 ArrayError::Schema(format!(
                     "no attribute `{name}`; attributes: {}",
                     self.attrs
                         .iter()
-                        .map(|a| a.name.as_str())
+                        .map(|a| &*a.name)
                         .collect::<Vec<_>>()
                         .join(", ")
                 ))
@@ -224,7 +231,7 @@ impl Layout {
     }
 
     /// Chunks along each dimension.
-    pub fn grid(&self) -> Vec<usize> {
+    pub fn grid(&self) -> PerDim<usize> {
         self.dims
             .iter()
             .enumerate()
@@ -252,10 +259,10 @@ impl Layout {
     }
 
     /// Grid coordinates of chunk `id`.
-    pub fn chunk_coords(&self, id: usize) -> Vec<usize> {
+    pub fn chunk_coords(&self, id: usize) -> PerDim<usize> {
         let grid = self.grid();
         let mut rest = id;
-        let mut out = vec![0; grid.len()];
+        let mut out: PerDim<usize> = smallvec::smallvec![0; grid.len()];
         for d in (0..grid.len()).rev() {
             out[d] = rest % grid[d];
             rest /= grid[d];
@@ -298,9 +305,9 @@ impl Layout {
 
     /// Byte offset of each attribute inside a chunk of `cells` cells (64-byte aligned), and the
     /// chunk's total bytes.
-    pub fn attr_offsets(&self, cells: usize) -> (Vec<usize>, usize) {
+    pub fn attr_offsets(&self, cells: usize) -> (PerDim<usize>, usize) {
         let mut off = 0;
-        let mut out = Vec::with_capacity(self.attrs.len());
+        let mut out = PerDim::with_capacity(self.attrs.len());
         for a in &self.attrs {
             out.push(off);
             off += (cells * a.dtype.size()).next_multiple_of(64);
@@ -317,7 +324,7 @@ impl Layout {
                 dims: self
                     .dims
                     .iter()
-                    .map(|d| d.name.as_str())
+                    .map(|d| &*d.name)
                     .collect::<Vec<_>>()
                     .join(", "),
             });
@@ -326,7 +333,7 @@ impl Layout {
             let dim = &self.dims[d];
             if r.start > r.end {
                 return Err(ArrayError::Reversed {
-                    dim: dim.name.clone(),
+                    dim: dim.name.to_string(),
                     lo: r.start,
                     hi: r.end,
                     len: dim.len,
@@ -334,7 +341,7 @@ impl Layout {
             }
             if r.end > dim.len {
                 return Err(ArrayError::Outside {
-                    dim: dim.name.clone(),
+                    dim: dim.name.to_string(),
                     lo: r.start,
                     hi: r.end,
                     len: dim.len,
@@ -352,7 +359,10 @@ impl Layout {
                 .dims
                 .iter()
                 .zip(b)
-                .map(|(d, r)| Dim::new(&d.name, r.end - r.start))
+                .map(|(d, r)| Dim {
+                    name: d.name.clone(),
+                    len: r.end - r.start,
+                })
                 .collect(),
             attrs: self.attrs.clone(),
             chunk: self.chunk.clone(),
@@ -365,7 +375,7 @@ impl Layout {
     }
 
     /// Range of chunk grid coordinates along each dimension that a (checked, non-empty) box meets.
-    pub fn grid_span(&self, b: &[Range<usize>]) -> Vec<Range<usize>> {
+    pub fn grid_span(&self, b: &[Range<usize>]) -> PerDim<Range<usize>> {
         b.iter()
             .enumerate()
             .map(|(d, r)| {
@@ -386,7 +396,7 @@ impl Layout {
             return Vec::new();
         }
         let mut out = Vec::new();
-        let mut k: Vec<usize> = span.iter().map(|s| s.start).collect();
+        let mut k: PerDim<usize> = span.iter().map(|s| s.start).collect();
         loop {
             let inter: Bounds = k
                 .iter()
@@ -434,38 +444,38 @@ mod tests {
     #[test]
     fn chunk_count_goes_to_outer_dims_first() {
         assert_eq!(
-            vol([512, 512, 512], Chunking::Count(10)).grid(),
-            vec![10, 1, 1]
+            vol([512, 512, 512], Chunking::Count(10)).grid()[..],
+            [10, 1, 1]
         );
         assert_eq!(
-            vol([512, 512, 512], Chunking::Count(1000)).grid(),
-            vec![512, 2, 1]
+            vol([512, 512, 512], Chunking::Count(1000)).grid()[..],
+            [512, 2, 1]
         );
         assert_eq!(
-            vol([512, 512, 512], Chunking::Count(100)).grid(),
-            vec![103, 1, 1]
+            vol([512, 512, 512], Chunking::Count(100)).grid()[..],
+            [103, 1, 1]
         );
         assert_eq!(
-            vol([512, 512, 512], Chunking::Count(1)).grid(),
-            vec![1, 1, 1]
+            vol([512, 512, 512], Chunking::Count(1)).grid()[..],
+            [1, 1, 1]
         );
         let l = vol([4, 4, 4], Chunking::Count(100));
-        assert_eq!(l.grid(), vec![4, 4, 4]);
+        assert_eq!(l.grid()[..], [4, 4, 4]);
         assert_eq!(l.chunk_count(), 64);
-        assert_eq!(vol([5, 10, 10], Chunking::Count(20)).grid(), vec![5, 4, 1]);
+        assert_eq!(vol([5, 10, 10], Chunking::Count(20)).grid()[..], [5, 4, 1]);
     }
 
     #[test]
     fn chunk_ranges_tile_each_dimension() {
         let l = vol([10, 7, 3], Chunking::Shape(vec![4, 3, 5]));
-        assert_eq!(l.grid(), vec![3, 3, 1]);
+        assert_eq!(l.grid()[..], [3, 3, 1]);
         assert_eq!(l.chunk_range(0, 2), 8..10);
         assert_eq!(l.chunk_range(1, 2), 6..7);
         for id in 0..l.chunk_count() {
             assert_eq!(l.chunk_id(&l.chunk_coords(id)), id);
         }
         let (id, local) = l.locate(&[9, 4, 2]);
-        assert_eq!(l.chunk_coords(id), vec![2, 1, 0]);
+        assert_eq!(l.chunk_coords(id)[..], [2, 1, 0]);
         assert_eq!(local, vec![1, 1, 2]);
     }
 

@@ -28,7 +28,7 @@ pub mod subarray;
 pub use array::{Array, BuildOptions, Chunk, ChunkFill};
 pub use dtype::DType;
 pub use error::ArrayError;
-pub use layout::{Attr, Bounds, Chunking, Dim, Layout, ShowBox};
+pub use layout::{Attr, Bounds, Chunking, Dim, Layout, PerDim, ShowBox, INLINE_DIMS};
 pub use mem::{ChunkMem, Home, Region};
 pub use model::{CostModel, ModelLimits, ModelWorkload};
 pub use pin::{run_pinned, Pinning};

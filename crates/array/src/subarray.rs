@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::array::{Array, Chunk};
 use crate::error::ArrayError;
-use crate::layout::{Bounds, Layout};
+use crate::layout::{Bounds, Layout, PerDim};
 use crate::mem::{Home, Region};
 use crate::pin::{run_pinned, Pinning};
 use crate::pool::{Binding, BufferPool};
@@ -152,7 +152,7 @@ pub fn plan_parts(
         .max(1);
     let mut out = Vec::new();
     for (dst, (src, inter)) in layout.intersecting(b).into_iter().enumerate() {
-        let ext: Vec<usize> = inter.iter().map(|r| r.end - r.start).collect();
+        let ext: PerDim<usize> = inter.iter().map(|r| r.end - r.start).collect();
         let sd = ext.iter().position(|&e| e > 1).unwrap_or(0);
         let rows = ext[sd];
         let row_cells: usize = ext[sd + 1..].iter().product();
@@ -185,17 +185,17 @@ fn for_each_run(
     mut run: impl FnMut(usize, usize),
 ) {
     let n = chunk_bounds.len();
-    let shape: Vec<usize> = chunk_bounds.iter().map(|r| r.end - r.start).collect();
-    let ext: Vec<usize> = cells.iter().map(|r| r.end - r.start).collect();
+    let shape: PerDim<usize> = chunk_bounds.iter().map(|r| r.end - r.start).collect();
+    let ext: PerDim<usize> = cells.iter().map(|r| r.end - r.start).collect();
     if ext.contains(&0) {
         return;
     }
-    let local: Vec<usize> = cells
+    let local: PerDim<usize> = cells
         .iter()
         .zip(chunk_bounds)
         .map(|(c, b)| c.start - b.start)
         .collect();
-    let mut stride = vec![1usize; n];
+    let mut stride: PerDim<usize> = smallvec::smallvec![1usize; n];
     for d in (0..n.saturating_sub(1)).rev() {
         stride[d] = stride[d + 1] * shape[d + 1];
     }
@@ -216,7 +216,7 @@ fn for_each_run(
     // them, and an odometer over dimensions 0..j between rows of runs. (One odometer step per
     // run cost about as many instructions as copying a 120-byte run.)
     let (count, step) = (ext[j], stride[j]);
-    let mut idx = vec![0usize; j];
+    let mut idx: PerDim<usize> = smallvec::smallvec![0usize; j];
     let mut off = base;
     loop {
         let mut o = off;
@@ -478,7 +478,7 @@ fn stream_fence() {
     }
 }
 
-fn copy_part(src: &Array, dst_chunks: &[(DstPtr, Vec<usize>)], part: &Part, stream: bool) -> usize {
+fn copy_part(src: &Array, dst_chunks: &[(DstPtr, &[usize])], part: &Part, stream: bool) -> usize {
     let layout = src.layout();
     let chunk: &Chunk = &src.chunks()[part.src];
     let (dptr, doff) = &dst_chunks[part.dst];
@@ -627,13 +627,13 @@ pub fn subarray(
             }
         }
     }
-    let dst: Vec<(DstPtr, Vec<usize>)> = out_chunks
+    let dst: Vec<(DstPtr, &[usize])> = out_chunks
         .iter()
         // SAFETY: the chunk's offset is inside the arena (map_chunks sized it).
         .map(|c| {
             (
                 DstPtr(unsafe { arena.as_mut_ptr().add(c.offset) }),
-                c.attr_off.clone(),
+                &c.attr_off[..],
             )
         })
         .collect();
