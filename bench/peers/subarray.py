@@ -5,7 +5,9 @@ and TileDB. Run by loci (bench/peers/.venv/bin/python, see bench/peers/setup --s
 Input: a raw C-order volume written by loci and a JSON job file:
   {"file": PATH, "shape": [z, y, x], "dtype": "<f4", "sum32": N, "reps": R,
    "peers": ["numpy", "xarray", "tiledb"], "tiledb_dir": DIR,
-   "queries": [{"case": "c10/all/s0.2", "bounds": [[lo, hi], ...], "tile": [cz, cy, cx]}, ...]}
+   "queries": [{"case": "c10/all/s0.2", "bounds": [[lo, hi], ...], "tile": [cz, cy, cx],
+                "reps": R2}, ...]}
+A query's `reps` (loci's timed reps of that case) overrides the job's.
 `sum32` is the wrapping sum of the volume's little-endian u32 words (mod 2**64): the check that
 the peers read the same bytes loci generated.
 
@@ -50,7 +52,7 @@ def main():
     if "numpy" in peers:
         for q in job["queries"]:
             sl = tuple(slice(lo, hi) for lo, hi in q["bounds"])
-            r, times = timed(lambda: vol[sl].copy(), reps)
+            r, times = timed(lambda: vol[sl].copy(), q.get("reps", reps))
             emit({"system": "numpy", "case": q["case"], "times_s": times, "sum32": sum32(r),
                   "version": np.__version__})
 
@@ -60,7 +62,7 @@ def main():
         da = xr.DataArray(vol, dims=("depth", "inline", "crossline"), name="velocity")
         for q in job["queries"]:
             sel = {d: slice(lo, hi) for d, (lo, hi) in zip(da.dims, q["bounds"])}
-            r, times = timed(lambda: da.isel(sel).copy(), reps)
+            r, times = timed(lambda: da.isel(sel).copy(), q.get("reps", reps))
             emit({"system": "xarray", "case": q["case"], "times_s": times,
                   "sum32": sum32(r.values), "version": xr.__version__})
 
@@ -85,7 +87,7 @@ def main():
                 made[tile] = uri
             with tiledb.open(made[tile], "r") as A:
                 sl = tuple(slice(lo, hi) for lo, hi in q["bounds"])
-                r, times = timed(lambda: A[sl]["velocity"], reps)
+                r, times = timed(lambda: A[sl]["velocity"], q.get("reps", reps))
             emit({"system": "tiledb", "case": q["case"], "times_s": times, "sum32": sum32(r),
                   "version": tiledb.__version__})
 

@@ -49,7 +49,11 @@ fn main() -> Result<(), ArrayError> {
     let span: Span = env("SPAN", "one".to_string()).parse()?;
     let q = Query::new(src.layout(), span, env("SEL", 0.2))?;
     let cpus: Vec<u32> = topo.allowed_cpus().iter().collect();
-    let pin = Pinning::on_cpus(&[cpus[0], cpus[1 % cpus.len()]]);
+    let pin = if std::env::var("OS").is_ok() {
+        Pinning::unpinned(2)
+    } else {
+        Pinning::on_cpus(&[cpus[0], cpus[1 % cpus.len()]])
+    };
     let pool = std::env::args().nth(1).unwrap_or("on".into()) == "on";
     let opts = SubarrayOptions {
         huge_pages: true,
@@ -108,6 +112,12 @@ fn main() -> Result<(), ArrayError> {
         tm.sort_by(f64::total_cmp);
         tr.sort_by(f64::total_cmp);
         let (s, m, r) = (ts[n / 2], tm[n / 2], tr[n / 2]);
+        println!(
+            "box {:?} of chunks {:?}, {} chunk(s)",
+            q.bounds,
+            src.layout().chunk,
+            inter.len()
+        );
         println!(
             "{bytes} B, medians: memcpy {m:.2} us; subarray {s:.2} us ({:.2}x memcpy's bandwidth); \
              bare row loop {r:.2} us ({:.2}x)",

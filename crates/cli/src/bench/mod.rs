@@ -29,7 +29,9 @@ pub enum BenchCmd {
     Alloc(alloc::AllocArgs),
     /// Seed 000's subarray: copy a box of a chunked seismic volume under thread strategies
     /// (os, compact, sparse, shared, random:K, elastic, search); GB/s of result, speedup vs
-    /// `os`, local-access ratio; numpy/xarray/TileDB and memcpy on the same bytes.
+    /// `os`, local-access ratio; numpy/xarray/TileDB and memcpy on the same bytes. A case with a
+    /// result under 13 MiB gets more timed reps than --reps, the same for every system: enough
+    /// to copy 64 MiB, at most 1000.
     Subarray(subarray::SubarrayArgs),
     /// Streaming (seed 001): loci's pipeline vs `lz4 | nc` and raw `nc` on loopback, the plan vs
     /// OS placement, and the two LZ4 implementations on one core.

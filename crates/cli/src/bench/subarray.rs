@@ -174,6 +174,20 @@ fn repo_root() -> PathBuf {
         .unwrap_or_else(|| std::env::current_dir().unwrap_or_default())
 }
 
+/// Bytes of result each system copies per case at least: a case with a small result gets more
+/// timed reps than `--reps` (the same number for loci and every peer), because one call of a few
+/// microseconds swings with the state of the caches and the branch predictors, and a median of
+/// 5 such calls moved by 20-50% between runs.
+const REPS_BYTES: usize = 64 << 20;
+/// The most timed reps of one case.
+const MAX_REPS: usize = 1000;
+
+/// Timed reps of a case whose result has `bytes` bytes: `min` (the `--reps`), or enough to copy
+/// [`REPS_BYTES`], at most [`MAX_REPS`].
+fn case_reps(min: usize, bytes: usize) -> usize {
+    min.max((REPS_BYTES / bytes.max(1)).min(MAX_REPS))
+}
+
 pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
     let quick = a.common.quick;
     let reps = a.common.reps.unwrap_or(if quick { 3 } else { 5 });
@@ -289,6 +303,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                 let q = Query::new(src.layout(), span, sel)?;
                 let case = format!("c{count}/{span}/s{sel}");
                 let bytes = q.bounds.iter().map(|r| r.end - r.start).product::<usize>() * 4;
+                let reps = case_reps(reps, bytes);
                 let w = ModelWorkload::subarray(src.layout(), &q.bounds, nthreads, |c| {
                     homes[c].clone()
                 });
@@ -425,6 +440,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                     "bounds": q.bounds.iter().map(|r| [r.start, r.end]).collect::<Vec<_>>(),
                     "tile": src.layout().chunk,
                     "bytes": bytes,
+                    "reps": reps,
                 }));
             }
         }
@@ -592,4 +608,22 @@ subarray goals (loci `search`, or the first loci strategy, per case; medians of 
         None => out += "  result-buffer pool: off (every result in fresh memory)\n",
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Small results get more reps (the same for every system), large ones `--reps`; never
+    /// fewer than asked, never more than the cap unless asked.
+    #[test]
+    fn small_results_get_more_reps() {
+        assert_eq!(case_reps(5, 107 << 20), 5);
+        assert_eq!(case_reps(5, 13 << 20), 5);
+        assert_eq!(case_reps(5, 104_424), 642);
+        assert_eq!(case_reps(5, 1), MAX_REPS);
+        assert_eq!(case_reps(5, 0), MAX_REPS);
+        assert_eq!(case_reps(3000, 1), 3000);
+        assert_eq!(case_reps(7, 1 << 20), 64);
+    }
 }
