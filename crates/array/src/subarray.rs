@@ -921,10 +921,6 @@ mod tests {
         assert!(runs.is_empty());
     }
 
-    /// A streamed sequence of runs equals their concatenation for every destination alignment
-    /// and mix of run lengths (empty, shorter than a line, crossing lines, many lines; more runs
-    /// than the prefetch queue holds and more bytes than it prefetches), and writes nothing
-    /// outside its range.
     /// `runs_end` is one past the furthest cell any run touches, for boxes of every shape
     /// (checked against the runs themselves on a 4-D chunk).
     #[test]
@@ -959,6 +955,10 @@ mod tests {
         }
     }
 
+    /// A streamed sequence of runs equals their concatenation for every destination alignment
+    /// and mix of run lengths (empty, shorter than a line, crossing lines, many lines; more runs
+    /// than the prefetch queue holds and more bytes than it prefetches), and writes nothing
+    /// outside its range.
     #[test]
     fn stream_writer_equals_concatenated_runs_at_every_alignment() {
         let src: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + 3) as u8).collect();
