@@ -8,11 +8,12 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use loci_place::policy::MemPlan;
+use loci_place::sys::AnonMap;
 use loci_topo::{NodeSet, Topology};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ArrayError;
-use crate::pool::{Binding, BufferPool, Mapping, Pooled};
+use crate::pool::{Binding, BufferPool, Pooled};
 
 /// Where a chunk's pages live (planned or observed when it was first touched).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,17 +117,11 @@ impl fmt::Display for ChunkMem {
 /// One anonymous private mapping: unmapped on drop, or given back to the result-buffer pool it
 /// came from (see [`crate::pool`]). Zero-length regions map nothing.
 pub struct Region {
-    map: Option<Mapping>,
+    map: Option<AnonMap>,
     len: usize,
     /// Where the region goes when dropped, and the binding of its pages it goes there with.
     pool: Option<(Arc<BufferPool>, Binding)>,
 }
-
-// SAFETY: a Region exclusively owns its mapping; shared access only reads (`&self`), writes need
-// `&mut self` or go through raw pointers whose disjointness the caller proves.
-unsafe impl Send for Region {}
-// SAFETY: see above.
-unsafe impl Sync for Region {}
 
 /// Mappings at least this big are aligned (and sized) to 2 MiB when huge pages are asked for, so
 /// transparent huge pages can back all of them.
@@ -151,18 +146,15 @@ impl Region {
         } else {
             (len.next_multiple_of(ps), ps)
         };
-        let p = loci_place::sys::map_anonymous_aligned(mapped, align, 0)
+        let m = AnonMap::new(mapped, align, 0)
             .map_err(|e| ArrayError::Memory(format!("mmap of {mapped} bytes failed: {e}")))?;
         if huge {
             // SAFETY: the range is the mapping just created. Advice only: failure is harmless
             // (THP disabled), so the result is ignored on purpose.
-            unsafe { libc::madvise(p.as_ptr().cast(), mapped, libc::MADV_HUGEPAGE) };
+            unsafe { libc::madvise(m.as_ptr().cast(), mapped, libc::MADV_HUGEPAGE) };
         }
         Ok(Self {
-            map: Some(Mapping {
-                ptr: p,
-                len: mapped,
-            }),
+            map: Some(m),
             len,
             pool: None,
         })
@@ -170,7 +162,7 @@ impl Region {
 
     /// A region of `len` bytes on a buffer taken from `pool`; it goes back there when dropped.
     pub(crate) fn from_pooled(p: Pooled, len: usize, pool: Arc<BufferPool>) -> Self {
-        debug_assert!(len <= p.map.len && len <= p.binding.len());
+        debug_assert!(len <= p.map.len() && len <= p.binding.len());
         Self {
             map: Some(p.map),
             len,
@@ -189,7 +181,7 @@ impl Region {
         let Some(m) = &self.map else {
             return Ok(());
         };
-        assert_eq!(binding.len(), m.len, "a binding covers the whole mapping");
+        assert_eq!(binding.len(), m.len(), "a binding covers the whole mapping");
         for (r, n) in binding.segments() {
             self.place(r.start, r.end - r.start, &Home::Node(*n))?;
         }
@@ -199,7 +191,7 @@ impl Region {
 
     /// Bytes mapped (the length rounded up to pages or huge pages; for a pooled buffer, its size).
     pub fn mapped(&self) -> usize {
-        self.map.as_ref().map_or(0, |m| m.len)
+        self.map.as_ref().map_or(0, |m| m.len())
     }
 
     /// The binding of a region that came from or goes to a result-buffer pool (every page bound
@@ -208,8 +200,10 @@ impl Region {
         self.pool.as_ref().map(|(_, b)| b)
     }
 
-    fn base(&self) -> NonNull<u8> {
-        self.map.as_ref().map_or(NonNull::dangling(), |m| m.ptr)
+    fn base(&self) -> *mut u8 {
+        self.map
+            .as_ref()
+            .map_or(NonNull::dangling().as_ptr(), |m| m.as_ptr())
     }
 
     /// Sets the policy of the bytes `offset..offset+len` (widened to whole pages; `offset` must
@@ -238,10 +232,8 @@ impl Region {
         };
         // SAFETY: offset..offset+len is inside this Region's own mapping (checked above), and
         // no page of it is touched yet.
-        unsafe {
-            loci_place::apply::apply_range(&plan, self.base().as_ptr().add(offset), len, false)
-        }
-        .map_err(|e| ArrayError::Memory(format!("placing a chunk on {home}: {e}")))
+        unsafe { loci_place::apply::apply_range(&plan, self.base().add(offset), len, false) }
+            .map_err(|e| ArrayError::Memory(format!("placing a chunk on {home}: {e}")))
     }
 
     /// Bytes asked for.
@@ -255,36 +247,33 @@ impl Region {
     }
 
     pub fn as_ptr(&self) -> *const u8 {
-        self.base().as_ptr()
+        self.base()
     }
 
     /// Raw pointer for writes through `&self`; callers must keep writes disjoint and not overlap
     /// any live shared slice of the same bytes.
     pub fn as_mut_ptr(&self) -> *mut u8 {
-        self.base().as_ptr()
+        self.base()
     }
 
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the mapping is `mapped >= len` bytes, readable, and lives as long as `self`
         // (a dangling pointer with len 0 is a valid empty slice).
-        unsafe { std::slice::from_raw_parts(self.base().as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.base(), self.len) }
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, and `&mut self` makes the access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.base().as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.base(), self.len) }
     }
 
     /// Node of the pages holding the given byte offsets (`move_pages` query; negative values are
     /// `-errno`, `-ENOENT` for a page not touched yet).
     pub fn nodes_at(&self, offsets: &[usize]) -> Result<Vec<i32>, ArrayError> {
-        let pages: Vec<*const u8> = offsets
-            .iter()
-            .filter(|&&o| o < self.len)
-            // SAFETY: o < len, inside the mapping.
-            .map(|&o| unsafe { self.base().as_ptr().add(o) } as *const u8)
-            .collect();
-        loci_place::sys::pages_nodes(0, &pages)
+        let Some(m) = &self.map else {
+            return Ok(Vec::new());
+        };
+        m.nodes_at(offsets.iter().copied().filter(|&o| o < self.len))
             .map_err(|e| ArrayError::Memory(format!("move_pages query failed: {e}")))
     }
 }

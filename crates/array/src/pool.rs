@@ -24,27 +24,10 @@
 
 use std::fmt;
 use std::ops::Range;
-use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use loci_place::sys::AnonMap;
 use serde::{Deserialize, Serialize};
-
-/// One anonymous private mapping of `len` bytes, unmapped on drop (`len` > 0, page multiple).
-pub(crate) struct Mapping {
-    pub(crate) ptr: NonNull<u8>,
-    pub(crate) len: usize,
-}
-
-// SAFETY: a Mapping exclusively owns its pages; it is only an address and a length, and whoever
-// holds it (one Region, or the pool under its mutex) is the only user of the memory.
-unsafe impl Send for Mapping {}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly the mapping this value owns; nothing borrows it any more.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
 
 /// The node each page of a buffer is bound to: segments `[start, end) -> node` that cover the
 /// buffer from offset 0 without gaps, page aligned, adjacent segments on different nodes.
@@ -157,7 +140,7 @@ impl fmt::Display for Binding {
 
 /// A buffer in the pool, or on loan to a result.
 pub(crate) struct Pooled {
-    pub(crate) map: Mapping,
+    pub(crate) map: AnonMap,
     pub(crate) binding: Binding,
 }
 
@@ -315,12 +298,12 @@ impl BufferPool {
         let at = g
             .free
             .iter()
-            .rposition(|p| p.map.len <= limit && p.binding.serves(want));
+            .rposition(|p| p.map.len() <= limit && p.binding.serves(want));
         match at {
             Some(i) => {
                 let p = g.free.remove(i);
                 g.stats.hits += 1;
-                g.stats.bytes_held -= p.map.len;
+                g.stats.bytes_held -= p.map.len();
                 g.stats.buffers_held -= 1;
                 Some(p)
             }
@@ -342,12 +325,12 @@ impl BufferPool {
     pub(crate) fn give(&self, p: Pooled) {
         let evicted = {
             let mut g = self.lock();
-            if p.map.len > g.stats.cap {
+            if p.map.len() > g.stats.cap {
                 g.stats.evicted += 1;
                 vec![p]
             } else {
                 g.stats.returned += 1;
-                g.stats.bytes_held += p.map.len;
+                g.stats.bytes_held += p.map.len();
                 g.stats.buffers_held += 1;
                 g.free.push(p);
                 Self::trim(&mut g)
@@ -362,7 +345,7 @@ impl BufferPool {
         let mut n = 0;
         let mut held = g.stats.bytes_held;
         while held > g.stats.cap {
-            held -= g.free[n].map.len;
+            held -= g.free[n].map.len();
             n += 1;
         }
         let out: Vec<Pooled> = g.free.drain(..n).collect();
@@ -410,10 +393,7 @@ mod tests {
         let ps = loci_place::sys::page_size();
         let len = len.next_multiple_of(ps);
         Pooled {
-            map: Mapping {
-                ptr: loci_place::sys::map_anonymous_aligned(len, ps, 0).unwrap(),
-                len,
-            },
+            map: AnonMap::new(len, ps, 0).unwrap(),
             binding: Binding::node(len, node),
         }
     }
@@ -429,7 +409,7 @@ mod tests {
         assert_eq!((s.returned, s.buffers_held, s.bytes_held), (3, 3, 20 * ps));
         // Node 0, 3 pages: the most recent node-0 buffer (8 pages) serves it.
         let p = pool.take(&Binding::node(3 * ps, 0), true).unwrap();
-        assert_eq!((p.map.len, p.binding.node_at(0)), (8 * ps, Some(0)));
+        assert_eq!((p.map.len(), p.binding.node_at(0)), (8 * ps, Some(0)));
         // Node 2: nothing, never a buffer of another node.
         assert!(pool.take(&Binding::node(ps, 2), true).is_none());
         // Too big for any node-0 buffer left.

@@ -92,18 +92,9 @@ impl FromStr for MemPolicy {
     }
 }
 
-/// An anonymous private mapping, unmapped on drop.
-pub struct Region {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: a Region is plain memory owned by this value; sharing it is as safe as sharing a
-// `Box<[u8]>`. Concurrent writers go through `Morsel`/`Partitioned` APIs that give each writer a
-// disjoint range.
-unsafe impl Send for Region {}
-// SAFETY: see above.
-unsafe impl Sync for Region {}
+/// An anonymous private mapping, unmapped on drop. Concurrent writers go through the
+/// `Morsel`/`Partitioned` APIs, which give each writer a disjoint range.
+pub struct Region(sys::AnonMap);
 
 impl Region {
     /// Maps `len` bytes (rounded up to pages; at least one page), asks for transparent huge pages
@@ -111,53 +102,38 @@ impl Region {
     /// (`loci_place::apply::apply_range`, i.e. `mbind`).
     /// `plan` = None (or first-touch) leaves the pages to first touch.
     pub fn map(len: usize, plan: Option<&MemPlan>) -> Result<Region, EngineError> {
-        let ps = sys::page_size();
-        let len = len.max(1).div_ceil(ps) * ps;
-        // SAFETY: anonymous private mapping; no file, no fixed address.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(EngineError::Io {
-                what: format!("mmap of {len} bytes"),
-                source: io::Error::last_os_error(),
-            });
-        }
-        let r = Region {
-            ptr: ptr as *mut u8,
-            len,
-        };
+        let m =
+            sys::AnonMap::new(len, sys::page_size(), libc::MAP_NORESERVE).map_err(|source| {
+                EngineError::Io {
+                    what: format!("mmap of {len} bytes"),
+                    source,
+                }
+            })?;
+        let len = m.len();
         if len >= 2 << 20 {
             // SAFETY: the range is our own fresh mapping. A failed hint is harmless (THP off).
-            unsafe { libc::madvise(ptr, len, libc::MADV_HUGEPAGE) };
+            unsafe { libc::madvise(m.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
         }
         if let Some(p) = plan.filter(|p| !p.is_default()) {
             // SAFETY: the range is our own mapping, page aligned, nothing touched yet.
-            unsafe { loci_place::apply::apply_range(p, r.ptr, len, false) }?;
+            unsafe { loci_place::apply::apply_range(p, m.as_ptr(), len, false) }?;
         }
-        Ok(r)
+        Ok(Region(m))
     }
 
     /// Start of the mapping.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr
+        self.0.as_ptr()
     }
 
     /// Length in bytes (a whole number of pages).
     pub fn len(&self) -> usize {
-        self.len
+        self.0.len()
     }
 
     /// Never true: a region has at least one page.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.0.is_empty()
     }
 
     /// Share of the sampled pages of `[off, off+len)` on each node: `samples` pages evenly spread.
@@ -170,20 +146,13 @@ impl Region {
     ) -> io::Result<Vec<(u32, f64)>> {
         let ps = sys::page_size();
         let first = off / ps;
-        let last = (off + len.max(1)).div_ceil(ps).min(self.len / ps);
+        let last = (off + len.max(1)).div_ceil(ps).min(self.len() / ps);
         let n = last.saturating_sub(first);
         if n == 0 {
             return Ok(vec![]);
         }
         let k = samples.clamp(1, n);
-        let pages: Vec<*const u8> = (0..k)
-            .map(|i| {
-                let p = first + i * n / k;
-                // SAFETY: p < self.len / ps, inside the mapping.
-                unsafe { self.ptr.add(p * ps) as *const u8 }
-            })
-            .collect();
-        let st = sys::pages_nodes(0, &pages)?;
+        let st = self.0.nodes_at((0..k).map(|i| (first + i * n / k) * ps))?;
         let mut count: Vec<(u32, usize)> = Vec::new();
         let mut total = 0usize;
         for s in st.into_iter().filter(|&s| s >= 0) {
@@ -197,13 +166,6 @@ impl Region {
             .into_iter()
             .map(|(n, c)| (n, c as f64 / total as f64))
             .collect())
-    }
-}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        // SAFETY: we own the mapping and nothing borrows it past self.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
     }
 }
 

@@ -232,33 +232,18 @@ mod tests {
     }
 
     /// Four fresh untouched pages, unmapped on drop.
-    struct Pages(*mut u8, usize);
-    impl Pages {
-        fn new() -> Pages {
-            let len = 4 * sys::page_size();
-            Pages(
-                sys::map_anonymous_aligned(len, sys::page_size(), 0)
-                    .unwrap()
-                    .as_ptr(),
-                len,
-            )
-        }
-    }
-    impl Drop for Pages {
-        fn drop(&mut self) {
-            // SAFETY: our own mapping of this length.
-            unsafe { libc::munmap(self.0 as *mut libc::c_void, self.1) };
-        }
+    fn four_pages() -> sys::AnonMap {
+        sys::AnonMap::new(4 * sys::page_size(), sys::page_size(), 0).unwrap()
     }
 
     #[test]
     fn range_policy_reads_back_per_page() {
-        let r = Pages::new();
+        let r = four_pages();
         let ps = sys::page_size();
         let bind = mem_plan("bind:0");
         // SAFETY: our own fresh mapping; pages 1..3 only.
-        unsafe { apply_range(&bind, r.0.add(ps), 2 * ps, false) }.unwrap();
-        let at = |page: usize| sys::get_range_policy(unsafe { r.0.add(page * ps) }).unwrap();
+        unsafe { apply_range(&bind, r.as_ptr().add(ps), 2 * ps, false) }.unwrap();
+        let at = |page: usize| sys::get_range_policy(unsafe { r.as_ptr().add(page * ps) }).unwrap();
         assert_eq!(at(1), (sys::mode::MPOL_BIND, NodeSet::single(0)));
         assert_eq!(at(2), (sys::mode::MPOL_BIND, NodeSet::single(0)));
         // Outside the range the thread's policy (default here) governs.
@@ -268,45 +253,45 @@ mod tests {
         let pref = mem_plan("interleave");
         assert_eq!(pref.policy, "preferred");
         // SAFETY: as above; the pages are untouched so nothing migrates.
-        unsafe { apply_range(&pref, r.0, 4 * ps, true) }.unwrap();
+        unsafe { apply_range(&pref, r.as_ptr(), 4 * ps, true) }.unwrap();
         assert_eq!(at(0), (sys::mode::MPOL_PREFERRED, NodeSet::single(0)));
         assert_eq!(at(2), (sys::mode::MPOL_PREFERRED, NodeSet::single(0)));
         // SAFETY: as above.
-        unsafe { apply_range(&mem_plan("first-touch"), r.0, 4 * ps, false) }.unwrap();
+        unsafe { apply_range(&mem_plan("first-touch"), r.as_ptr(), 4 * ps, false) }.unwrap();
         assert_eq!(at(2).0, sys::mode::MPOL_DEFAULT);
         // Touched pages moved with `migrate` stay readable and land on the plan's node.
         // SAFETY: writes inside our mapping.
-        unsafe { r.0.write_bytes(7, 4 * ps) };
-        unsafe { apply_range(&bind, r.0, 4 * ps, true) }.unwrap();
-        assert!(sys::buffer_pages_nodes(r.0, 4 * ps)
+        unsafe { r.as_ptr().write_bytes(7, 4 * ps) };
+        unsafe { apply_range(&bind, r.as_ptr(), 4 * ps, true) }.unwrap();
+        assert!(sys::buffer_pages_nodes(r.as_ptr(), 4 * ps)
             .unwrap()
             .iter()
             .all(|&n| n == 0));
         // SAFETY: reads inside our mapping.
-        assert!((0..4 * ps).all(|i| unsafe { *r.0.add(i) } == 7));
+        assert!((0..4 * ps).all(|i| unsafe { *r.as_ptr().add(i) } == 7));
         // An empty range is a no-op, even unaligned.
-        assert!(unsafe { apply_range(&bind, r.0, 0, false) }.is_ok());
+        assert!(unsafe { apply_range(&bind, r.as_ptr(), 0, false) }.is_ok());
     }
 
     #[test]
     fn range_errors_name_range_policy_and_cause() {
-        let r = Pages::new();
+        let r = four_pages();
         let ps = sys::page_size();
         let bind = mem_plan("bind:0");
         // SAFETY: inside our mapping; rejected before any syscall.
-        let e = unsafe { apply_range(&bind, r.0.add(1), ps, false) }.unwrap_err();
+        let e = unsafe { apply_range(&bind, r.as_ptr().add(1), ps, false) }.unwrap_err();
         let msg = e.to_string();
-        let start = format!("{:#x}", r.0 as usize + 1);
+        let start = format!("{:#x}", r.as_ptr() as usize + 1);
         assert!(msg.contains(&start) && msg.contains("bind:0"), "{msg}");
         assert!(msg.contains("not page aligned"), "{msg}");
         assert_eq!(e.len, ps);
 
         // A range with an unmapped hole: EFAULT, said as such.
         // SAFETY: unmaps the last page of our own mapping; Pages' drop unmapping it again is harmless.
-        unsafe { libc::munmap(r.0.add(3 * ps) as *mut libc::c_void, ps) };
-        let e = unsafe { apply_range(&bind, r.0, 4 * ps, false) }.unwrap_err();
+        unsafe { libc::munmap(r.as_ptr().add(3 * ps) as *mut libc::c_void, ps) };
+        let e = unsafe { apply_range(&bind, r.as_ptr(), 4 * ps, false) }.unwrap_err();
         let msg = e.to_string();
-        let end = format!("{:#x}", r.0 as usize + 4 * ps);
+        let end = format!("{:#x}", r.as_ptr() as usize + 4 * ps);
         assert!(msg.contains(&end) && msg.contains("bind:0"), "{msg}");
         assert!(msg.contains("not mapped"), "{msg}");
         assert_eq!(e.source.raw_os_error(), Some(libc::EFAULT));
@@ -316,7 +301,7 @@ mod tests {
             policy: "bind",
             nodes: NodeSet::single(1000),
         };
-        let e = unsafe { apply_range(&bad, r.0, ps, false) }.unwrap_err();
+        let e = unsafe { apply_range(&bad, r.as_ptr(), ps, false) }.unwrap_err();
         let msg = e.to_string();
         assert!(
             msg.contains("bind:1000") && msg.contains("rejects"),

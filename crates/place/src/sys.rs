@@ -202,6 +202,66 @@ pub fn map_anonymous_aligned(
     Ok(std::ptr::NonNull::new(aligned as *mut u8).expect("mmap never maps address 0 here"))
 }
 
+/// An anonymous private read-write mapping owned by this value and unmapped when it is dropped:
+/// the one owner of mapped memory for loci's arrays, table morsels and stream buffers (each adds
+/// its own placement on top). It hands out only raw pointers; whoever writes through them keeps
+/// the writes disjoint.
+pub struct AnonMap {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: an AnonMap exclusively owns its pages and exposes them only as raw pointers (whose
+// dereference is the caller's unsafe responsibility), like a `Box<[u8]>` seen through pointers.
+unsafe impl Send for AnonMap {}
+// SAFETY: see above; `&AnonMap` reads nothing but the address and the length.
+unsafe impl Sync for AnonMap {}
+
+impl AnonMap {
+    /// Maps `len` bytes rounded up to whole pages (at least one), at an address that is a
+    /// multiple of `align` (a power of two, a multiple of the page size; the page size itself
+    /// for no constraint), untouched. `flags` are added to `MAP_PRIVATE | MAP_ANONYMOUS`.
+    pub fn new(len: usize, align: usize, flags: i32) -> io::Result<Self> {
+        let len = len.max(1).next_multiple_of(page_size());
+        let ptr = map_anonymous_aligned(len, align, flags)?;
+        Ok(Self { ptr, len })
+    }
+
+    /// Start of the mapping.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Bytes mapped (a multiple of the page size).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true: a mapping has at least one page.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Node of the pages holding the given byte offsets (`move_pages` query; `-errno` per page,
+    /// `-ENOENT` for a page not touched yet). Offsets past the end are left out.
+    pub fn nodes_at(&self, offsets: impl IntoIterator<Item = usize>) -> io::Result<Vec<i32>> {
+        let pages: Vec<*const u8> = offsets
+            .into_iter()
+            .filter(|&o| o < self.len)
+            // SAFETY: o < len: an address inside the mapping (not dereferenced).
+            .map(|o| unsafe { self.ptr.as_ptr().add(o) } as *const u8)
+            .collect();
+        pages_nodes(0, &pages)
+    }
+}
+
+impl Drop for AnonMap {
+    fn drop(&mut self) {
+        // SAFETY: exactly the mapping this value made and owns; nothing borrows it past `self`.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
 /// The system page size in bytes.
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions.
@@ -389,5 +449,62 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    /// An AnonMap rounds up to pages, honours the alignment, reports untouched pages as
+    /// `-ENOENT` and touched ones on node 0 (one node here), leaves out offsets past its end,
+    /// and is unmapped when dropped.
+    #[test]
+    fn anon_map_owns_and_unmaps_its_pages() {
+        let ps = page_size();
+        let m = AnonMap::new(ps + 1, 4 * ps, 0).unwrap();
+        assert_eq!(m.len(), 2 * ps);
+        assert!(!m.is_empty());
+        assert_eq!(m.as_ptr() as usize % (4 * ps), 0);
+        assert_eq!(m.nodes_at([0, ps]).unwrap(), vec![-libc::ENOENT; 2]);
+        // SAFETY: the first byte of the mapping, which is read-write.
+        unsafe { m.as_ptr().write(1) };
+        assert_eq!(
+            m.nodes_at([0, ps, 2 * ps, usize::MAX]).unwrap(),
+            vec![0, -libc::ENOENT]
+        );
+        drop(m);
+        // Unmapped on drop, checked in a forked child so that no other test thread can map
+        // something at the freed address in between: the child maps, drops, and asks msync
+        // about the range (ENOMEM when nothing is mapped there); it touches no heap and no lock.
+        // SAFETY: the child runs only the async-signal-safe calls below and `_exit`s.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let code = match AnonMap::new(ps, ps, 0) {
+                Ok(m) => {
+                    let (p, len) = (m.as_ptr(), m.len());
+                    drop(m);
+                    // SAFETY: msync only asks about the range.
+                    let r = unsafe { libc::msync(p.cast(), len, libc::MS_ASYNC) };
+                    let gone =
+                        r == -1 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOMEM);
+                    if gone {
+                        0
+                    } else {
+                        1
+                    }
+                }
+                Err(_) => 2,
+            };
+            // SAFETY: leaves the child at once, running nothing of the parent's.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child saw the dropped mapping still mapped (status {status:#x})"
+        );
+        assert_eq!(AnonMap::new(0, ps, 0).unwrap().len(), ps);
+        assert!(
+            AnonMap::new(ps, 3 * ps, 0).is_err(),
+            "alignment must be a power of two"
+        );
     }
 }

@@ -8,7 +8,6 @@
 
 use std::io;
 use std::ops::{Deref, DerefMut};
-use std::ptr::NonNull;
 
 use crossbeam_channel::{Receiver, Sender};
 use loci_place::sys;
@@ -16,16 +15,10 @@ use loci_topo::NodeSet;
 
 /// A page-aligned buffer of fixed capacity, with its pages placed on one node when asked.
 pub struct NodeBuf {
-    ptr: NonNull<u8>,
-    cap: usize,
+    map: sys::AnonMap,
     len: usize,
     node: Option<u32>,
 }
-
-// SAFETY: NodeBuf owns its mapping exclusively (like a Vec<u8>); moving it between threads is safe.
-unsafe impl Send for NodeBuf {}
-// SAFETY: shared access only hands out `&[u8]`.
-unsafe impl Sync for NodeBuf {}
 
 impl NodeBuf {
     /// Maps `cap` bytes (at least one page); with `node`, binds them there (preferred, so a full
@@ -40,33 +33,14 @@ impl NodeBuf {
     /// about 2:1), that zeroes half the memory.
     pub fn with_populate(cap: usize, node: Option<u32>, populate: bool) -> io::Result<Self> {
         let ps = sys::page_size();
-        let map_len = cap.max(1).div_ceil(ps) * ps;
-        // SAFETY: anonymous private mapping, no file descriptor; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(p as *mut u8).expect("mmap returned null");
-        let buf = NodeBuf {
-            ptr,
-            cap: map_len,
-            len: 0,
-            node,
-        };
+        let map = sys::AnonMap::new(cap, ps, 0)?;
+        let (p, map_len) = (map.as_ptr(), map.len());
+        let buf = NodeBuf { map, len: 0, node };
         if let Some(n) = node {
             // SAFETY: the range is the mapping just created and owned by `buf`.
             unsafe {
                 sys::mbind(
-                    buf.ptr.as_ptr(),
+                    p,
                     map_len,
                     sys::mode::MPOL_PREFERRED,
                     &NodeSet::single(n),
@@ -80,10 +54,10 @@ impl NodeBuf {
         // Fault the pages in now, under the policy: one MADV_POPULATE_WRITE (Linux 5.14+) instead
         // of a page fault per page; kernels without it get the pages touched one by one.
         // SAFETY: populating the mapping just created and owned by `buf`.
-        if populate && unsafe { libc::madvise(p, map_len, libc::MADV_POPULATE_WRITE) } != 0 {
+        if populate && unsafe { libc::madvise(p.cast(), map_len, libc::MADV_POPULATE_WRITE) } != 0 {
             for off in (0..map_len).step_by(ps) {
                 // SAFETY: off < map_len, inside the mapping.
-                unsafe { buf.ptr.as_ptr().add(off).write_volatile(0) };
+                unsafe { p.add(off).write_volatile(0) };
             }
         }
         Ok(buf)
@@ -91,7 +65,7 @@ impl NodeBuf {
 
     /// Capacity in bytes (a multiple of the page size).
     pub fn capacity(&self) -> usize {
-        self.cap
+        self.map.len()
     }
     /// The node this buffer was bound to, if any.
     pub fn node(&self) -> Option<u32> {
@@ -100,28 +74,25 @@ impl NodeBuf {
     /// Sets the length of the valid prefix. Panics beyond the capacity (a caller bug).
     pub fn set_len(&mut self, len: usize) {
         assert!(
-            len <= self.cap,
+            len <= self.capacity(),
             "NodeBuf length {len} beyond capacity {}",
-            self.cap
+            self.capacity()
         );
         self.len = len;
     }
     /// The whole capacity as a writable slice (for codecs and reads that fill it).
     pub fn spare(&mut self) -> &mut [u8] {
         // SAFETY: the mapping is cap bytes, initialised (zero pages), and exclusively ours.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.cap) }
+        unsafe { std::slice::from_raw_parts_mut(self.map.as_ptr(), self.capacity()) }
     }
     /// Nodes that hold this buffer's pages right now (from `move_pages`), sampled at up to 16 pages.
     pub fn actual_nodes(&self) -> io::Result<NodeSet> {
         let ps = sys::page_size();
-        let pages = self.cap / ps;
+        let pages = self.capacity() / ps;
         let step = (pages / 16).max(1);
-        let addrs: Vec<*const u8> = (0..pages)
-            .step_by(step)
-            // SAFETY: i * ps < cap, inside the mapping.
-            .map(|i| unsafe { self.ptr.as_ptr().add(i * ps) as *const u8 })
-            .collect();
-        let st = sys::pages_nodes(0, &addrs)?;
+        let st = self
+            .map
+            .nodes_at((0..pages).step_by(step).map(|i| i * ps))?;
         Ok(st
             .into_iter()
             .filter(|&n| n >= 0)
@@ -134,20 +105,13 @@ impl Deref for NodeBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         // SAFETY: len <= cap, the prefix is initialised.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr(), self.len) }
     }
 }
 impl DerefMut for NodeBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: len <= cap, exclusive access through &mut self.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for NodeBuf {
-    fn drop(&mut self) {
-        // SAFETY: ptr/cap are the mapping created in `new`, unmapped exactly once.
-        unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.cap) };
+        unsafe { std::slice::from_raw_parts_mut(self.map.as_ptr(), self.len) }
     }
 }
 

@@ -148,21 +148,23 @@ fn thp_available() -> bool {
 }
 
 /// An anonymous private mapping, unmapped on drop.
-struct Region {
-    ptr: *mut u8,
-    len: usize,
-}
+struct Region(sys::AnonMap);
 
 impl Region {
     /// Maps `len` bytes starting on a huge-page boundary (so THP can back all of it and interleave counts are
     /// exact), by over-mapping and trimming.
     fn map(len: usize) -> Result<Region, String> {
-        let p = sys::map_anonymous_aligned(len, HUGE_PAGE, 0)
-            .map_err(|e| format!("mmap {len} bytes aligned to {HUGE_PAGE}: {e}"))?;
-        Ok(Region {
-            ptr: p.as_ptr(),
-            len,
-        })
+        sys::AnonMap::new(len, HUGE_PAGE, 0)
+            .map(Region)
+            .map_err(|e| format!("mmap {len} bytes aligned to {HUGE_PAGE}: {e}"))
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        self.0.as_ptr()
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
     }
 
     /// `madvise(MADV_HUGEPAGE)` when `huge`, else `MADV_NOHUGEPAGE` (before the first touch).
@@ -173,7 +175,7 @@ impl Region {
             libc::MADV_NOHUGEPAGE
         };
         // SAFETY: advice on our own mapping; no memory is freed or moved.
-        let r = unsafe { libc::madvise(self.ptr as *mut libc::c_void, self.len, advice) };
+        let r = unsafe { libc::madvise(self.ptr() as *mut libc::c_void, self.len(), advice) };
         if r != 0 {
             return Err(format!("madvise: {}", io::Error::last_os_error()));
         }
@@ -182,29 +184,22 @@ impl Region {
 
     fn mbind(&self, policy: i32, nodes: &NodeSet) -> io::Result<()> {
         // SAFETY: the range is our own mapping, page aligned, not yet touched (no migration).
-        unsafe { sys::mbind(self.ptr, self.len, policy, nodes, 0) }
+        unsafe { sys::mbind(self.ptr(), self.len(), policy, nodes, 0) }
     }
 
     /// Faults every page in by writing to it (first touch).
     fn touch(&self) {
         let ps = sys::page_size();
-        for off in (0..self.len).step_by(ps) {
+        for off in (0..self.len()).step_by(ps) {
             // SAFETY: off < len, inside our read-write mapping.
-            unsafe { self.ptr.add(off).write_volatile(1) };
+            unsafe { self.ptr().add(off).write_volatile(1) };
         }
     }
 
     /// Where the pages are (move_pages query, classified by loci-place: per node, not present,
     /// unknown = -EFAULT while AutoNUMA scans, other errors).
     fn placement(&self) -> Result<BufferPages, String> {
-        buffer_pages_at(self.ptr, self.len).map_err(|e| format!("move_pages query: {e}"))
-    }
-}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        // SAFETY: exactly the mapping created in `map`.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        buffer_pages_at(self.ptr(), self.len()).map_err(|e| format!("move_pages query: {e}"))
     }
 }
 
@@ -344,7 +339,7 @@ fn mem_checks(c: &mut Checker, nodes: &[SysNode], region: usize) {
                 nodes: one.clone(),
             };
             // SAFETY: our own mapping; only this thread uses it while its pages move.
-            unsafe { loci_place::apply::apply_range(&plan, r.ptr, r.len, true) }
+            unsafe { loci_place::apply::apply_range(&plan, r.ptr(), r.len(), true) }
                 .map_err(|e| e.to_string())?;
             r.placement()?.check_all_on(&one)
         });
