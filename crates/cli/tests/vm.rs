@@ -101,7 +101,7 @@ fn stream_stages_and_buffers_sit_on_their_planned_nodes_in_a_2_node_vm() {
     let vm = loci_vm::NumaVm::new("2n")
         .timeout(Duration::from_secs(300))
         .env("LOCI_BIN", env!("CARGO_BIN_EXE_loci"));
-    // Buffers are bound MPOL_PREFERRED (a full node falls back instead of failing). In 2 of 21
+    // Buffers are bound MPOL_PREFERRED (a full node falls back instead of failing). In 2 of 19
     // runs on the development machine (2026-11-23), one thread's buffer had a sampled page on the
     // other node although both nodes had over 400 MB free (cause not found yet); the other runs
     // had every page on its node. So a buffer-page mismatch gets one more VM run, and
