@@ -156,8 +156,8 @@ pub fn buffer_pages_nodes(addr: *const u8, len: usize) -> io::Result<Vec<i32>> {
 /// `align` (a power of two; `len` and `align` multiples of the page size), untouched. For an
 /// alignment above the page size it maps `len + align` and unmaps the unaligned head and tail.
 /// `flags` are added to `MAP_PRIVATE | MAP_ANONYMOUS` (e.g. `libc::MAP_NORESERVE`, or 0).
-/// Allocates nothing on the heap, so an allocator may call it. Unmap with `libc::munmap(p, len)`.
-pub fn map_anonymous_aligned(
+/// Allocates nothing on the heap. The mapping behind [`AnonMap::new`], which owns the result.
+fn map_anonymous_aligned(
     len: usize,
     align: usize,
     flags: i32,
