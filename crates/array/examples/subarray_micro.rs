@@ -16,7 +16,8 @@
 //! (set: alternate the query with a memcpy of its result's bytes into a prefaulted buffer, the
 //! bench's limit peer, and with the box's rows copied by a bare loop of one `memcpy` per row,
 //! no planning and no result to build: numpy's copy, and the bound for a copy run by run; print
-//! the medians and each one's bandwidth against the memcpy).
+//! the medians, each one's bandwidth against the memcpy, and how many queries a copy helper took
+//! part in).
 //! Two threads, on cpus 0 and 1 (or the allowed cpus, repeated).
 
 use std::time::Instant;
@@ -74,6 +75,7 @@ fn main() -> Result<(), ArrayError> {
         let (mut ts, mut tm) = (Vec::with_capacity(n), Vec::with_capacity(n));
         let mut tr = Vec::with_capacity(n);
         let mut to2 = vec![1u8; bytes];
+        let mut helped = 0;
         let inter = src.layout().intersecting(&q.bounds);
         for _ in 0..n {
             let s = Instant::now();
@@ -98,8 +100,9 @@ fn main() -> Result<(), ArrayError> {
             std::hint::black_box(&mut to2);
             tr.push(s.elapsed().as_secs_f64() * 1e6);
             let s = Instant::now();
-            let (r, _) = subarray(&src, &q.bounds, &pin, &opts, &topo)?;
+            let (r, st) = subarray(&src, &q.bounds, &pin, &opts, &topo)?;
             ts.push(s.elapsed().as_secs_f64() * 1e6);
+            helped += st.bytes_per_thread.iter().skip(1).any(|&b| b > 0) as usize;
             last = Some(r);
             let s = Instant::now();
             to.copy_from_slice(std::hint::black_box(&from));
@@ -120,7 +123,7 @@ fn main() -> Result<(), ArrayError> {
         );
         println!(
             "{bytes} B, medians: memcpy {m:.2} us; subarray {s:.2} us ({:.2}x memcpy's bandwidth); \
-             bare row loop {r:.2} us ({:.2}x)",
+             bare row loop {r:.2} us ({:.2}x); a helper took part in {helped} of {n} queries",
             m / s,
             m / r
         );

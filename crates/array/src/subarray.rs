@@ -21,6 +21,7 @@ use crate::layout::{Bounds, Layout, PerDim};
 use crate::mem::{Home, Region};
 use crate::pin::{run_pinned, Pinning};
 use crate::pool::{Binding, BufferPool};
+use crate::team;
 
 /// How parts are dealt to threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -69,12 +70,14 @@ pub struct SubarrayOptions {
     pub sample_locality: bool,
     /// Ask for transparent huge pages for the result.
     pub huge_pages: bool,
-    /// Results smaller than this many bytes are copied by the calling thread instead of the
-    /// pinning's threads (default [`INLINE_BYTES`]; 0 always uses the pinning's threads).
+    /// Results smaller than this many bytes are copied by the calling thread and the copy
+    /// helpers of its node ([`crate::team`]: at most threads - 1 of them, those that are awake)
+    /// instead of the pinning's threads (default [`INLINE_BYTES`]; 0 always uses the pinning's
+    /// threads).
     pub inline_bytes: usize,
-    /// Results smaller than this many bytes are copied by the calling thread when a pooled
-    /// buffer (already faulted in) serves them (default [`INLINE_POOLED_BYTES`]; below
-    /// `inline_bytes` the calling thread copies anyway; 0 turns this off).
+    /// Results smaller than this many bytes are copied by the calling thread and its helpers
+    /// when a pooled buffer (already faulted in) serves them (default [`INLINE_POOLED_BYTES`];
+    /// below `inline_bytes` they copy anyway; 0 turns this off).
     pub inline_bytes_pooled: usize,
     /// Results of at least this many bytes are written with non-temporal (streaming) stores,
     /// which skip reading each destination line first and leave the caches to the source (default
@@ -127,7 +130,8 @@ pub struct RunStats {
     /// Number of parts and of source chunks visited.
     pub parts: usize,
     pub chunks: usize,
-    /// Bytes copied by each thread.
+    /// Bytes copied by each thread: the pinning's threads in order, or for a result copied
+    /// inline the calling thread first, then each helper that took part.
     pub bytes_per_thread: Vec<usize>,
     /// For each part: the thread that copied it and the cpu it ran on when it started.
     pub part_thread: Vec<(usize, Option<u32>)>,
@@ -136,6 +140,10 @@ pub struct RunStats {
     pub local_access_ratio: Option<f64>,
     /// Where the result's memory came from.
     pub pool: PoolOutcome,
+    /// Whether the result was copied inline (by the calling thread and its helpers, under
+    /// [`SubarrayOptions::inline_bytes`] or `inline_bytes_pooled`) rather than by the pinning's
+    /// threads.
+    pub inline: bool,
 }
 
 /// The parts of `subarray(b)` on `layout` for `threads` threads (the box must be checked).
@@ -538,16 +546,18 @@ impl Array {
 }
 
 /// Default of [`SubarrayOptions::inline_bytes`]: results smaller than this are copied by the
-/// calling thread (see [`subarray`]).
+/// calling thread and its helpers (see [`subarray`]).
 pub const INLINE_BYTES: usize = 1 << 20;
 
-/// Default of [`SubarrayOptions::inline_bytes_pooled`]. Into pooled memory (no page faults) one
-/// thread copies at memcpy speed, and handing parts to the pinning's workers costs about 15 us
-/// (a broadcast to the persistent workers of [`run_pinned`], 2 workers on the 2-core development
-/// machine), for which a second thread makes up only past about 2 MiB: measured with
-/// `subarray_micro` (one chunk of a 100-chunk 512 MiB volume, 300 queries), inline against the
-/// workers, 1.05 MB 54-65 us against 75-110 us, 1.58 MB 73-80 against 89-107, 2.1 MB 253-258
-/// against 223-288, 2.6 MB 298-391 against 205-246, 3.67 MB 341 against 225.
+/// Default of [`SubarrayOptions::inline_bytes_pooled`]. Into pooled memory (no page faults)
+/// handing parts to the pinning's workers costs about 19 us a call (a broadcast to the persistent
+/// workers of [`run_pinned`]: they are woken and the caller sleeps until they are done), against
+/// a few hundred nanoseconds for the calling thread's spinning helpers ([`crate::team`]). Up to
+/// here a result is too small for its placement to matter more than that. Measured with
+/// `subarray_micro` before the helpers existed (the caller copying alone against the workers):
+/// 1.05 MB 54-65 us against 75-110 us, 2.6 MB 298-391 against 205-246, 3.67 MB 341 against 225.
+/// With the helpers (medians of alternated calls): 0.10 MB 3.4-3.5 us (4.4 alone), 0.37 MB 8.0 us
+/// (15.8 alone), 1.05 MB 25 us (37 alone), and 3.67 MB 143 us against 219 us on the workers.
 pub const INLINE_POOLED_BYTES: usize = 2 << 20;
 
 /// Default of [`SubarrayOptions::stream_bytes`] where the cache sizes cannot be read: 8 MiB.
@@ -590,8 +600,9 @@ pub fn default_stream_bytes() -> usize {
     })
 }
 
-/// Copies the box `b` of `src` into a new array, with the worker threads of `pinning`
-/// (results under [`SubarrayOptions::inline_bytes`] by the calling thread).
+/// Copies the box `b` of `src` into a new array, with the worker threads of `pinning` (results
+/// under [`SubarrayOptions::inline_bytes`] by the calling thread and the copy helpers of its node
+/// that are awake, at most `pinning.len() - 1` of them: see [`crate::team`]).
 /// The result's chunks are mapped untouched, so their pages land where the copying thread runs
 /// (first touch); each result chunk's home is the node of the thread that copied its first part.
 pub fn subarray(
@@ -640,10 +651,10 @@ pub fn subarray(
     let next = AtomicUsize::new(0);
     let parts_ref = &parts;
     let dst_ref = &dst;
-    // A small result is copied by the calling thread: starting and binding the pinning's threads
-    // (tens of microseconds each) costs more than copying it (measured in `loci bench subarray`:
-    // one chunk of a 1000-chunk 512 MiB volume took 0.5 ms with two threads against 0.1 ms for a
-    // memcpy of the same bytes). The run then reports one thread that did every part.
+    // A small result is copied by the calling thread and its node's spinning helpers, which take
+    // parts from a counter: waking the pinning's workers and sleeping until they finish (about
+    // 19 us) costs more than copying it. The run reports the caller as thread 0, then each helper
+    // that took part.
     let stream = result_bytes >= opts.stream_bytes;
     let work = |t: usize| {
         let mut done: Vec<(usize, Option<u32>)> = Vec::new();
@@ -671,15 +682,20 @@ pub fn subarray(
         (bytes, done)
     };
     let per_thread = if inline {
-        vec![{
-            let mut all = (0, Vec::new());
-            for (i, part) in parts.iter().enumerate() {
-                let cpu = loci_place::sys::current_cpu().ok();
-                all.0 += copy_part(src, dst_ref, part, stream);
-                all.1.push((i, cpu));
+        let helpers = team::near_helpers(topo, threads.min(parts.len()).saturating_sub(1));
+        team::share(&helpers, |_| {
+            let mut done: Vec<(usize, Option<u32>)> = Vec::new();
+            let mut bytes = 0;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(part) = parts_ref.get(i) else {
+                    break;
+                };
+                done.push((i, loci_place::sys::current_cpu().ok()));
+                bytes += copy_part(src, dst_ref, part, stream);
             }
-            all
-        }]
+            (bytes, done)
+        })
     } else {
         run_pinned(pinning, work)?
     };
@@ -690,6 +706,7 @@ pub fn subarray(
         part_thread: vec![(0, None); parts.len()],
         local_access_ratio: None,
         pool: pool_outcome,
+        inline,
     };
     for (t, (_, done)) in per_thread.into_iter().enumerate() {
         for (i, cpu) in done {

@@ -236,7 +236,8 @@ fn stress_concurrent_subarrays_share_one_pool() {
 }
 
 /// A result between `inline_bytes` and `inline_bytes_pooled` goes to the pinning's threads when
-/// it needs fresh memory, and is copied by the calling thread when a pooled buffer serves it.
+/// it needs fresh memory, and is copied inline (the calling thread and at most 2 helpers) when a
+/// pooled buffer serves it.
 #[test]
 fn warm_results_under_inline_bytes_pooled_are_copied_inline() {
     let topo = here();
@@ -252,19 +253,16 @@ fn warm_results_under_inline_bytes_pooled_are_copied_inline() {
     let p = pin(&topo, 3);
     let (first, st) = subarray(&src, &b, &p, &o, &topo).unwrap();
     assert_eq!(st.pool, PoolOutcome::Miss);
-    assert_eq!(
-        st.bytes_per_thread.len(),
-        3,
-        "fresh memory: the threads copy"
-    );
+    assert!(!st.inline, "fresh memory: the threads copy");
+    assert_eq!(st.bytes_per_thread.len(), 3);
     drop(first);
     let (again, st) = subarray(&src, &b, &p, &o, &topo).unwrap();
     assert_eq!(st.pool, PoolOutcome::Hit);
-    assert_eq!(
-        st.bytes_per_thread.len(),
-        1,
-        "pooled memory: the calling thread copies"
+    assert!(
+        st.inline,
+        "pooled memory: the calling thread (and helpers) copy"
     );
+    assert!((1..=3).contains(&st.bytes_per_thread.len()), "{st:?}");
     check(&src, &b, &again);
     // The first try for the calling thread's binding is not counted as a miss.
     let s = pool.stats();

@@ -78,9 +78,10 @@ fn run(
         part_bytes: part,
         sample_locality: true,
         huge_pages: false,
-        // One thread: the calling thread copies (the inline path); more: always the pinned
-        // threads, whatever the result's size, so both paths meet the reference.
-        inline_bytes: if threads == 1 { usize::MAX } else { 0 },
+        // Odd thread counts copy inline (one thread: the calling thread alone; three: with up to
+        // two helpers), even ones always on the pinned threads, whatever the result's size, so
+        // every path meets the reference.
+        inline_bytes: if threads % 2 == 1 { usize::MAX } else { 0 },
         inline_bytes_pooled: 0,
         // Streaming stores for every run with an even thread count, regular ones otherwise.
         stream_bytes: if threads.is_multiple_of(2) {
@@ -93,6 +94,8 @@ fn run(
         pool: Some(BufferPool::global().clone()),
     };
     let (out, stats) = subarray(src, b, &pin, &opts, &topo).unwrap();
+    assert_eq!(stats.inline, threads % 2 == 1);
+    assert!(stats.bytes_per_thread.len() <= threads);
     // One node here: every thread's node is known, so a non-empty result is bound and pooled.
     if out.arena().is_empty() {
         assert_eq!(stats.pool, PoolOutcome::Empty);
@@ -348,35 +351,57 @@ fn stress_many_threads_many_parts() {
     }
 }
 
-/// A result under `inline_bytes` is copied by the calling thread (one thread reports every part
-/// and every byte); with `inline_bytes: 0` the same box goes to the pinning's threads. Both equal
-/// the reference.
+/// A result under `inline_bytes` is copied by the calling thread and at most threads - 1 helpers
+/// (with a one-thread pinning, the caller alone reports every part and every byte); with
+/// `inline_bytes: 0` the same box goes to the pinning's threads. All equal the reference.
 #[test]
-fn small_results_are_copied_inline_unless_told_otherwise() {
+fn small_results_are_copied_by_the_callers_team_unless_told_otherwise() {
     let topo = here();
     let src = array(&[40, 30, 20], &[10, 10, 10], &[DType::F32], &topo);
     let b = vec![0..40, 0..30, 0..20]; // 96 KB
     let cpus: Vec<u32> = topo.allowed_cpus().iter().collect();
-    let pin = Pinning::on_cpus(&(0..3).map(|i| cpus[i % cpus.len()]).collect::<Vec<_>>());
+    let on = |n: usize| Pinning::on_cpus(&(0..n).map(|i| cpus[i % cpus.len()]).collect::<Vec<_>>());
     let bytes = 40 * 30 * 20 * 4;
-    for (inline, threads_used) in [(loci_array::subarray::INLINE_BYTES, 1), (0, 3)] {
+    for (pin, inline, most, least) in [
+        (on(1), loci_array::subarray::INLINE_BYTES, 1, 1),
+        (on(3), loci_array::subarray::INLINE_BYTES, 3, 1),
+        (on(3), 0, 3, 3),
+    ] {
         let opts = SubarrayOptions {
             inline_bytes: inline,
             inline_bytes_pooled: 0,
+            part_bytes: Some(4 << 10),
             ..Default::default()
         };
         let (out, stats) = subarray(&src, &b, &pin, &opts, &topo).unwrap();
         check_against_reference(&src, &b, &out);
-        assert_eq!(
-            stats.bytes_per_thread.len(),
-            threads_used,
-            "inline_bytes {inline}"
+        let used = stats.bytes_per_thread.len();
+        assert_eq!(stats.inline, inline > 0);
+        assert!(
+            (least..=most).contains(&used),
+            "{} threads, inline_bytes {inline}: {used} copied",
+            pin.len()
         );
         assert_eq!(stats.bytes_per_thread.iter().sum::<usize>(), bytes);
-        if threads_used == 1 {
-            assert!(stats.part_thread.iter().all(|(t, _)| *t == 0));
-        } else {
+        assert!(
+            stats.part_thread.iter().all(|(t, _)| *t < used),
+            "{stats:?}"
+        );
+        if inline == 0 {
             assert!(stats.bytes_per_thread.iter().all(|b| *b > 0), "{stats:?}");
         }
+    }
+    // With a second cpu on the node, its helper (spinning after the first call) takes parts.
+    if cpus.len() >= 2 {
+        let opts = SubarrayOptions {
+            inline_bytes_pooled: 0,
+            part_bytes: Some(4 << 10),
+            ..Default::default()
+        };
+        let shared = (0..50).any(|_| {
+            let (_, stats) = subarray(&src, &b, &on(2), &opts, &topo).unwrap();
+            stats.bytes_per_thread.len() == 2 && stats.bytes_per_thread[1] > 0
+        });
+        assert!(shared, "no helper took a part in 50 calls");
     }
 }

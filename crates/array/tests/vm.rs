@@ -9,13 +9,13 @@ use loci_vm::{vm_tests_enabled, NumaVm};
 
 const CHECK: &str = env!("CARGO_BIN_EXE_loci-array-vm-check");
 
-fn suite(topology: &str) {
+fn suite(topology: &str, args: &[&str], want: &[&str]) {
     if !vm_tests_enabled() {
         return;
     }
     let out = NumaVm::new(topology)
         .timeout(Duration::from_secs(400))
-        .run(CHECK, &["64"])
+        .run(CHECK, args)
         .unwrap_or_else(|e| panic!("{e}"));
     // The measured notes (ratios, pool reuse, pages per node) for the test log.
     for l in out.stdout.lines().filter(|l| l.starts_with('#')) {
@@ -23,16 +23,7 @@ fn suite(topology: &str) {
     }
     let report = out.checks();
     let ran: BTreeSet<&str> = report.names().into_iter().collect();
-    for want in [
-        "array/bind/pages-on-home",
-        "array/first-touch/pages-on-generator-node",
-        "array/subarray/home/threads-where-planned",
-        "array/subarray/home/local-access>=0.95",
-        "array/subarray/equals-reference",
-        "array/pool/reuse-same-node",
-        "array/pool/never-across-nodes",
-        "array/pool/spread-binding-pages-where-planned",
-    ] {
+    for want in want {
         assert!(
             ran.contains(want),
             "VM {topology}: check {want} did not run"
@@ -41,12 +32,47 @@ fn suite(topology: &str) {
     report.print_and_assert();
 }
 
+/// The checks of a full run on `nodes` nodes.
+fn full(nodes: u32) -> Vec<String> {
+    let mut want: Vec<String> = [
+        "array/bind/pages-on-home",
+        "array/first-touch/pages-on-generator-node",
+        "array/subarray/home/threads-where-planned",
+        "array/subarray/home/local-access>=0.95",
+        "array/subarray/equals-reference",
+        "array/pool/reuse-same-node",
+        "array/pool/never-across-nodes",
+        "array/pool/spread-binding-pages-where-planned",
+    ]
+    .map(String::from)
+    .to_vec();
+    want.extend(team(nodes));
+    want
+}
+
+/// The copy team's checks on `nodes` nodes.
+fn team(nodes: u32) -> Vec<String> {
+    (0..nodes)
+        .map(|n| format!("array/team/node{n}/parts-and-pages-on-callers-node"))
+        .collect()
+}
+
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
 #[test]
 fn vm_4n() {
-    suite("4n");
+    suite("4n", &["64"], &refs(&full(4)));
 }
 
 #[test]
 fn vm_8n() {
-    suite("8n");
+    suite("8n", &["64"], &refs(&full(8)));
+}
+
+/// Two cpus per node: the caller's helper is on its node, and takes part.
+#[test]
+fn vm_2n_team() {
+    suite("2n", &["64", "team"], &refs(&team(2)));
 }

@@ -14,7 +14,11 @@
 //!    (pages still there), never one on another node (that one gets fresh memory on its node),
 //!    and a result spread over every node, reused, has each page on the node its binding names.
 //!
-//! Usage: loci-array-vm-check [SIDE]   (volume SIDE^3 f32, default 96)
+//! 7. a small result copied inline, with the calling thread pinned to each node in
+//!    turn: every part was copied on the caller's node, some call had a helper take part where
+//!    the node has a second cpu, and the first-touched result's pages are on that node.
+//!
+//! Usage: loci-array-vm-check [SIDE] [team]   (volume SIDE^3 f32, default 96; `team`: only 7)
 
 use loci_array::search::home_pinning;
 use loci_array::strategy::{static_pinning, RunInfo, ThreadStrategy};
@@ -72,6 +76,10 @@ fn main() {
     let mut failed = false;
     let shape = [side, side, side];
     let chunks = 2 * mems.len().max(1);
+    if std::env::args().nth(2).as_deref() == Some("team") {
+        team_checks(&topo, shape, chunks, &mut failed);
+        std::process::exit(if failed { 1 } else { 0 });
+    }
 
     // 1. bind round-robin.
     let bound = Array::build(
@@ -315,7 +323,87 @@ fn main() {
     } else {
         println!("# array/pool: fewer than 2 nodes with cpus and memory, pool checks skipped");
     }
+    team_checks(&topo, shape, chunks, &mut failed);
     std::process::exit(if failed { 1 } else { 0 });
+}
+
+/// Check 7, for each node with cpus and memory: the calling thread pinned to the node's first cpu copies
+/// a small box inline (fresh memory, first touch, up to `cpus - 1` helpers); every part ran on
+/// the node, a helper took part in some of 50 calls where the node has another cpu, and the
+/// last result's pages are on the node.
+fn team_checks(topo: &loci_topo::Topology, shape: [usize; 3], chunks: usize, failed: &mut bool) {
+    let src = Array::build(
+        seismic_layout(shape, DType::F32, &Chunking::Count(chunks)).expect("layout"),
+        &BuildOptions::first_touch(1),
+        topo,
+        |c| Seismic::default().fill(c),
+    )
+    .expect("build");
+    let q = Query::new(src.layout(), Span::All, 0.7).expect("query");
+    let opts = SubarrayOptions {
+        inline_bytes: usize::MAX,
+        pool: None,
+        ..Default::default()
+    };
+    let all = topo.allowed_cpus();
+    let threads = Pinning::unpinned(all.len());
+    let mems = topo.allowed_mems();
+    for n in mems.iter() {
+        let cpus = topo.allowed_cpus_of(n);
+        let Some(first) = cpus.iter().next() else {
+            continue;
+        };
+        let name = format!("array/team/node{n}/parts-and-pages-on-callers-node");
+        if let Err(e) = loci_place::sys::set_affinity(0, &loci_topo::CpuSet::single(first)) {
+            line(
+                &name,
+                Err(format!("cannot pin the caller to cpu {first}: {e}")),
+                failed,
+            );
+            continue;
+        }
+        let mut helped = 0;
+        let mut outcome = Ok(String::new());
+        let mut last = None;
+        for _ in 0..50 {
+            match subarray(&src, &q.bounds, &threads, &opts, topo) {
+                Err(e) => {
+                    outcome = Err(e.to_string());
+                    break;
+                }
+                Ok((r, st)) => {
+                    if !st.inline {
+                        outcome = Err("the result was not copied inline".into());
+                        break;
+                    }
+                    if let Some((i, (t, cpu))) = st
+                        .part_thread
+                        .iter()
+                        .enumerate()
+                        .find(|(_, (_, cpu))| cpu.and_then(|c| topo.node_of_cpu(c)) != Some(n))
+                    {
+                        outcome = Err(format!("part {i}: participant {t} ran on cpu {cpu:?}"));
+                        break;
+                    }
+                    helped += (st.bytes_per_thread.iter().skip(1).any(|&b| b > 0)) as usize;
+                    last = Some(r);
+                }
+            }
+        }
+        let outcome = outcome.and_then(|_| {
+            if cpus.len() >= 2 && helped == 0 {
+                return Err(format!(
+                    "node {n} has cpus {cpus} but no helper took a part in 50 calls"
+                ));
+            }
+            let r = last.as_ref().expect("50 calls ran");
+            result_pages_on(r, n).map(|p| {
+                format!("node {n} (cpus {cpus}): a helper took part in {helped} of 50 calls; {p}")
+            })
+        });
+        line(&name, outcome, failed);
+    }
+    let _ = loci_place::sys::set_affinity(0, &all);
 }
 
 /// Every sampled page of a result's memory (64 samples over its length) is on `node`.
