@@ -69,9 +69,9 @@ pub struct SubarrayArgs {
     /// Byte cap of the result-buffer pool (default: 1 GiB or an eighth of the memory, the smaller).
     #[arg(long)]
     pub pool_cap: Option<usize>,
-    /// Results under this many bytes are copied by the calling thread when a pooled buffer
-    /// serves them; larger ones by the pinning's threads (default 2 MiB, measured; 0: always the
-    /// threads).
+    /// Results under this many bytes are copied inline (the calling thread and spinning helpers on
+    /// its node) when a pooled buffer serves them; larger ones by the pinning's threads (default
+    /// 2 MiB, measured; 0: always the threads).
     #[arg(long, value_name = "BYTES", default_value_t = loci_array::subarray::INLINE_POOLED_BYTES)]
     pub inline_pooled: usize,
     /// Python with numpy/xarray/tiledb (default: bench/peers/.venv/bin/python).
