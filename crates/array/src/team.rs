@@ -480,34 +480,31 @@ mod loom_models {
         }
     }
 
-    #[test]
-    fn a_helper_stops() {
-        loom::model(|| {
-            let (h, t) = helper(0);
+    /// A helper that spins `spins` times before it sleeps serves `jobs` jobs in a row, then stops.
+    fn jobs_in_a_row(spins: u32, jobs: usize) {
+        loom::model(move || {
+            let (h, t) = helper(spins);
+            for _ in 0..jobs {
+                share_two(&[&h]);
+            }
             h.stop();
             t.join().unwrap();
         });
+    }
+
+    #[test]
+    fn a_helper_stops() {
+        jobs_in_a_row(0, 0);
     }
 
     #[test]
     fn a_spinning_helper_takes_the_offer_or_is_released() {
-        loom::model(|| {
-            let (h, t) = helper(1);
-            share_two(&[&h]);
-            h.stop();
-            t.join().unwrap();
-        });
+        jobs_in_a_row(1, 1);
     }
 
     #[test]
     fn a_sleeping_helper_is_woken_and_serves_the_next_job() {
-        loom::model(|| {
-            let (h, t) = helper(0);
-            share_two(&[&h]);
-            share_two(&[&h]);
-            h.stop();
-            t.join().unwrap();
-        });
+        jobs_in_a_row(0, 2);
     }
 
     #[test]
