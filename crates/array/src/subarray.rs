@@ -556,7 +556,7 @@ pub const INLINE_BYTES: usize = 1 << 20;
 /// here a result is too small for its placement to matter more than that. Measured with
 /// `subarray_micro` before the helpers existed (the caller copying alone against the workers):
 /// 1.05 MB 54-65 us against 75-110 us, 2.6 MB 298-391 against 205-246, 3.67 MB 341 against 225.
-/// With the helpers (medians of alternated calls): 0.10 MB 3.4-3.5 us (4.4 alone), 0.37 MB 8.0 us
+/// With the helpers (medians of alternated calls): 0.10 MB 3.2-3.5 us (4.4 alone), 0.37 MB 8.0 us
 /// (15.8 alone), 1.05 MB 25 us (37 alone), and 3.67 MB 143 us against 219 us on the workers.
 pub const INLINE_POOLED_BYTES: usize = 2 << 20;
 
@@ -651,12 +651,10 @@ pub fn subarray(
     let next = AtomicUsize::new(0);
     let parts_ref = &parts;
     let dst_ref = &dst;
-    // A small result is copied by the calling thread and its node's spinning helpers, which take
-    // parts from a counter: waking the pinning's workers and sleeping until they finish (about
-    // 19 us) costs more than copying it. The run reports the caller as thread 0, then each helper
-    // that took part.
     let stream = result_bytes >= opts.stream_bytes;
-    let work = |t: usize| {
+    // Thread `t`'s parts under `schedule`: the bytes it copied, and each part with the cpu it
+    // started on.
+    let work = |t: usize, schedule: Schedule| {
         let mut done: Vec<(usize, Option<u32>)> = Vec::new();
         let mut bytes = 0;
         let mut one = |i: usize| {
@@ -664,7 +662,7 @@ pub fn subarray(
             bytes += copy_part(src, dst_ref, &parts_ref[i], stream);
             done.push((i, cpu));
         };
-        match opts.schedule {
+        match schedule {
             Schedule::Static => {
                 let n = parts_ref.len();
                 for i in t * n / threads..(t + 1) * n / threads {
@@ -682,22 +680,15 @@ pub fn subarray(
         (bytes, done)
     };
     let per_thread = if inline {
+        // A small result is copied by the calling thread and its node's spinning helpers, which
+        // take parts from the counter (the dynamic schedule: however many arrive, whenever, share
+        // what is left): waking the pinning's workers and sleeping until they finish (about 19
+        // us) costs more than copying it. The run reports the caller as thread 0, then each
+        // helper that took part.
         let helpers = team::near_helpers(topo, threads.min(parts.len()).saturating_sub(1));
-        team::share(&helpers, |_| {
-            let mut done: Vec<(usize, Option<u32>)> = Vec::new();
-            let mut bytes = 0;
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(part) = parts_ref.get(i) else {
-                    break;
-                };
-                done.push((i, loci_place::sys::current_cpu().ok()));
-                bytes += copy_part(src, dst_ref, part, stream);
-            }
-            (bytes, done)
-        })
+        team::share(&helpers, |t| work(t, Schedule::Dynamic))
     } else {
-        run_pinned(pinning, work)?
+        run_pinned(pinning, |t| work(t, opts.schedule))?
     };
     let mut stats = RunStats {
         parts: parts.len(),
