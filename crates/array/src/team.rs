@@ -96,7 +96,7 @@ impl Helper {
             .map_err(|_| std::io::Error::other("the helper thread ended before it started"))?
     }
 
-    /// The helper's loop: spin for a job while `keep_spinning(started)` says so, then sleep until
+    /// The helper's loop: spin for a job while `keep_spinning` says so, then sleep until
     /// offered one; run each job taken. Returns when the slot says [`STOP`].
     fn serve(&self, keep_spinning: impl Fn(&mut SpinState) -> bool) {
         let mut spin = SpinState::default();
@@ -223,7 +223,7 @@ pub(crate) fn share<R: Send>(helpers: &[&Helper], work: impl Fn(usize) -> R + Sy
             while self.job.holders.load(Ordering::Acquire) != 0 {
                 // A helper runs on another cpu, unless the caller was moved onto its cpu since:
                 // then only yielding lets it finish.
-                spins += 1;
+                spins = spins.saturating_add(1);
                 if spins < 1 << 10 {
                     spin_hint();
                 } else {
