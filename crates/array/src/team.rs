@@ -271,23 +271,36 @@ pub(crate) fn share<R: Send>(helpers: &[&Helper], work: impl Fn(usize) -> R + Sy
     out.into_iter().map(|(_, r)| r).collect()
 }
 
-/// The helpers of this process, one per cpu, started on first use (`None`: the cpu cannot be
+/// The helpers of this process by cpu, each started on first use (`None`: the cpu cannot be
 /// bound, for example it is not in this process's affinity).
 #[cfg(not(loom))]
-pub(crate) fn helper_of(cpu: u32) -> Option<&'static Helper> {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    static HELPERS: OnceLock<Mutex<HashMap<u32, Option<&'static Helper>>>> = OnceLock::new();
-    let mut map = HELPERS
+type Helpers = std::collections::HashMap<u32, Option<&'static Helper>>;
+
+/// The process's helpers, locked.
+#[cfg(not(loom))]
+fn helpers() -> std::sync::MutexGuard<'static, Helpers> {
+    static HELPERS: std::sync::OnceLock<std::sync::Mutex<Helpers>> = std::sync::OnceLock::new();
+    HELPERS
         .get_or_init(Default::default)
         .lock()
-        .unwrap_or_else(|e| e.into_inner());
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+/// The helper bound to `cpu`, started if it is the first ask.
+#[cfg(not(loom))]
+fn helper_in(map: &mut Helpers, cpu: u32) -> Option<&'static Helper> {
     *map.entry(cpu).or_insert_with(|| {
         Helper::start(format!("loci-copy-{cpu}"), move || {
             loci_place::sys::set_affinity(0, &loci_topo::CpuSet::from_iter([cpu]))
         })
         .ok()
     })
+}
+
+/// The helper bound to `cpu` (see [`helper_in`]).
+#[cfg(all(test, not(loom)))]
+fn helper_of(cpu: u32) -> Option<&'static Helper> {
+    helper_in(&mut helpers(), cpu)
 }
 
 /// Up to `max` helpers on the calling thread's node, other than the one on its own cpu, in cpu
@@ -308,11 +321,12 @@ pub(crate) fn near_helpers(
     let Some(node) = topo.node_of_cpu(cpu).and_then(|n| topo.node(n)) else {
         return out;
     };
+    let mut map = helpers();
     out.extend(
         node.cpus
             .iter()
             .filter(|&c| c != cpu)
-            .filter_map(helper_of)
+            .filter_map(|c| helper_in(&mut map, c))
             .take(max),
     );
     out
