@@ -41,7 +41,7 @@ enum Cmd {
     /// Shows nodes, cpus, cores and SMT siblings, caches and which cpus share them, memory per
     /// node, the distance matrix, devices with their home node, and which cpus and nodes this
     /// process may use (allowed) next to what is present. Without a source flag it reads this
-    /// machine's /sys; --json prints the schema documented in README.md.
+    /// machine's /sys; --json prints the schema documented in docs/topology.md.
     Topo(topo::TopoCmd),
     Plan(plan_cmd::PlanCmd),
     Run(run_cmd::RunCmd),

@@ -1,4 +1,4 @@
-//! `loci topo`: show a machine as a readable tree or as the stable JSON of README.md.
+//! `loci topo`: show a machine as a readable tree or as the stable JSON of docs/topology.md.
 
 use std::fmt::Write as _;
 
@@ -12,7 +12,7 @@ use crate::topo_args::TopoArgs;
 pub struct TopoCmd {
     #[command(flatten)]
     pub source: TopoArgs,
-    /// Print JSON instead of the tree (schema in README.md, section Topology).
+    /// Print JSON instead of the tree (schema in docs/topology.md).
     #[arg(long)]
     pub json: bool,
 }

@@ -1,7 +1,7 @@
 //! A plan: the concrete answer to "where does thread i run, where does its memory go".
 //!
 //! Printable (one line per thread) and diffable (the JSON form is stable and sorted by thread).
-//! JSON schema (kept stable, documented in README.md):
+//! JSON schema (kept stable, documented in docs/plans.md):
 //!
 //! ```json
 //! {"threads": [{"index": 0, "cpus": "0", "nodes": "0"}], "memory": {"policy": "interleave", "nodes": "0-3"}}

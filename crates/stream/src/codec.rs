@@ -5,7 +5,7 @@
 //! does; on the phantom the ratios differ by 0.2%: 1.861 vs 1.864). Which is faster on this
 //! project's data was decided by measurement: `loci bench stream --codec-only` (and every
 //! `loci bench stream` run) compresses and decompresses 8 phantom projections (88 MB) on one core
-//! with both, alternating every repetition, and prints the time ratio (README "Streaming").
+//! with both, alternating every repetition, and prints the time ratio (docs/stream.md).
 //! Under load (eight runs at load 4 to 13) the two traded places (`lz4_flex` ahead in 7 of 9, by a
 //! median 3%). On the quiet 2-core machine (2026-11-22, load below 2, four runs of 5 repetitions)
 //! the C library was ahead in every run: compression 1.00x-1.12x faster (e.g. 614 vs 581 MB/s),

@@ -1,4 +1,4 @@
-//! The stable JSON form of a topology (`loci topo --json`), documented in README.md:
+//! The stable JSON form of a topology (`loci topo --json`), documented in docs/topology.md:
 //!
 //! ```json
 //! {"source": "sysfs:/",
