@@ -39,6 +39,8 @@ fn full(nodes: u32) -> Vec<String> {
         "array/first-touch/pages-on-generator-node",
         "array/subarray/home/threads-where-planned",
         "array/subarray/home/local-access>=0.95",
+        "array/subarray/search/threads-where-planned",
+        "array/subarray/search/local-access>=0.95",
         "array/subarray/equals-reference",
         "array/pool/reuse-same-node",
         "array/pool/never-across-nodes",

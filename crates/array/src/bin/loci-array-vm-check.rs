@@ -9,6 +9,9 @@
 //!    planned for them, and the local-access ratio is >= 0.95 (the round-robin bound volume's
 //!    ratio, which a static schedule caps at 1/2 here, is reported);
 //! 4. the same query under `compact` (every thread on the first node(s)) is reported for contrast;
+//!    and under the pinning `search` returns on this machine with the MODELED cost (timing in a VM
+//!    means nothing): every part ran on a cpu of its thread's set, and the local-access ratio is
+//!    >= 0.95;
 //! 5. results equal a slice of the dense volume;
 //! 6. the result-buffer pool: a dropped result's memory serves the next result on the same node
 //!    (pages still there), never one on another node (that one gets fresh memory on its node),
@@ -21,10 +24,11 @@
 //! Usage: loci-array-vm-check [SIDE] [team]   (volume SIDE^3 f32, default 96; `team`: only 7)
 
 use loci_array::search::home_pinning;
-use loci_array::strategy::{static_pinning, RunInfo, ThreadStrategy};
+use loci_array::strategy::{choose, static_pinning, RunInfo, ThreadStrategy};
 use loci_array::{
-    seismic_layout, subarray, Array, BufferPool, BuildOptions, ChunkMem, Chunking, DType, Home,
-    ModelWorkload, Pinning, PoolOutcome, Query, Seismic, Span, SubarrayOptions,
+    seismic_layout, subarray, Array, BufferPool, BuildOptions, ChunkMem, Chunking, CostModel,
+    DType, Home, ModelEval, ModelWorkload, Pinning, PoolOutcome, Query, SearchConfig, Seismic,
+    Span, SubarrayOptions,
 };
 
 fn line(name: &str, r: Result<String, String>, failed: &mut bool) {
@@ -173,6 +177,7 @@ fn main() {
         },
         &mut failed,
     );
+    search_checks(&topo, &bound, &q, &w, &opts, &mut failed);
     let compact = static_pinning(
         &topo,
         &ThreadStrategy::Compact,
@@ -331,6 +336,81 @@ fn main() {
 /// a small box inline (fresh memory, first touch, up to `cpus - 1` helpers); every part ran on
 /// the node, a helper took part in some of 50 calls where the node has another cpu, and the
 /// last result's pages are on the node.
+/// Check 4's `search` half: the placement the search picks with the modeled cost, run for real.
+fn search_checks(
+    topo: &loci_topo::Topology,
+    src: &Array,
+    q: &Query,
+    w: &ModelWorkload,
+    opts: &SubarrayOptions,
+    failed: &mut bool,
+) {
+    let info = RunInfo {
+        chunks: q.chunks,
+        bytes_by_node: Some(w.bytes_by_node()),
+        workload: "loci-array-vm-check".into(),
+    };
+    let mut eval = ModelEval {
+        model: CostModel::default(),
+        topo,
+        workload: w,
+    };
+    let threads = topo.allowed_cpus().len();
+    let found = choose(
+        topo,
+        &ThreadStrategy::Search,
+        threads,
+        &info,
+        &mut eval,
+        None,
+        &SearchConfig::default(),
+    )
+    .map_err(|e| e.to_string())
+    .and_then(|choice| {
+        let (_, st) =
+            subarray(src, &q.bounds, &choice.pinning, opts, topo).map_err(|e| e.to_string())?;
+        Ok((choice, st))
+    });
+    let (choice, st) = match found {
+        Ok(v) => v,
+        Err(e) => {
+            line(
+                "array/subarray/search/threads-where-planned",
+                Err(e),
+                failed,
+            );
+            return;
+        }
+    };
+    let wrong = st.part_thread.iter().enumerate().find(|(_, (t, cpu))| {
+        !matches!((&choice.pinning.threads[*t], cpu), (Some(set), Some(c)) if set.contains(*c))
+    });
+    line(
+        "array/subarray/search/threads-where-planned",
+        match wrong {
+            Some((i, (t, cpu))) => Err(format!(
+                "part {i}: thread {t} planned on {:?} ran on {cpu:?}",
+                choice.pinning.threads[*t]
+            )),
+            None => Ok(format!(
+                "{} after {} modeled trials: {}",
+                choice.label,
+                choice.trials.len(),
+                choice.pinning
+            )),
+        },
+        failed,
+    );
+    line(
+        "array/subarray/search/local-access>=0.95",
+        match st.local_access_ratio {
+            Some(r) if r >= 0.95 => Ok(format!("local-access ratio {r:.3}")),
+            other => Err(format!("local-access ratio {other:?}")),
+        },
+        failed,
+    );
+}
+
 fn team_checks(topo: &loci_topo::Topology, shape: [usize; 3], chunks: usize, failed: &mut bool) {
     let src = Array::build(
         seismic_layout(shape, DType::F32, &Chunking::Count(chunks)).expect("layout"),
