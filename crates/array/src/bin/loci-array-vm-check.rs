@@ -27,8 +27,8 @@ use loci_array::search::home_pinning;
 use loci_array::strategy::{choose, static_pinning, RunInfo, ThreadStrategy};
 use loci_array::{
     seismic_layout, subarray, Array, BufferPool, BuildOptions, ChunkMem, Chunking, CostModel,
-    DType, Home, ModelEval, ModelWorkload, Pinning, PoolOutcome, Query, SearchConfig, Seismic,
-    Span, SubarrayOptions,
+    DType, Home, ModelEval, ModelWorkload, Pinning, PoolOutcome, Query, RunStats, SearchConfig,
+    Seismic, Span, SubarrayOptions,
 };
 
 fn line(name: &str, r: Result<String, String>, failed: &mut bool) {
@@ -145,38 +145,8 @@ fn main() {
         inline_bytes_pooled: 0,
         ..Default::default()
     };
-    let planned = home.single_cpus().expect("one cpu per thread");
-    let run = subarray(&bound, &q.bounds, &home, &opts, &topo);
-    line(
-        "array/subarray/home/threads-where-planned",
-        match &run {
-            Err(e) => Err(e.to_string()),
-            Ok((_, st)) => st
-                .part_thread
-                .iter()
-                .enumerate()
-                .find(|(_, (t, cpu))| *cpu != Some(planned[*t]))
-                .map(|(i, (t, cpu))| {
-                    Err(format!(
-                        "part {i}: thread {t} planned on cpu {} ran on {cpu:?}",
-                        planned[*t]
-                    ))
-                })
-                .unwrap_or(Ok(format!("pinning {home}"))),
-        },
-        &mut failed,
-    );
-    line(
-        "array/subarray/home/local-access>=0.95",
-        match &run {
-            Err(e) => Err(e.to_string()),
-            Ok((_, st)) => match st.local_access_ratio {
-                Some(r) if r >= 0.95 => Ok(format!("local-access ratio {r:.3}")),
-                other => Err(format!("local-access ratio {other:?}")),
-            },
-        },
-        &mut failed,
-    );
+    let run = subarray(&bound, &q.bounds, &home, &opts, &topo).map_err(|e| e.to_string());
+    placed_run_checks("home", &home, format!("pinning {home}"), &run, &mut failed);
     search_checks(&topo, &bound, &q, &w, &opts, &mut failed);
     let compact = static_pinning(
         &topo,
@@ -332,10 +302,6 @@ fn main() {
     std::process::exit(if failed { 1 } else { 0 });
 }
 
-/// Check 7, for each node with cpus and memory: the calling thread pinned to the node's first cpu copies
-/// a small box inline (fresh memory, first touch, up to `cpus - 1` helpers); every part ran on
-/// the node, a helper took part in some of 50 calls where the node has another cpu, and the
-/// last result's pages are on the node.
 /// Check 4's `search` half: the placement the search picks with the modeled cost, run for real.
 fn search_checks(
     topo: &loci_topo::Topology,
@@ -356,7 +322,7 @@ fn search_checks(
         workload: w,
     };
     let threads = topo.allowed_cpus().len();
-    let found = choose(
+    let choice = choose(
         topo,
         &ThreadStrategy::Search,
         threads,
@@ -364,53 +330,67 @@ fn search_checks(
         &mut eval,
         None,
         &SearchConfig::default(),
-    )
-    .map_err(|e| e.to_string())
-    .and_then(|choice| {
-        let (_, st) =
-            subarray(src, &q.bounds, &choice.pinning, opts, topo).map_err(|e| e.to_string())?;
-        Ok((choice, st))
-    });
-    let (choice, st) = match found {
-        Ok(v) => v,
-        Err(e) => {
-            line(
-                "array/subarray/search/threads-where-planned",
-                Err(e),
-                failed,
+    );
+    let (pinning, ok, run) = match choice {
+        Ok(c) => {
+            let ok = format!(
+                "{} after {} modeled trials: {}",
+                c.label,
+                c.trials.len(),
+                c.pinning
             );
-            return;
+            let run = subarray(src, &q.bounds, &c.pinning, opts, topo).map_err(|e| e.to_string());
+            (c.pinning, ok, run)
         }
+        Err(e) => (Pinning::unpinned(0), String::new(), Err(e.to_string())),
     };
-    let wrong = st.part_thread.iter().enumerate().find(|(_, (t, cpu))| {
-        !matches!((&choice.pinning.threads[*t], cpu), (Some(set), Some(c)) if set.contains(*c))
-    });
-    line(
-        "array/subarray/search/threads-where-planned",
-        match wrong {
+    placed_run_checks("search", &pinning, ok, &run, failed);
+}
+
+/// `array/subarray/NAME/threads-where-planned` (every part ran on a cpu of its thread's set; `ok`
+/// is the detail printed when it holds) and `array/subarray/NAME/local-access>=0.95` for a run
+/// under `pinning`.
+fn placed_run_checks(
+    name: &str,
+    pinning: &Pinning,
+    ok: String,
+    run: &Result<(Array, RunStats), String>,
+    failed: &mut bool,
+) {
+    let placed = run.as_ref().map_err(Clone::clone).and_then(|(_, st)| {
+        match st.part_thread.iter().enumerate().find(|(_, (t, cpu))| {
+            !matches!((&pinning.threads[*t], cpu), (Some(set), Some(c)) if set.contains(*c))
+        }) {
             Some((i, (t, cpu))) => Err(format!(
                 "part {i}: thread {t} planned on {:?} ran on {cpu:?}",
-                choice.pinning.threads[*t]
+                pinning.threads[*t]
             )),
-            None => Ok(format!(
-                "{} after {} modeled trials: {}",
-                choice.label,
-                choice.trials.len(),
-                choice.pinning
-            )),
-        },
+            None => Ok(ok),
+        }
+    });
+    line(
+        &format!("array/subarray/{name}/threads-where-planned"),
+        placed,
         failed,
     );
+    let local =
+        run.as_ref()
+            .map_err(Clone::clone)
+            .and_then(|(_, st)| match st.local_access_ratio {
+                Some(r) if r >= 0.95 => Ok(format!("local-access ratio {r:.3}")),
+                other => Err(format!("local-access ratio {other:?}")),
+            });
     line(
-        "array/subarray/search/local-access>=0.95",
-        match st.local_access_ratio {
-            Some(r) if r >= 0.95 => Ok(format!("local-access ratio {r:.3}")),
-            other => Err(format!("local-access ratio {other:?}")),
-        },
+        &format!("array/subarray/{name}/local-access>=0.95"),
+        local,
         failed,
     );
 }
 
+/// Check 7, for each node with cpus and memory: the calling thread pinned to the node's first cpu copies
+/// a small box inline (fresh memory, first touch, up to `cpus - 1` helpers); every part ran on
+/// the node, a helper took part in some of 50 calls where the node has another cpu, and the
+/// last result's pages are on the node.
 fn team_checks(topo: &loci_topo::Topology, shape: [usize; 3], chunks: usize, failed: &mut bool) {
     let src = Array::build(
         seismic_layout(shape, DType::F32, &Chunking::Count(chunks)).expect("layout"),
