@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use clap::Args;
-use loci_topo::{CacheKind, CpuSet, Topology};
+use loci_topo::{CacheKind, CpuSet, NodeKind, Topology};
 
 use crate::topo_args::TopoArgs;
 
@@ -128,14 +128,24 @@ pub fn render(t: &Topology) -> String {
         } else {
             format!("cpus {}", node.cpus)
         };
+        let mut what = String::new();
+        if node.kind != NodeKind::Dram {
+            let _ = write!(what, " [{}]", node.kind.name());
+        }
+        if !node.initiators.is_empty() {
+            let _ = write!(what, " near node(s) {}", node.initiators);
+        }
+        if !node.merged.is_empty() {
+            let _ = write!(what, " (kernel nodes {} merged)", node.kernel_ids());
+        }
         let _ = writeln!(
             o,
-            "Node {}: {cpus}; {mem}{}",
+            "Node {}{what}: {cpus}; {mem}{}",
             node.id,
-            if node.allowed {
-                ""
-            } else {
-                " (memory not allowed for this process)"
+            match (node.allowed, node.kind) {
+                (false, _) => " (memory not allowed for this process)",
+                (true, NodeKind::Gpu) => " (used only by a memory policy that names it)",
+                _ => "",
             }
         );
         let na = node.cpus.intersection(&allowed);
@@ -251,6 +261,12 @@ pub fn render(t: &Topology) -> String {
             o.push('\n');
         }
     }
+    if !t.notes.is_empty() {
+        let _ = writeln!(o, "Notes (what the source had to repair or leave out):");
+        for n in &t.notes {
+            let _ = writeln!(o, "  - {n}");
+        }
+    }
     if !t.devices.is_empty() {
         let _ = writeln!(o, "Devices:");
         for d in &t.devices {
@@ -298,5 +314,32 @@ mod tests {
         assert!(s.contains("ens5f0np0 (net): node 1"), "{s}");
         assert!(s.contains("16 core(s) x 2 thread(s)"), "{s}");
         assert!(s.contains("0(0+32)"), "{s}");
+    }
+
+    #[test]
+    fn kinds_merges_and_notes_are_shown() {
+        let mut t = loci_topo::load(&loci_topo::Source::Synthetic(
+            "nodes=3,cores=2,cpuless=1-2".into(),
+        ))
+        .unwrap();
+        t.nodes[1].kind = NodeKind::Hbm;
+        t.nodes[1].initiators = "0".parse().unwrap();
+        t.nodes[2].kind = NodeKind::Gpu;
+        t.nodes[0].merged = "5".parse().unwrap();
+        t.notes
+            .push("node 0's cpulist names cpus 9 that are not present".into());
+        let s = render(&t);
+        assert!(
+            s.contains("Node 0 (kernel nodes 0,5 merged): cpus 0-1"),
+            "{s}"
+        );
+        assert!(s.contains("Node 1 [hbm] near node(s) 0: no cpus"), "{s}");
+        assert!(
+            s.contains(
+                "Node 2 [gpu]: no cpus; 16 GiB (used only by a memory policy that names it)"
+            ),
+            "{s}"
+        );
+        assert!(s.contains("  - node 0's cpulist names cpus 9"), "{s}");
     }
 }

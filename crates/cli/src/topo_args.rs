@@ -9,24 +9,31 @@ use loci_topo::{Source, Topology};
 /// Which machine to describe. Without a flag: the machine loci runs on, as this process sees it
 /// (its affinity mask and cgroup cpuset decide which cpus and nodes are allowed).
 #[derive(Args, Clone, Debug, Default)]
-#[group(id = "topology-source", multiple = false)]
 pub struct TopoArgs {
     /// Read a captured sysfs tree instead of this machine: DIR holds `sys/` (and optionally
-    /// `proc/`), e.g. a copy of another machine's /sys. Every cpu and node counts as allowed.
-    #[arg(long, value_name = "DIR", help_heading = "Topology source")]
+    /// `proc/`), e.g. a copy of another machine's /sys. The cgroup cpuset captured in the tree
+    /// (`proc/self/cgroup` or `proc/self/cpuset` with the cgroup mount) decides what is allowed.
+    #[arg(long, value_name = "DIR", help_heading = "Topology source",
+          conflicts_with_all = ["topology", "preset", "synthetic"])]
     pub sysfs_root: Option<PathBuf>,
     /// Read an hwloc v2 XML export (`lstopo --of xml > FILE.xml`), or a machine saved with
     /// `loci topo --json > FILE.json` (told apart by content).
     #[arg(
         long,
         value_name = "FILE.xml|FILE.json",
-        help_heading = "Topology source"
+        help_heading = "Topology source",
+        conflicts_with_all = ["preset", "synthetic"]
     )]
     pub topology: Option<PathBuf>,
     /// Use a built-in machine from the papers loci follows: xeon-silver-4114-2s, xeon-gold-6346-2s,
     /// opteron-8220-8s, xeon-e7520-4s, xeon-e7-4850v4-4s, xeon-e7-4820-4s, xeon-e5310-2s,
     /// xeon-e5-4660v4-4s, xeon-platinum-8275cl-2s.
-    #[arg(long, value_name = "NAME", help_heading = "Topology source")]
+    #[arg(
+        long,
+        value_name = "NAME",
+        help_heading = "Topology source",
+        conflicts_with = "synthetic"
+    )]
     pub preset: Option<String>,
     /// Make up a machine: comma-separated key=value, e.g. `nodes=4,cores=8,smt=2,llc=node,dist=10:21`.
     /// Keys: nodes, cores (per node), smt, packages, llc (node|package|core|N), l2 (core|N), mem
@@ -34,6 +41,11 @@ pub struct TopoArgs {
     /// (node lists), siblings (apart|adjacent).
     #[arg(long, value_name = "SPEC", help_heading = "Topology source")]
     pub synthetic: Option<String>,
+    /// Plan as if every present cpu and node were allowed, ignoring the cgroup cpuset, the
+    /// affinity mask and Mems_allowed (hwloc's --whole-system). Without it plans never use a cpu
+    /// or node outside them. On this machine the kernel still refuses to bind outside them.
+    #[arg(long, help_heading = "Topology source")]
+    pub whole_system: bool,
 }
 
 impl TopoArgs {
@@ -58,7 +70,11 @@ impl TopoArgs {
 
     /// Loads the topology these flags name.
     pub fn load(&self) -> anyhow::Result<Topology> {
-        Ok(loci_topo::load(&self.source())?)
+        let mut t = loci_topo::load(&self.source())?;
+        if self.whole_system {
+            t.allow_everything();
+        }
+        Ok(t)
     }
 
     /// Whether the topology is the machine this process runs on (placement can be applied and
@@ -136,6 +152,17 @@ mod tests {
             "{e}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn whole_system_lifts_the_restrictions() {
+        let t =
+            T::try_parse_from(["x", "--synthetic", "nodes=2,cores=2", "--whole-system"]).unwrap();
+        assert!(t.topo.whole_system);
+        assert_eq!(t.topo.source(), Source::Synthetic("nodes=2,cores=2".into()));
+        let topo = t.topo.load().unwrap();
+        assert_eq!(topo.allowed_cpus().to_string(), "0-3");
+        assert!(topo.notes.iter().any(|n| n.contains("--whole-system")));
     }
 
     #[test]

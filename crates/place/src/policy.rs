@@ -238,6 +238,18 @@ impl MemPolicy {
                 nodes: nodes(l, &self.to_string(), &mut notes)?,
             },
         };
+        // A node that absorbed firmware duplicates (`Node::merged`) stands for all of them.
+        let mut plan = plan;
+        plan.nodes = plan
+            .nodes
+            .iter()
+            .flat_map(|n| {
+                topo.node(n)
+                    .map_or_else(|| NodeSet::single(n), |x| x.kernel_ids())
+                    .iter()
+                    .collect::<Vec<_>>()
+            })
+            .collect();
         Ok((plan, notes))
     }
 }
@@ -251,12 +263,17 @@ fn node_list(
     usable: &NodeSet,
     notes: &mut Vec<String>,
 ) -> Result<NodeSet, PolicyError> {
-    let set = NodeSet::parse_in(list, present).map_err(|e| PolicyError(e.to_string()))?;
+    // `all` and `!LIST` range over the default memory set; named nodes are checked below.
+    let set = NodeSet::parse_in(list, usable).map_err(|e| PolicyError(e.to_string()))?;
     for n in set.iter() {
         check_node(topo, n, present, usable, what, false)?;
     }
-    let memless = set.difference(usable);
-    let kept = set.intersection(usable);
+    // Named nodes need memory, not membership of the default set (GPU memory is named only).
+    let memless: NodeSet = set
+        .iter()
+        .filter(|&n| topo.node(n).is_some_and(|x| x.memory_bytes == Some(0)))
+        .collect();
+    let kept = set.difference(&memless);
     if kept.is_empty() {
         return Err(PolicyError(format!(
             "{what}: nodes {set} have no memory; nodes with memory: {usable}"

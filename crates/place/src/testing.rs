@@ -61,8 +61,7 @@ pub fn regular(nodes: u32, cores: u32, smt: u32, llcs: u32) -> Topology {
                 id,
                 cpus: node_cpus(id),
                 memory_bytes: Some(1 << 30),
-                free_bytes: None,
-                allowed: true,
+                ..Default::default()
             })
             .collect(),
         cpus,
@@ -71,6 +70,7 @@ pub fn regular(nodes: u32, cores: u32, smt: u32, llcs: u32) -> Topology {
         distances: (0..nodes)
             .map(|i| (0..nodes).map(|j| if i == j { 10 } else { 20 }).collect())
             .collect(),
+        notes: vec![],
     };
     topo.validate().expect("regular topology is valid");
     topo

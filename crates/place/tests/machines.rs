@@ -34,9 +34,25 @@ fn check_machine(name: &str, t: &Topology) {
         .filter(|&id| !t.allowed_cpus_of(id).is_empty())
         .collect();
     for st in STRATEGIES {
-        for n in [1, with_cpus.len(), allowed.len()] {
-            let (p, _) = place_threads(t, &s(st), n, false)
-                .unwrap_or_else(|e| panic!("{name} {st} -n {n}: {e}"));
+        // Cpus with a home node: an edited capture can leave online cpus without one (node 0
+        // offline), which node-based strategies cannot use.
+        let homed = allowed.iter().filter(|&c| t.node_of_cpu(c).is_some()).count();
+        for n in [1, with_cpus.len(), homed] {
+            let (p, _) = match place_threads(t, &s(st), n, false) {
+                Ok(p) => p,
+                // A cpuset that leaves a node an odd number of cpus cannot hold every group of
+                // two on one node: the documented refusal, not a bug.
+                Err(e)
+                    if *st == "shared:2"
+                        && e.to_string().contains("do not fit")
+                        && with_cpus
+                            .iter()
+                            .any(|&id| t.allowed_cpus_of(id).len() % 2 == 1) =>
+                {
+                    continue
+                }
+                Err(e) => panic!("{name} {st} -n {n}: {e}"),
+            };
             assert_eq!(p.len(), n);
             for pl in &p {
                 assert!(pl.cpus.is_subset(&allowed), "{name} {st}: {}", pl.cpus);

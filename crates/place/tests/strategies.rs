@@ -249,6 +249,28 @@ fn policies_resolve_with_notes_and_errors() {
 }
 
 #[test]
+fn gpu_memory_only_when_named_and_merged_nodes_bind_all_their_kernel_nodes() {
+    let mut t = four();
+    t.nodes[3].cpus = Default::default();
+    t.cpus.retain(|c| c.node != Some(3));
+    t.nodes[3].kind = loci_topo::NodeKind::Gpu;
+    t.nodes[0].merged = "7-8".parse().unwrap();
+    let r = |x: &str| {
+        x.parse::<MemPolicy>()
+            .unwrap()
+            .resolve(&t)
+            .map(|(m, _)| m.to_string())
+    };
+    // Default sets and `all` leave GPU memory out; naming it uses it.
+    assert_eq!(r("interleave").unwrap(), "interleave:0-2,7-8");
+    assert_eq!(r("bind:all").unwrap(), "bind:0-2,7-8");
+    assert_eq!(r("bind:3").unwrap(), "bind:3");
+    assert_eq!(r("preferred:3").unwrap(), "preferred:3");
+    // Node 0 stands for the kernel nodes merged into it.
+    assert_eq!(r("bind:0").unwrap(), "bind:0,7-8");
+}
+
+#[test]
 fn plan_json_is_the_documented_schema() {
     let t = four();
     let plan = Plan::new(&t, &s("sparse"), 2, &"interleave".parse().unwrap(), false).unwrap();

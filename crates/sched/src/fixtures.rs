@@ -30,8 +30,7 @@ fn build(source: &str, cpus: Vec<Cpu>, caches: Vec<Cache>, distances: Vec<Vec<u3
                 .map(|c| c.id)
                 .collect::<CpuSet>(),
             memory_bytes: None,
-            free_bytes: None,
-            allowed: true,
+            ..Default::default()
         })
         .collect();
     let mut cpus = cpus;
@@ -43,6 +42,7 @@ fn build(source: &str, cpus: Vec<Cpu>, caches: Vec<Cache>, distances: Vec<Vec<u3
         caches,
         devices: vec![],
         distances,
+        notes: vec![],
     };
     t.validate().expect("fixture topology is consistent");
     t

@@ -430,8 +430,7 @@ pub(crate) mod tests {
                         .map(|c| c.id)
                         .collect(),
                     memory_bytes: Some(512 << 30),
-                    free_bytes: None,
-                    allowed: true,
+                    ..Default::default()
                 })
                 .collect(),
             cpus,
@@ -447,6 +446,7 @@ pub(crate) mod tests {
             distances: (0..nodes)
                 .map(|i| (0..nodes).map(|j| if i == j { 10 } else { 21 }).collect())
                 .collect(),
+            notes: vec![],
         }
     }
 

@@ -14,12 +14,16 @@
 //! source does not say. Beyond the core schema (`source`; node `id`, `cpus`, `memory_bytes`,
 //! `distances`; cpu `id`, `core`, `package`, `node`, `allowed`; cache `level`, `kind`,
 //! `size_bytes`, `cpus`; device `name`, `kind`, `node`) there are exactly these documented
-//! extras: node `free_bytes` and `allowed`, cpu `online`.
+//! extras: node `free_bytes`, `allowed`, `kind` (`dram`, `hbm`, `nvm`, `gpu`), `initiators` and
+//! `merged` (node lists), cpu `online`, and the top-level `notes` (what the source repaired).
+//! A document saved before `kind`, `initiators`, `merged` and `notes` existed still reads.
 
 use serde::{Deserialize, Serialize};
 
-use crate::idset::CpuSet;
-use crate::model::{Cache, CacheKind, Cpu, Device, DeviceKind, ModelError, Node, Topology};
+use crate::idset::{CpuSet, NodeSet};
+use crate::model::{
+    Cache, CacheKind, Cpu, Device, DeviceKind, ModelError, Node, NodeKind, Topology,
+};
 
 /// A node in the JSON form.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,6 +35,13 @@ pub struct JsonNode {
     pub distances: Vec<u32>,
     pub free_bytes: Option<u64>,
     pub allowed: bool,
+    /// `dram`, `hbm`, `nvm` or `gpu`; documents saved before kinds existed read as `dram`.
+    #[serde(default)]
+    pub kind: NodeKind,
+    #[serde(default)]
+    pub initiators: NodeSet,
+    #[serde(default)]
+    pub merged: NodeSet,
 }
 
 /// A cpu in the JSON form.
@@ -52,6 +63,9 @@ pub struct TopologyJson {
     pub cpus: Vec<JsonCpu>,
     pub caches: Vec<JsonCache>,
     pub devices: Vec<JsonDevice>,
+    /// What the source repaired or left out (see [`Topology::notes`]).
+    #[serde(default)]
+    pub notes: Vec<String>,
 }
 
 /// A cache instance in the JSON form.
@@ -86,6 +100,9 @@ impl From<&Topology> for TopologyJson {
                     distances: d.clone(),
                     free_bytes: n.free_bytes,
                     allowed: n.allowed,
+                    kind: n.kind,
+                    initiators: n.initiators.clone(),
+                    merged: n.merged.clone(),
                 })
                 .collect(),
             cpus: t
@@ -119,6 +136,7 @@ impl From<&Topology> for TopologyJson {
                     node: d.node,
                 })
                 .collect(),
+            notes: t.notes.clone(),
         }
     }
 }
@@ -138,6 +156,9 @@ impl TopologyJson {
                     memory_bytes: n.memory_bytes,
                     free_bytes: n.free_bytes,
                     allowed: n.allowed,
+                    kind: n.kind,
+                    initiators: n.initiators,
+                    merged: n.merged,
                 })
                 .collect(),
             cpus: self
@@ -171,6 +192,7 @@ impl TopologyJson {
                     node: d.node,
                 })
                 .collect(),
+            notes: self.notes,
         };
         t.validate()?;
         Ok(t)
@@ -221,7 +243,10 @@ mod tests {
             k.sort();
             k
         };
-        assert_eq!(keys(&v), ["caches", "cpus", "devices", "nodes", "source"]);
+        assert_eq!(
+            keys(&v),
+            ["caches", "cpus", "devices", "nodes", "notes", "source"]
+        );
         assert_eq!(
             keys(&v["nodes"][0]),
             [
@@ -230,7 +255,10 @@ mod tests {
                 "distances",
                 "free_bytes",
                 "id",
-                "memory_bytes"
+                "initiators",
+                "kind",
+                "memory_bytes",
+                "merged"
             ]
         );
         assert_eq!(

@@ -14,5 +14,7 @@ pub mod xml;
 
 pub use idset::{CpuSet, IdSet, ListError, NodeSet};
 pub use json::TopologyJson;
-pub use model::{Cache, CacheKind, CoreGroup, Cpu, Device, DeviceKind, ModelError, Node, Topology};
+pub use model::{
+    Cache, CacheKind, CoreGroup, Cpu, Device, DeviceKind, ModelError, Node, NodeKind, Topology,
+};
 pub use source::{load, Source, SourceSyntaxError, TopoError};

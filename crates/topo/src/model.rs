@@ -13,6 +13,37 @@ use serde::{Deserialize, Serialize};
 
 use crate::idset::{CpuSet, NodeSet};
 
+/// What kind of memory a node holds. Ordinary nodes are `Dram`; the others are told apart by the
+/// kernel's own descriptions (see docs/topology.md, "Node kinds"), never guessed from sizes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeKind {
+    /// Ordinary memory.
+    #[default]
+    Dram,
+    /// Faster than the slowest node with cpus (HMAT read bandwidth), or a DAX device of
+    /// specific-purpose memory: HBM, MCDRAM.
+    Hbm,
+    /// Slower than the slowest node with cpus (HMAT read bandwidth), or a DAX device of an NVDIMM
+    /// region: NVM, CXL-attached memory.
+    Nvm,
+    /// A GPU's memory that the driver onlined as a NUMA node (NVIDIA's `numa_status`). Shown, but
+    /// never in a default memory set ([`Topology::allowed_mems`]): only a policy that names it
+    /// places pages there.
+    Gpu,
+}
+
+impl NodeKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeKind::Dram => "dram",
+            NodeKind::Hbm => "hbm",
+            NodeKind::Nvm => "nvm",
+            NodeKind::Gpu => "gpu",
+        }
+    }
+}
+
 /// One NUMA node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Node {
@@ -26,6 +57,43 @@ pub struct Node {
     pub free_bytes: Option<u64>,
     /// Whether this process may allocate here (cgroup `cpuset.mems.effective`, `Mems_allowed`).
     pub allowed: bool,
+    pub kind: NodeKind,
+    /// For a CPU-less node: the nodes whose cpus reach it best (the kernel's HMAT access class,
+    /// `nodeN/access1/initiators`); empty when the source does not say.
+    pub initiators: NodeSet,
+    /// Kernel node ids folded into this one because firmware described them as one locality
+    /// domain (the same cpus, local distance between them); empty normally. A memory policy on
+    /// this node applies to all of them.
+    pub merged: NodeSet,
+}
+
+/// An allowed, empty, ordinary node 0: the base for `Node { id, cpus, ..Default::default() }`.
+impl Default for Node {
+    fn default() -> Node {
+        Node::new(0, CpuSet::new(), None)
+    }
+}
+
+impl Node {
+    /// An allowed ordinary node (kind `dram`, no initiators, nothing merged).
+    pub fn new(id: u32, cpus: CpuSet, memory_bytes: Option<u64>) -> Node {
+        Node {
+            id,
+            cpus,
+            memory_bytes,
+            free_bytes: None,
+            allowed: true,
+            kind: NodeKind::Dram,
+            initiators: NodeSet::new(),
+            merged: NodeSet::new(),
+        }
+    }
+    /// This node's id and the ids merged into it: the kernel nodes a policy on it names.
+    pub fn kernel_ids(&self) -> NodeSet {
+        let mut s = self.merged.clone();
+        s.insert(self.id);
+        s
+    }
 }
 
 /// One hardware thread.
@@ -92,6 +160,10 @@ pub struct Topology {
     pub devices: Vec<Device>,
     /// SLIT distances: `distances[i][j]` is from `nodes[i]` to `nodes[j]` (index order, not id).
     pub distances: Vec<Vec<u32>>,
+    /// What the source had to repair or leave out to make sense of the machine (a node cpulist
+    /// naming absent cpus, distance rows for offline nodes, merged firmware nodes), one sentence
+    /// each. Shown by `loci topo`.
+    pub notes: Vec<String>,
 }
 
 /// Why a topology is inconsistent (a source produced something loci cannot trust).
@@ -116,13 +188,7 @@ impl Topology {
     pub fn flat(cpus: CpuSet, source: &str) -> Topology {
         Topology {
             source: source.to_string(),
-            nodes: vec![Node {
-                id: 0,
-                cpus: cpus.clone(),
-                memory_bytes: None,
-                free_bytes: None,
-                allowed: true,
-            }],
+            nodes: vec![Node::new(0, cpus.clone(), None)],
             cpus: cpus
                 .iter()
                 .map(|id| Cpu {
@@ -137,6 +203,7 @@ impl Topology {
             caches: vec![],
             devices: vec![],
             distances: vec![vec![10]],
+            notes: vec![],
         }
     }
 
@@ -197,13 +264,25 @@ impl Topology {
             .map(|c| c.id)
             .collect()
     }
-    /// Nodes this process may allocate memory on (allowed and with memory, where known).
+    /// Nodes this process may allocate memory on by default: allowed, with memory (where known),
+    /// and not GPU memory (which only a policy naming it uses).
     pub fn allowed_mems(&self) -> NodeSet {
         self.nodes
             .iter()
-            .filter(|n| n.allowed && n.memory_bytes != Some(0))
+            .filter(|n| n.allowed && n.memory_bytes != Some(0) && n.kind != NodeKind::Gpu)
             .map(|n| n.id)
             .collect()
+    }
+    /// Marks every online cpu and every node allowed, ignoring cgroup cpusets and affinity
+    /// (`--whole-system`), and says so in the notes.
+    pub fn allow_everything(&mut self) {
+        let before = (self.allowed_cpus(), self.allowed_mems());
+        self.cpus.iter_mut().for_each(|c| c.allowed = true);
+        self.nodes.iter_mut().for_each(|n| n.allowed = true);
+        self.notes.push(format!(
+            "--whole-system: planning over every cpu and node; allowed were cpus {} and memory on nodes {}",
+            before.0, before.1
+        ));
     }
     /// Allowed cpus of one node.
     pub fn allowed_cpus_of(&self, node: u32) -> CpuSet {

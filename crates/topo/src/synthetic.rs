@@ -149,8 +149,7 @@ impl Shape {
                 } else {
                     self.mem_per_node
                 }),
-                free_bytes: None,
-                allowed: true,
+                ..Default::default()
             })
             .collect();
         // (node, package, cpus of the core) per global core index.
@@ -223,6 +222,7 @@ impl Shape {
             caches,
             devices: self.devices.clone(),
             distances: self.distances.clone(),
+            notes: vec![],
         }
     }
 }

@@ -6,9 +6,11 @@
 //!   ancestor's `os_index` the package.
 //! - `NUMANode` objects are the nodes (`os_index`, `local_memory` bytes). hwloc attaches nodes as
 //!   memory children of the object whose cpus are local to them (possibly below a memory-side
-//!   `MemCache`). Each PU belongs to the nearest ancestor's attached node; where several nodes
-//!   share one attachment point (DRAM plus HBM or NVM), the cpus go to the ordinary one (no
-//!   subtype or `DRAM`, then the lowest id) and the others are CPU-less, as Linux numbers them.
+//!   `MemCache`). Each PU belongs to the nearest ancestor's attached node whose `cpuset`
+//!   (`complete_cpuset` where written) holds the PU; where several nodes share one attachment
+//!   point (DRAM plus HBM or NVM), the cpus go to the ordinary one (no subtype or `DRAM`, then
+//!   the lowest id) and the others are CPU-less, as Linux numbers them. A node without
+//!   `local_memory` is memoryless (hwloc leaves out a 0) when other nodes have it.
 //! - `L1Cache`..`L5Cache` and `L1iCache`..`L3iCache`: level from `depth`, size from
 //!   `cache_size`, kind from `cache_type` (0 unified, 1 data, 2 instruction); the sharing cpus
 //!   are the PUs below. Memory-side caches (`MemCache`) are not cpu caches and are skipped.
@@ -28,7 +30,7 @@ use std::path::Path;
 use roxmltree::{Document, Node as XNode};
 
 use crate::idset::{CpuSet, NodeSet};
-use crate::model::{Cache, CacheKind, Cpu, Device, DeviceKind, Node, Topology};
+use crate::model::{Cache, CacheKind, Cpu, Device, DeviceKind, Node, NodeKind, Topology};
 use crate::source::TopoError;
 
 /// Reads an hwloc XML file.
@@ -79,16 +81,23 @@ fn cache_type(t: &str) -> Option<(u8, Option<CacheKind>)> {
 }
 
 /// An hwloc bitmap string: comma-separated 32-bit hex words, most significant first, each with
-/// `0x` (`0x000000ff,0xffffffff`); a leading `0xf...f` word means "and everything above".
-/// `None` for the all-set bitmap (no restriction).
+/// `0x` (`0x000000ff,0xffffffff`); hwloc leaves a zero word empty unless it is the last one
+/// (`0x000000ff,,,0x0`); a leading `0xf...f` word means "and everything above". `None` for the
+/// all-set bitmap (no restriction).
 pub fn parse_hwloc_bitmap(s: &str) -> Result<Option<CpuSet>, String> {
     let t = s.trim();
     if t.starts_with("0xf...f") {
         return Ok(None);
     }
+    if t.is_empty() {
+        return Err("an empty hwloc bitmap (expected e.g. `0x0000ffff`)".into());
+    }
     let words: Vec<&str> = t
         .split(',')
-        .map(|w| w.trim().trim_start_matches("0x"))
+        .map(|w| match w.trim().trim_start_matches("0x") {
+            "" => "0",
+            w => w,
+        })
         .collect();
     CpuSet::parse_mask(&words.join(","))
         .map(Some)
@@ -139,8 +148,11 @@ pub fn parse(text: &str) -> Result<Topology, String> {
         id: u32,
         mem: Option<u64>,
         ordinary: bool,
+        kind: NodeKind,
         anchor: XNode<'a, 'a>,
         gp: Option<u64>,
+        /// The cpus hwloc says are local to the node (`complete_cpuset`, else `cpuset`).
+        local: Option<CpuSet>,
     }
     let mut numa: Vec<NumaInfo> = Vec::new();
     for n in machine
@@ -157,8 +169,19 @@ pub fn parse(text: &str) -> Result<Topology, String> {
             id,
             mem: attr_u64(&n, "local_memory")?,
             ordinary: subtype.is_none() || subtype == Some("DRAM"),
+            // hwloc's memory subtypes (see docs/topology.md, "Node kinds").
+            kind: match subtype {
+                Some("HBM" | "MCDRAM" | "SPM") => NodeKind::Hbm,
+                Some("NVM" | "CXL-DRAM") => NodeKind::Nvm,
+                Some("GPUMemory") => NodeKind::Gpu,
+                _ => NodeKind::Dram,
+            },
             anchor,
             gp: attr_u64(&n, "gp_index")?,
+            local: match n.attribute("complete_cpuset") {
+                Some(_) => bitmap_attr(&n, "complete_cpuset")?,
+                None => bitmap_attr(&n, "cpuset")?,
+            },
         });
     }
 
@@ -181,7 +204,13 @@ pub fn parse(text: &str) -> Result<Topology, String> {
                 _ => {}
             }
             if home.is_none() {
-                let mut local: Vec<&NumaInfo> = numa.iter().filter(|n| n.anchor == a).collect();
+                // A node whose cpuset leaves this PU out is not its home even when attached
+                // here: a CPU-less node hangs off the Machine beside a node spanning the
+                // whole machine with `cpuset="0x0"`.
+                let mut local: Vec<&NumaInfo> = numa
+                    .iter()
+                    .filter(|n| n.anchor == a && !matches!(&n.local, Some(s) if !s.contains(id)))
+                    .collect();
                 local.sort_by_key(|n| (!n.ordinary, n.id));
                 home = local.first().map(|n| n.id);
             }
@@ -216,6 +245,14 @@ pub fn parse(text: &str) -> Result<Topology, String> {
         return Err("two PU objects have the same os_index".into());
     }
     let numa_off = numa.is_empty();
+    // hwloc writes `local_memory` only when it is not 0: where the export gives other nodes
+    // their memory, a node without the attribute is memoryless (hwloc on Linux reads every
+    // node's meminfo). Where no node has it, the export does not say.
+    if numa.iter().any(|n| n.mem.is_some()) {
+        for n in &mut numa {
+            n.mem.get_or_insert(0);
+        }
+    }
     numa.sort_by_key(|n| n.id);
     if numa.windows(2).any(|w| w[0].id == w[1].id) {
         return Err("two NUMANode objects have the same os_index".into());
@@ -226,8 +263,8 @@ pub fn parse(text: &str) -> Result<Topology, String> {
             id: n.id,
             cpus: node_cpus.remove(&n.id).unwrap_or_default(),
             memory_bytes: n.mem,
-            free_bytes: None,
-            allowed: true,
+            kind: n.kind,
+            ..Default::default()
         })
         .collect();
     if numa_off {
@@ -238,8 +275,7 @@ pub fn parse(text: &str) -> Result<Topology, String> {
             id: 0,
             cpus: cpus.iter().map(|c| c.id).collect(),
             memory_bytes: None,
-            free_bytes: None,
-            allowed: true,
+            ..Default::default()
         });
     }
 
@@ -371,6 +407,7 @@ pub fn parse(text: &str) -> Result<Topology, String> {
         caches,
         devices,
         distances,
+        notes: vec![],
     })
 }
 
@@ -568,6 +605,14 @@ mod tests {
         );
         assert_eq!(parse_hwloc_bitmap("0xf...f").unwrap(), None);
         assert!(parse_hwloc_bitmap("0xzz").unwrap_err().contains("`0xzz`"));
+        assert!(parse_hwloc_bitmap("").is_err());
+        // hwloc leaves zero words empty, except the last (192em64t-24n8c2t.xml,
+        // memorysidecaches.xml).
+        let set = |s: &str| parse_hwloc_bitmap(s).unwrap().unwrap().to_string();
+        assert_eq!(set("0x000000ff,,,,,,0x000000ff"), "0-7,192-199");
+        assert_eq!(set("0x00000100,0x0"), "40");
+        assert_eq!(set("0x00000001,,0x0"), "64");
+        assert_eq!(set("0x0"), "");
         let restricted = SMALL.replace(
             r#"<object type="Machine" os_index="0">"#,
             r#"<object type="Machine" os_index="0" allowed_cpuset="0x00000005" allowed_nodeset="0x00000080">"#,
@@ -580,6 +625,50 @@ mod tests {
             r#"<object type="Machine" os_index="0" allowed_cpuset="nope">"#,
         );
         assert!(parse(&bad).unwrap_err().contains("allowed_cpuset"));
+    }
+
+    /// As hwloc exports a machine whose one node with cpus spans both packages (so it hangs off
+    /// the Machine), with a CPU-less node 0 beside it (`cpuset="0x0"`) and a memoryless node 5
+    /// (hwloc writes no `local_memory` when it is 0).
+    const BESIDE: &str = r#"<topology version="2.0">
+  <object type="Machine" os_index="0" cpuset="0x00000003" complete_cpuset="0x00000003">
+    <object type="NUMANode" os_index="0" cpuset="0x0" complete_cpuset="0x0" local_memory="4096"/>
+    <object type="NUMANode" os_index="1" cpuset="0x00000003" complete_cpuset="0x00000003" local_memory="8192"/>
+    <object type="Package" os_index="0" cpuset="0x00000001" complete_cpuset="0x00000001">
+      <object type="Core" os_index="0"><object type="PU" os_index="0"/></object>
+    </object>
+    <object type="Package" os_index="1" cpuset="0x00000002" complete_cpuset="0x00000002">
+      <object type="Core" os_index="0"><object type="PU" os_index="1"/></object>
+    </object>
+    <object type="Group" cpuset="0x0" complete_cpuset="0x0">
+      <object type="NUMANode" os_index="5" cpuset="0x0" complete_cpuset="0x0"/>
+    </object>
+  </object>
+</topology>
+"#;
+
+    #[test]
+    fn cpuless_beside_a_machine_wide_node_and_memoryless_nodes() {
+        let t = parse(BESIDE).unwrap();
+        t.validate().unwrap();
+        let cpus: Vec<String> = t.nodes.iter().map(|n| n.cpus.to_string()).collect();
+        assert_eq!(cpus, ["", "0-1", ""]);
+        assert_eq!(t.cpu(0).unwrap().node, Some(1));
+        let mem: Vec<Option<u64>> = t.nodes.iter().map(|n| n.memory_bytes).collect();
+        assert_eq!(mem, [Some(4096), Some(8192), Some(0)]);
+        assert_eq!(t.allowed_mems().to_string(), "0-1");
+        // Without a `local_memory` anywhere, the export does not say.
+        let t = parse(
+            &BESIDE
+                .replace(r#" local_memory="4096""#, "")
+                .replace(r#" local_memory="8192""#, ""),
+        )
+        .unwrap();
+        assert!(t.nodes.iter().all(|n| n.memory_bytes.is_none()));
+        // Without cpusets on the nodes, the lowest id at the attachment point gets the cpus.
+        let t = parse(&BESIDE.replace(r#" cpuset="0x0" complete_cpuset="0x0" local"#, " local"))
+            .unwrap();
+        assert_eq!(t.nodes[0].cpus.to_string(), "0-1");
     }
 
     #[test]

@@ -121,7 +121,9 @@ fn knl_like_dram_plus_hbm() {
     for hbm in 4..8 {
         assert_eq!(cpus_of(&t, hbm), "", "node {hbm}");
         assert_eq!(t.node(hbm).unwrap().memory_bytes, Some(2 << 30));
+        assert_eq!(t.node(hbm).unwrap().kind, loci_topo::NodeKind::Hbm);
     }
+    assert_eq!(t.node(0).unwrap().kind, loci_topo::NodeKind::Dram);
     assert_eq!(t.node(0).unwrap().memory_bytes, Some(1 << 30));
     assert_eq!(t.allowed_mems().to_string(), "0-7");
     assert_eq!(t.smt_siblings(0).to_string(), "0,16,32,48");
