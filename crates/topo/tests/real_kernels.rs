@@ -238,43 +238,67 @@ proptest! {
 
 #[test]
 fn cgroup_v1_cpusets_as_hwloc_finds_them() {
-    // The legacy cpuset filesystem (no `cpuset.` prefix), found through /proc/self/cpuset and
-    // /proc/mounts (no cgroup or mountinfo file): a captured tree's own restriction applies.
-    let t = sparse_machine("legacy-cpuset");
-    t.file("proc/self/cpuset", "/dummy\n")
-        .file("proc/mounts", "none /dev/cpuset cpuset rw 0 0\n")
-        .file("dev/cpuset/dummy/cpus", "0,2-3\n")
-        .file("dev/cpuset/dummy/mems", "5\n");
-    let topo = load(&t);
-    assert_eq!(topo.allowed_cpus().to_string(), "0,2");
-    assert_eq!(topo.allowed_mems().to_string(), "5");
-    // cgroup v1 mounted with `noprefix`, beside a v2 mount without the cpuset controller.
-    let t = sparse_machine("noprefix");
-    t.file("proc/self/cpuset", "/prout\n")
-        .file(
-            "proc/mounts",
-            "cgroup2 /dev/cgroup cgroup2 rw 0 0\ncpuset /dev/cpuset cgroup rw,relatime,cpuset,noprefix 0 0\n",
-        )
-        .file("dev/cgroup/cgroup.controllers", "memory pids\n")
-        .file("dev/cpuset/prout/cpus", "1-2\n")
-        .file("dev/cpuset/prout/mems", "0\n");
-    let topo = load(&t);
-    assert_eq!(topo.allowed_cpus().to_string(), "1-2");
-    assert_eq!(topo.allowed_mems().to_string(), "0");
-    // v1 with effective sets: those win over the configured ones.
-    let t = sparse_machine("v1-effective");
-    t.file("proc/self/cgroup", "3:cpuset:/j\n")
-        .file(
-            "proc/mounts",
-            "cgroup /sys/fs/cgroup/cpuset cgroup rw,cpuset 0 0\n",
-        )
-        .file("sys/fs/cgroup/cpuset/j/cpuset.cpus", "0-3\n")
-        .file("sys/fs/cgroup/cpuset/j/cpuset.mems", "0,5\n")
-        .file("sys/fs/cgroup/cpuset/j/cpuset.effective_cpus", "0\n")
-        .file("sys/fs/cgroup/cpuset/j/cpuset.effective_mems", "0\n");
-    let topo = load(&t);
-    assert_eq!(topo.allowed_cpus().to_string(), "0");
-    assert_eq!(topo.allowed_mems().to_string(), "0");
+    // (tree, files written, allowed cpus, allowed memory nodes)
+    type Case = (
+        &'static str,
+        &'static [(&'static str, &'static str)],
+        &'static str,
+        &'static str,
+    );
+    let cases: [Case; 3] = [
+        // The legacy cpuset filesystem (no `cpuset.` prefix), found through /proc/self/cpuset
+        // and /proc/mounts (no cgroup or mountinfo file): a captured tree's own restriction.
+        (
+            "legacy-cpuset",
+            &[
+                ("proc/self/cpuset", "/dummy\n"),
+                ("proc/mounts", "none /dev/cpuset cpuset rw 0 0\n"),
+                ("dev/cpuset/dummy/cpus", "0,2-3\n"),
+                ("dev/cpuset/dummy/mems", "5\n"),
+            ],
+            "0,2",
+            "5",
+        ),
+        // cgroup v1 mounted with `noprefix`, beside a v2 mount without the cpuset controller.
+        (
+            "noprefix",
+            &[
+                ("proc/self/cpuset", "/prout\n"),
+                (
+                    "proc/mounts",
+                    "cgroup2 /dev/cgroup cgroup2 rw 0 0\ncpuset /dev/cpuset cgroup rw,relatime,cpuset,noprefix 0 0\n",
+                ),
+                ("dev/cgroup/cgroup.controllers", "memory pids\n"),
+                ("dev/cpuset/prout/cpus", "1-2\n"),
+                ("dev/cpuset/prout/mems", "0\n"),
+            ],
+            "1-2",
+            "0",
+        ),
+        // v1 with effective sets: those win over the configured ones.
+        (
+            "v1-effective",
+            &[
+                ("proc/self/cgroup", "3:cpuset:/j\n"),
+                ("proc/mounts", "cgroup /sys/fs/cgroup/cpuset cgroup rw,cpuset 0 0\n"),
+                ("sys/fs/cgroup/cpuset/j/cpuset.cpus", "0-3\n"),
+                ("sys/fs/cgroup/cpuset/j/cpuset.mems", "0,5\n"),
+                ("sys/fs/cgroup/cpuset/j/cpuset.effective_cpus", "0\n"),
+                ("sys/fs/cgroup/cpuset/j/cpuset.effective_mems", "0\n"),
+            ],
+            "0",
+            "0",
+        ),
+    ];
+    for (name, files, cpus, mems) in cases {
+        let t = sparse_machine(name);
+        for (path, text) in files {
+            t.file(path, text);
+        }
+        let topo = load(&t);
+        assert_eq!(topo.allowed_cpus().to_string(), cpus, "{name}");
+        assert_eq!(topo.allowed_mems().to_string(), mems, "{name}");
+    }
 }
 
 #[test]
