@@ -36,7 +36,10 @@ fn check_machine(name: &str, t: &Topology) {
     for st in STRATEGIES {
         // Cpus with a home node: an edited capture can leave online cpus without one (node 0
         // offline), which node-based strategies cannot use.
-        let homed = allowed.iter().filter(|&c| t.node_of_cpu(c).is_some()).count();
+        let homed = allowed
+            .iter()
+            .filter(|&c| t.node_of_cpu(c).is_some())
+            .count();
         for n in [1, with_cpus.len(), homed] {
             let (p, _) = match place_threads(t, &s(st), n, false) {
                 Ok(p) => p,
