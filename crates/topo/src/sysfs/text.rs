@@ -34,7 +34,10 @@ pub fn parse_meminfo(text: &str) -> Result<(Option<u64>, Option<u64>), String> {
                 ))
             }
         };
-        *slot = Some(num * mult);
+        *slot = Some(
+            num.checked_mul(mult)
+                .ok_or_else(|| format!("{key} line `{}` is beyond 2^64 bytes", line.trim()))?,
+        );
     }
     Ok((total, free))
 }
@@ -60,8 +63,11 @@ pub fn parse_cache_size(text: &str) -> Result<u64, String> {
     };
     num.trim()
         .parse::<u64>()
-        .map(|n| n * mult)
-        .map_err(|_| format!("`{t}` is not a cache size (expected e.g. `32K`, `8M`)"))
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| {
+            format!("`{t}` is not a cache size (expected e.g. `32K`, `8M`, below 2^64 bytes)")
+        })
 }
 
 /// A cache `type` file: `Data`, `Instruction` or `Unified`.
@@ -243,6 +249,9 @@ pub(super) mod tests {
         assert_eq!(parse_cache_size("4096").unwrap(), 4096);
         assert!(parse_cache_size("K").is_err());
         assert!(parse_cache_size("12Q").unwrap_err().contains("`12Q`"));
+        // Found by the sysfs_text fuzz target: the unit multiplication overflowed.
+        assert!(parse_cache_size("18446744073709551615m").is_err());
+        assert!(parse_meminfo("MemTotal: 18446744073709551615 kB").is_err());
         assert_eq!(parse_cache_type("Data\n").unwrap(), CacheKind::Data);
         assert_eq!(
             parse_cache_type("Instruction").unwrap(),
