@@ -402,8 +402,12 @@ fn per_node(topo: &Topology, pool: &CpuSet) -> Vec<Vec<u32>> {
     out.into_iter().map(|(_, v)| v).collect()
 }
 
-/// LLC core groups restricted to `pool` (non-empty ones), each in compact order.
-fn llc_groups(topo: &Topology, pool: &CpuSet) -> Vec<(u32, Vec<u32>)> {
+/// LLC core groups restricted to `pool` (non-empty ones), each in compact order, with their node
+/// (`None`: unknown). Every pool cpu is in a group: pool cpus that no node lists (a cpu whose node
+/// is unknown, or one its node's cpu list leaves out, as an hwloc XML or a saved JSON may say)
+/// come last, one group per physical core. Without them `group` placed no thread at all on such
+/// a machine (found by the fuzz target `hwloc_xml`).
+fn llc_groups(topo: &Topology, pool: &CpuSet) -> Vec<(Option<u32>, Vec<u32>)> {
     let groups = match topo.llc_level() {
         Some(l) => topo.core_groups(l),
         // No cache information: a core group is a whole node.
@@ -416,13 +420,29 @@ fn llc_groups(topo: &Topology, pool: &CpuSet) -> Vec<(u32, Vec<u32>)> {
             })
             .collect(),
     };
-    groups
+    let mut out: Vec<(Option<u32>, Vec<u32>)> = groups
         .into_iter()
         .filter_map(|g| {
             let c = g.cpus.intersection(pool);
-            (!c.is_empty()).then(|| (g.node, compact_order(topo, &c)))
+            (!c.is_empty()).then(|| (Some(g.node), compact_order(topo, &c)))
         })
-        .collect()
+        .collect();
+    let mut left = pool.clone();
+    for (_, cpus) in &out {
+        for &c in cpus {
+            left.remove(c);
+        }
+    }
+    while let Some(first) = left.first() {
+        let core = topo.cpu(first).map(|c| (c.package, c.core));
+        let g: CpuSet = left
+            .iter()
+            .filter(|&id| topo.cpu(id).map(|c| (c.package, c.core)) == core)
+            .collect();
+        left = left.difference(&g);
+        out.push((topo.node_of_cpu(first), compact_order(topo, &g)));
+    }
+    out
 }
 
 /// Deals `n` items round-robin over buckets of the given capacities, skipping full buckets.
@@ -502,7 +522,12 @@ fn anchors(
             // Alternate nodes: the first group of every node, then the second of every node...
             let mut order: Vec<usize> = (0..groups.len()).collect();
             let rank_in_node = |i: usize| groups[..i].iter().filter(|g| g.0 == groups[i].0).count();
-            let node_rank = |i: usize| topo.node_index(groups[i].0).unwrap_or(usize::MAX);
+            let node_rank = |i: usize| {
+                groups[i]
+                    .0
+                    .and_then(|n| topo.node_index(n))
+                    .unwrap_or(usize::MAX)
+            };
             order.sort_by_key(|&i| (rank_in_node(i), node_rank(i)));
             let caps: Vec<usize> = order.iter().map(|&i| groups[i].1.len()).collect();
             deal(&caps, n)
@@ -575,9 +600,7 @@ fn shared(
         let node_id = topo.node_of_cpu(nodes[b][0]);
         let in_llc = groups
             .iter()
-            .filter(|(nid, cpus)| {
-                Some(*nid) == node_id && cpus.iter().all(|c| nodes[b].contains(c))
-            })
+            .filter(|(nid, cpus)| *nid == node_id && cpus.iter().all(|c| nodes[b].contains(c)))
             .find(|(_, cpus)| count_free(&free, cpus) >= size);
         let cpus: Vec<u32> = match in_llc {
             Some((_, cpus)) => cpus
@@ -612,7 +635,7 @@ fn shared(
 fn widen(
     topo: &Topology,
     pool: &CpuSet,
-    groups: &[(u32, Vec<u32>)],
+    groups: &[(Option<u32>, Vec<u32>)],
     bind: Bind,
     anchor: u32,
 ) -> CpuSet {

@@ -36,6 +36,8 @@ pub enum CodecError {
     Decompress { codec: Codec, msg: String },
     #[error("decompressed {got} bytes, the frame said {want}")]
     Size { got: usize, want: usize },
+    #[error("stored (uncompressed) payload of {got} bytes for a chunk of {want} raw bytes")]
+    Stored { got: usize, want: usize },
 }
 
 impl Codec {

@@ -6,7 +6,7 @@
 //! ## Handshake (one per TCP connection)
 //! 1. receiver -> sender, `ServerHello` (44 bytes): magic `LOCISTRM` (8) | version u16 | reserved
 //!    u16 | challenge (32 random bytes).
-//! 2. sender -> receiver, `ClientHello` (126 bytes): magic (8) | version u16 | stream id u32 |
+//! 2. sender -> receiver, `ClientHello` (124 bytes): magic (8) | version u16 | stream id u32 |
 //!    connection index u16 | connection count u16 | session u64 (random per sender process) |
 //!    transfer u64 (identity of the data: same source, same value; a resumed sender must present
 //!    the same one) | chunk bytes u64 | total chunks u64 | total raw bytes u64 | mode u8
@@ -37,7 +37,7 @@
 //! DATA flags: bit 0 = payload is an LZ4 block (else stored raw, `comp_len == raw_len`).
 //! Limits are checked on the header before any buffer is allocated: `raw_len <=` the chunk size
 //! agreed in the handshake (itself `<=` the receiver's `max_chunk_bytes`), `comp_len <=`
-//! LZ4's bound of `raw_len`, `seq <` total chunks. The receiver ACKs a chunk only once its sink
+//! LZ4's bound of `raw_len` (stored: `comp_len == raw_len`), `seq <` total chunks. The receiver ACKs a chunk only once its sink
 //! holds it (for a file sink: written, and recorded in the fsync'd journal); the sender keeps
 //! every unacknowledged chunk and resends it after a NACK or a reconnect.
 
@@ -212,7 +212,7 @@ pub fn client_handshake<S: Read + Write>(
     if n > 1 << 20 {
         return Err(ProtoError::Limit(format!("{n} resume ranges")));
     }
-    let mut ranges = Vec::with_capacity(n);
+    let mut ranges: Ranges = Vec::with_capacity(n);
     for _ in 0..n {
         let mut r = [0u8; 16];
         s.read_exact(&mut r)?;
@@ -223,6 +223,16 @@ pub fn client_handshake<S: Read + Write>(
                 "resume range {a}..{b} outside 0..{}",
                 hello.total_chunks
             )));
+        }
+        // The receiver sends sorted, disjoint ranges (`to_ranges` of its sink's set); overlaps
+        // would count chunks twice (the sender sums them at the end).
+        if let Some(&(_, prev_end)) = ranges.last() {
+            if a < prev_end {
+                return Err(ProtoError::Limit(format!(
+                    "resume range {a}..{b} overlaps or precedes the one before (ending at \
+                     {prev_end})"
+                )));
+            }
         }
         ranges.push((a, b));
     }
@@ -395,6 +405,15 @@ impl Header {
                 self.raw_len
             )));
         }
+        // A stored (uncompressed) payload is the chunk itself: exactly `raw_len` bytes. Anything
+        // else used to pass here and panic in the receiver's copy into the raw buffer.
+        if self.flags & FLAG_LZ4 == 0 && self.comp_len != self.raw_len {
+            return Err(ProtoError::Limit(format!(
+                "stored (uncompressed) payload of {} bytes for raw size {}; a stored payload must \
+                 be exactly the raw size",
+                self.comp_len, self.raw_len
+            )));
+        }
         let max = if self.flags & FLAG_LZ4 != 0 {
             Codec::bound(self.raw_len as usize) as u64
         } else {
@@ -512,6 +531,18 @@ mod tests {
         let (c, s) = run(b"k1", b"k1");
         assert_eq!(s, "accepted");
         assert_eq!(c, "[(0, 3), (5, 6)]");
+    }
+
+    #[test]
+    fn overlapping_resume_ranges_are_refused() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let srv = std::thread::spawn(move || {
+            let (_, ch, cn) = server_hello(&mut b, b"k").unwrap();
+            server_accept(&mut b, b"k", &ch, &cn, &[(0, 3), (2, 4)]).unwrap();
+        });
+        let e = client_handshake(&mut a, b"k", &hello()).unwrap_err();
+        srv.join().unwrap();
+        assert!(e.to_string().contains("overlaps"), "{e}");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crossbeam_channel::{Receiver as Rx, Sender as Tx};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::buf::{Pool, PooledBuf};
-use crate::codec::Codec;
+use crate::codec::{Codec, CodecError};
 use crate::config::{ReceiverConfig, StreamPart};
 use crate::proto::{self, kind, Header, Hello, StreamHasher};
 use crate::sink::{Sink, SinkSpec, Transfer};
@@ -592,6 +592,33 @@ fn end_of_stream(
     Ok(())
 }
 
+/// Turns the payload of a DATA frame into the raw chunk, `raw` (sized `hdr.raw_len` by the
+/// caller): an LZ4 block ([`proto::FLAG_LZ4`]) is decompressed with `codec` and must decode to
+/// exactly `raw.len()` bytes; a stored payload is copied and must be exactly `raw.len()` bytes.
+/// Whatever the payload, a mismatch is an error (the receiver NACKs the chunk), never a panic.
+/// The receiver's decompress stage runs this on every chunk; the fuzz target `stream_frame`
+/// runs it on arbitrary frames.
+pub fn decode_payload(
+    codec: Codec,
+    hdr: &Header,
+    payload: &[u8],
+    raw: &mut [u8],
+) -> Result<(), CodecError> {
+    if hdr.flags & proto::FLAG_LZ4 != 0 {
+        codec.decompress(payload, raw)
+    } else if payload.len() != raw.len() {
+        // Header::check_data refuses such a header first; this keeps the copy below panic-free
+        // for any caller.
+        Err(CodecError::Stored {
+            got: payload.len(),
+            want: raw.len(),
+        })
+    } else {
+        raw.copy_from_slice(payload);
+        Ok(())
+    }
+}
+
 /// Bytes of memory sinks of streams that ended in this process, by stream id (tests and
 /// `--sink memory` users read them here).
 pub static MEMORY: Mutex<BTreeMap<u32, Vec<u8>>> = Mutex::new(BTreeMap::new());
@@ -613,12 +640,7 @@ fn decompress_loop(
         let t0 = Instant::now();
         let mut raw = pool.get().map_err(|e| e.to_string())?;
         raw.set_len(job.hdr.raw_len as usize);
-        let ok = if job.hdr.flags & proto::FLAG_LZ4 != 0 {
-            st.codec.decompress(&job.payload, &mut raw).is_ok()
-        } else {
-            raw.copy_from_slice(&job.payload);
-            true
-        };
+        let ok = decode_payload(st.codec, &job.hdr, &job.payload, &mut raw).is_ok();
         drop(job.payload);
         let hash = if ok { xxh3_64(&raw) } else { 0 };
         if !ok || hash != job.hdr.c {

@@ -160,20 +160,34 @@ impl IdSet {
         Ok(Self(out))
     }
 
-    /// Parses a kernel hex mask as in `/proc/self/status` `Cpus_allowed:` (`ff,00000003`).
+    /// Parses a kernel hex mask as in `/proc/self/status` `Cpus_allowed:` (`ff,00000003`): 32-bit
+    /// words, most significant first. A word wider than 32 bits and a bit above [`MAX_ID`] are
+    /// errors, as [`IdSet::parse`] refuses such ids (before, the high bits of a wide word were
+    /// dropped silently, and long masks gave ids that did not print and parse back; the fuzz
+    /// target `idset` checks both).
     pub fn parse_mask(s: &str) -> Result<Self, ListError> {
         let list = s.trim();
+        let bad = |token: &str, why: String| ListError::BadToken {
+            list: list.to_string(),
+            token: token.to_string(),
+            why,
+        };
         let mut out = BTreeSet::new();
         let words: Vec<&str> = list.split(',').collect();
         for (i, w) in words.iter().rev().enumerate() {
-            let v = u64::from_str_radix(w.trim(), 16).map_err(|_| ListError::BadToken {
-                list: list.to_string(),
-                token: w.to_string(),
-                why: "not a hex word".into(),
-            })?;
+            let v = u32::from_str_radix(w.trim(), 16)
+                .map_err(|_| bad(w, "not a 32-bit hex word (at most 8 hex digits)".into()))?;
             for bit in 0..32u32 {
                 if v >> bit & 1 == 1 {
-                    out.insert(i as u32 * 32 + bit);
+                    // u64: the word index times 32 may not fit a u32 for a huge input.
+                    let id = i as u64 * 32 + bit as u64;
+                    if id > MAX_ID as u64 {
+                        return Err(bad(
+                            w,
+                            format!("sets bit {id}, beyond the largest id {MAX_ID}"),
+                        ));
+                    }
+                    out.insert(id as u32);
                 }
             }
         }
@@ -371,6 +385,37 @@ mod tests {
             "31,64"
         );
         assert!(IdSet::parse_mask("zz").is_err());
+        // Leading zero words are fine however many there are; a set bit above MAX_ID is not.
+        let zeros = vec!["00000000"; 5000].join(",");
+        assert_eq!(
+            IdSet::parse_mask(&format!("{zeros},1"))
+                .unwrap()
+                .to_string(),
+            "0"
+        );
+        let e = IdSet::parse_mask(&format!("1,{zeros}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("beyond the largest id"), "{e}");
+        // Bit 65535 (word 2047, bit 31) is the largest id; bit 65536 is one too many.
+        let top = |w: &str, below: usize| format!("{w},{}", vec!["0"; below].join(","));
+        assert_eq!(
+            IdSet::parse_mask(&top("80000000", 2047))
+                .unwrap()
+                .to_string(),
+            "65535"
+        );
+        assert!(IdSet::parse_mask(&top("1", 2048)).is_err());
+    }
+
+    #[test]
+    fn hex_mask_words_wider_than_32_bits_are_errors() {
+        // `100000000` (bit 32 in one word) used to parse as the empty set.
+        let e = IdSet::parse_mask("100000000").unwrap_err().to_string();
+        assert!(e.contains("32-bit hex word"), "{e}");
+        assert!(IdSet::parse_mask("fffffffff,0").is_err());
+        assert_eq!(IdSet::parse_mask("ffffffff").unwrap().to_string(), "0-31");
+        assert_eq!(IdSet::parse_mask("000000001").unwrap().to_string(), "0");
     }
 
     #[test]
