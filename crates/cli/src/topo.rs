@@ -252,10 +252,11 @@ pub fn render(t: &Topology) -> String {
             let _ = write!(o, " {:>8}", n.id);
         }
         o.push('\n');
+        let hops = t.hops_matrix();
         for (i, a) in t.nodes.iter().enumerate() {
             let _ = write!(o, "  {:>w$}", a.id);
-            for (j, b) in t.nodes.iter().enumerate() {
-                let h = t.hops(a.id, b.id).unwrap_or(0);
+            for j in 0..t.nodes.len() {
+                let h = hops[i][j];
                 let _ = write!(o, " {:>8}", format!("{} ({h})", t.distances[i][j]));
             }
             o.push('\n');

@@ -296,11 +296,30 @@ impl Topology {
     }
     /// Hops between nodes, derived from distances: 0 for local; otherwise the rank of the
     /// distance among the distinct remote distances of the machine (1 = nearest remote class).
+    /// For every pair at once, [`Topology::hops_matrix`] sorts the classes only once.
     pub fn hops(&self, a: u32, b: u32) -> Option<u32> {
         if a == b {
             return Some(0);
         }
         let d = self.distance(a, b)?;
+        Some(hop_of(&self.distance_classes(), d))
+    }
+    /// `hops` for every pair, in the order of `nodes`.
+    pub fn hops_matrix(&self) -> Vec<Vec<u32>> {
+        let classes = self.distance_classes();
+        self.distances
+            .iter()
+            .enumerate()
+            .map(|(i, row)| {
+                row.iter()
+                    .enumerate()
+                    .map(|(j, &d)| if i == j { 0 } else { hop_of(&classes, d) })
+                    .collect()
+            })
+            .collect()
+    }
+    /// The distinct remote distances of the machine, ascending.
+    fn distance_classes(&self) -> Vec<u32> {
         let mut classes: Vec<u32> = self
             .distances
             .iter()
@@ -314,13 +333,7 @@ impl Topology {
             .collect();
         classes.sort_unstable();
         classes.dedup();
-        Some(
-            classes
-                .iter()
-                .position(|&c| c == d)
-                .map(|p| p as u32 + 1)
-                .unwrap_or(1),
-        )
+        classes
     }
     /// Caches of one level, deduplicated (each instance once).
     pub fn caches_at(&self, level: u8) -> impl Iterator<Item = &Cache> {
@@ -389,4 +402,24 @@ impl Topology {
 pub struct CoreGroup {
     pub node: u32,
     pub cpus: CpuSet,
+}
+
+/// The hop class of distance `d` among `classes` (1 = nearest remote class).
+fn hop_of(classes: &[u32], d: u32) -> u32 {
+    classes.binary_search(&d).map(|p| p as u32 + 1).unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hops_matrix_is_hops_of_every_pair() {
+        let t = crate::preset::build("opteron-8220-8s").unwrap();
+        let m = t.hops_matrix();
+        for (i, a) in t.nodes.iter().enumerate() {
+            for (j, b) in t.nodes.iter().enumerate() {
+                assert_eq!(Some(m[i][j]), t.hops(a.id, b.id));
+            }
+        }
+        assert_eq!(m[0].iter().max(), Some(&3));
+    }
 }
