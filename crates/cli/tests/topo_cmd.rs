@@ -16,7 +16,11 @@ fn json_of_this_machine_follows_the_schema() {
     let (ok, out, err) = loci(&["topo", "--json"]);
     assert!(ok, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(keys(&v), ["caches", "cpus", "devices", "nodes", "source"]);
+    assert_eq!(
+        keys(&v),
+        ["caches", "cpus", "devices", "nodes", "notes", "source"]
+    );
+    assert!(v["notes"].is_array());
     assert_eq!(v["source"], "sysfs:/");
     let nodes = v["nodes"].as_array().unwrap();
     assert!(!nodes.is_empty());
@@ -30,9 +34,13 @@ fn json_of_this_machine_follows_the_schema() {
                 "distances",
                 "free_bytes",
                 "id",
-                "memory_bytes"
+                "initiators",
+                "kind",
+                "memory_bytes",
+                "merged"
             ]
         );
+        assert_eq!(n["kind"], "dram");
         assert_eq!(n["distances"].as_array().unwrap().len(), nodes.len());
         assert!(
             n["memory_bytes"].as_u64().is_some(),
