@@ -1,14 +1,28 @@
 #!/usr/bin/env python3
 """The loci engine workloads W1-W4 in DuckDB and Polars, on the very rows loci generated.
 
-loci exports each table as raw little-endian u32 files (<dir>/<table>.k.u32, <dir>/<table>.v.u32);
-this script loads them into each peer's native in-memory format (untimed), then times the query
-only, `--reps` times, and prints one JSON object per peer on stdout:
-  {"system": "duckdb", "version": "...", "times_s": [...], "checksum": {...}}
-The checksum is computed from the query result, with the same definition loci uses, so the bench
-can check that both sides computed the same answer on the same data.
+loci exports each table as raw little-endian columns: 64-bit tables (W1-W3) as <dir>/<table>.k.u64
+(keys, uint64) and <dir>/<table>.v.i64 (values, int64) with `--format u64`; W4's 32-bit index
+tables as <table>.k.u32 / <table>.v.u32 with `--format u32`. This script loads them into each
+peer's native in-memory format in the same types (untimed: DuckDB UBIGINT/BIGINT, Polars
+UInt64/Int64), then times the query only, `--reps` times, and prints one JSON object per peer:
+  {"system": "duckdb", "version": "...", "timed": "...", "times_s": [...], "checksum": {...}}
 
-Usage: peers.py --workload w2 --dir DIR --reps 3 --threads 2 --peers duckdb,polars
+What is timed, every rep: the query up to a materialised result (DuckDB: `fetchnumpy()` of every
+output row; Polars: the collected DataFrame). W2 computes count, sum, min, max and avg of v for
+every group; W1 the exact median of every group; W3 the join with count(*) and sum(r.p + s.q).
+
+The checksum is a digest of the result, with the same definitions as loci (loci_engine::wide),
+computed after the timed reps:
+  tuple_hash(x1..xn) = h, where h = TUPLE_SEED and h = mix64(h ^ xi) for each field (64-bit
+  two's-complement patterns, SplitMix64's finalizer); the digest is the wrapping sum over every
+  output tuple: W2 (key, count, sum, min, max), W1 (key, count, 2*median), W3 (key, r.p, s.q) of
+  every matched pair, with the count and sum(r.p + s.q). W2's avg is compared to a relative
+  tolerance of 1e-9 through sum(avg) and sum(avg * w(key)), w(key) = (mix64(key ^ WEIGHT_SALT)
+  >> 11) / 2^53, which binds every avg to its key. W3's pair digest is computed by a separate,
+  untimed pass over the join's output in slices of S.
+
+Usage: peers.py --workload w2 --format u64 --dir DIR --reps 3 --threads 2 --peers duckdb,polars
 """
 import argparse
 import json
@@ -16,23 +30,61 @@ import os
 import sys
 import time
 
-
-def load(d, name, np):
-    k = np.fromfile(os.path.join(d, name + ".k.u32"), dtype="<u4")
-    v = np.fromfile(os.path.join(d, name + ".v.u32"), dtype="<u4")
-    return k, v
-
-
-def mapped(d, name, np):
-    """The columns as read-only file mappings: DuckDB copies them into its own table, so the rows
-    are held once in anonymous memory (the file pages are page cache the kernel may drop)."""
-    k = np.memmap(os.path.join(d, name + ".k.u32"), dtype="<u4", mode="r")
-    v = np.memmap(os.path.join(d, name + ".v.u32"), dtype="<u4", mode="r")
-    return k, v
+TUPLE_SEED = 0x243F6A8885A308D3
+WEIGHT_SALT = 0x13198A2E03707344
+# Rows of S per slice of W3's untimed pair-digest pass.
+SLICE = 1 << 25
 
 
-def agg_checksum(groups, count, s, mn, mx):
-    return {"groups": int(groups), "count": int(count), "sum": int(s), "min": int(mn), "max": int(mx)}
+def cols(d, name, fmt, np, mmap):
+    kt, vt = ("<u8", "<i8") if fmt == "u64" else ("<u4", "<u4")
+    ke, ve = ("k.u64", "v.i64") if fmt == "u64" else ("k.u32", "v.u32")
+    f = (lambda p, t: np.memmap(p, dtype=t, mode="r")) if mmap else (lambda p, t: np.fromfile(p, dtype=t))
+    return f(os.path.join(d, f"{name}.{ke}"), kt), f(os.path.join(d, f"{name}.{ve}"), vt)
+
+
+def mix64(z, np):
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def u64(a, np):
+    """A column as 64-bit two's-complement patterns."""
+    a = np.asarray(a)
+    if a.dtype.kind == "f":
+        raise TypeError("float column in a tuple hash")
+    if a.dtype.kind == "u":
+        return a.astype(np.uint64)
+    return a.astype(np.int64).view(np.uint64)
+
+
+def tuple_hashes(columns, np):
+    n = len(columns[0])
+    h = np.full(n, TUPLE_SEED, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for c in columns:
+            h = mix64(h ^ u64(c, np), np)
+    return h
+
+
+def wsum(h, np):
+    """Wrapping sum of uint64 hashes, as a Python int."""
+    return int(np.add.reduce(h, dtype=np.uint64)) if len(h) else 0
+
+
+def agg_digest(k, c, s, mn, mx, a, np):
+    k = u64(k, np)
+    h = tuple_hashes([k, c, s, mn, mx], np)
+    with np.errstate(over="ignore"):
+        w = (mix64(k ^ np.uint64(WEIGHT_SALT), np) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    a = np.asarray(a, dtype=np.float64)
+    return {"groups": int(len(k)), "hash": wsum(h, np), "avg_sum": float(a.sum()), "avg_wsum": float((a * w).sum())}
+
+
+def median_digest(k, c, m, np):
+    twice = np.rint(np.asarray(m, dtype=np.float64) * 2).astype(np.int64)
+    return {"groups": int(len(k)), "hash": wsum(tuple_hashes([k, c, twice], np), np)}
 
 
 def run_duckdb(args, np):
@@ -41,28 +93,27 @@ def run_duckdb(args, np):
     con = duckdb.connect()
     con.execute(f"SET threads = {args.threads}")
     con.execute("SET preserve_insertion_order = false")
+
+    def table(name, file, vcol):
+        k, v = cols(args.dir, file, args.format, np, True)
+        con.register("src", {"k": k, vcol: v})
+        con.execute(f"CREATE TABLE {name} AS SELECT * FROM src")
+        con.unregister("src")
+
     if args.workload in ("w1", "w2"):
-        k, v = mapped(args.dir, "t", np)
-        con.register("src", {"k": k, "v": v})
-        con.execute("CREATE TABLE t AS SELECT * FROM src")
-        con.unregister("src")
-        del k, v
+        table("t", "t", "v")
         if args.workload == "w2":
-            q = "SELECT k, count(v) AS c, sum(v)::UBIGINT AS s, min(v) AS mn, max(v) AS mx, avg(v) AS a FROM t GROUP BY k"
+            q = ("SELECT k, count(*) AS c, sum(v)::BIGINT AS s, min(v) AS mn, max(v) AS mx, avg(v) AS a "
+                 "FROM t GROUP BY k")
+            timed = "GROUP BY k: count, sum, min, max, avg; fetchnumpy of every group"
         else:
-            q = "SELECT k, count(v) AS c, median(v)::DOUBLE AS m FROM t GROUP BY k"
+            q = "SELECT k, count(*) AS c, median(v)::DOUBLE AS m FROM t GROUP BY k"
+            timed = "GROUP BY k: count, median; fetchnumpy of every group"
     else:
-        rk, rv = mapped(args.dir, "r", np)
-        con.register("src", {"k": rk, "p": rv})
-        con.execute("CREATE TABLE r AS SELECT * FROM src")
-        con.unregister("src")
-        del rk, rv
-        sk, sv = mapped(args.dir, "s", np)
-        con.register("src", {"k": sk, "q": sv})
-        con.execute("CREATE TABLE s AS SELECT * FROM src")
-        con.unregister("src")
-        del sk, sv
+        table("r", "r", "p")
+        table("s", "s", "q")
         q = "SELECT count(*) AS c, sum(r.p::BIGINT + s.q::BIGINT)::BIGINT AS x FROM r JOIN s ON r.k = s.k"
+        timed = "hash join (build R, probe S): count(*), sum(r.p + s.q)"
     times = []
     res = None
     for _ in range(args.reps):
@@ -70,12 +121,21 @@ def run_duckdb(args, np):
         res = con.execute(q).fetchnumpy()
         times.append(time.perf_counter() - t)
     if args.workload == "w2":
-        ck = agg_checksum(len(res["k"]), res["c"].sum(), res["s"].astype("uint64").sum(), res["mn"].astype("int64").sum(), res["mx"].astype("int64").sum())
+        ck = agg_digest(res["k"], res["c"], res["s"], res["mn"], res["mx"], res["a"], np)
     elif args.workload == "w1":
-        ck = {"groups": int(len(res["k"])), "count": int(res["c"].sum()), "twice_median": int(round(float((res["m"].astype("float64") * 2).sum())))}
-    else:
+        ck = median_digest(res["k"], res["c"], res["m"], np)
+    elif args.format == "u32":
         ck = {"count": int(res["c"][0]), "checksum": int(res["x"][0])}
-    return {"system": "duckdb", "version": duckdb.__version__, "times_s": times, "checksum": ck}
+    else:
+        n = con.execute("SELECT count(*) FROM s").fetchone()[0]
+        h = 0
+        for lo in range(0, n, SLICE):
+            part = con.execute(
+                "SELECT r.k AS k, r.p AS p, s.q AS q FROM r JOIN (SELECT k, q FROM s WHERE rowid >= ? AND rowid < ?) s "
+                "ON r.k = s.k", [lo, lo + SLICE]).fetchnumpy()
+            h = (h + wsum(tuple_hashes([part["k"], part["p"], part["q"]], np), np)) % (1 << 64)
+        ck = {"count": int(res["c"][0]), "sum": int(res["x"][0]), "hash": h}
+    return {"system": "duckdb", "version": duckdb.__version__, "timed": timed, "times_s": times, "checksum": ck}
 
 
 def run_polars(args, np):
@@ -83,28 +143,31 @@ def run_polars(args, np):
     import polars as pl
 
     if args.workload in ("w1", "w2"):
-        k, v = load(args.dir, "t", np)
+        k, v = cols(args.dir, "t", args.format, np, False)
         df = pl.DataFrame({"k": k, "v": v})
         del k, v
         if args.workload == "w2":
             def q():
                 return df.group_by("k").agg(
-                    pl.col("v").count().alias("c"), pl.col("v").cast(pl.UInt64).sum().alias("s"),
+                    pl.len().alias("c"), pl.col("v").sum().alias("s"),
                     pl.col("v").min().alias("mn"), pl.col("v").max().alias("mx"), pl.col("v").mean().alias("a"))
+            timed = "group_by(k).agg(len, sum, min, max, mean): DataFrame of every group"
         else:
             def q():
-                return df.group_by("k").agg(pl.col("v").count().alias("c"), pl.col("v").median().alias("m"))
+                return df.group_by("k").agg(pl.len().alias("c"), pl.col("v").median().alias("m"))
+            timed = "group_by(k).agg(len, median): DataFrame of every group"
     else:
-        rk, rv = load(args.dir, "r", np)
+        rk, rv = cols(args.dir, "r", args.format, np, False)
         r = pl.DataFrame({"k": rk, "p": rv})
         del rk, rv
-        sk, sv = load(args.dir, "s", np)
+        sk, sv = cols(args.dir, "s", args.format, np, False)
         s = pl.DataFrame({"k": sk, "q": sv})
         del sk, sv
 
         def q():
             return r.lazy().join(s.lazy(), on="k").select(
                 pl.len().alias("c"), (pl.col("p").cast(pl.Int64) + pl.col("q").cast(pl.Int64)).sum().alias("x")).collect()
+        timed = "lazy join on k (build + probe): len, sum(p + q)"
     times = []
     res = None
     for _ in range(args.reps):
@@ -112,17 +175,25 @@ def run_polars(args, np):
         res = q()
         times.append(time.perf_counter() - t)
     if args.workload == "w2":
-        ck = agg_checksum(res.height, res["c"].sum(), res["s"].sum(), res["mn"].cast(pl.Int64).sum(), res["mx"].cast(pl.Int64).sum())
+        ck = agg_digest(res["k"].to_numpy(), res["c"].to_numpy(), res["s"].to_numpy(), res["mn"].to_numpy(),
+                        res["mx"].to_numpy(), res["a"].to_numpy(), np)
     elif args.workload == "w1":
-        ck = {"groups": res.height, "count": int(res["c"].sum()), "twice_median": int(round(float((res["m"].cast(pl.Float64) * 2).sum())))}
-    else:
+        ck = median_digest(res["k"].to_numpy(), res["c"].to_numpy(), res["m"].to_numpy(), np)
+    elif args.format == "u32":
         ck = {"count": int(res["c"][0]), "checksum": int(res["x"][0])}
-    return {"system": "polars", "version": pl.__version__, "times_s": times, "checksum": ck}
+    else:
+        h = 0
+        for lo in range(0, s.height, SLICE):
+            part = r.join(s.slice(lo, SLICE), on="k")
+            h = (h + wsum(tuple_hashes([part["k"].to_numpy(), part["p"].to_numpy(), part["q"].to_numpy()], np), np)) % (1 << 64)
+        ck = {"count": int(res["c"][0]), "sum": int(res["x"][0]), "hash": h}
+    return {"system": "polars", "version": pl.__version__, "timed": timed, "times_s": times, "checksum": ck}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", required=True, choices=["w1", "w2", "w3", "w4"])
+    ap.add_argument("--format", choices=["u64", "u32"], default="u64")
     ap.add_argument("--dir", required=True)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())

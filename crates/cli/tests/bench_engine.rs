@@ -130,19 +130,35 @@ fn w1_and_w3_agree_across_schedulers() {
             "dense",
             "--mem",
             "first-touch-1,interleave",
+            "--keys",
+            "sparse,dense",
             "--json",
             json.to_str().unwrap(),
         ]);
         assert!(ok, "{w}: {err}");
         let rs = rows(&json);
-        // 3 schedulers x 2 policies x 2 variants (w1: partition, lists; w3: shared, partitioned).
+        // 3 schedulers x 2 policies x 2 key layouts (sparse, dense), one variant each.
         assert_eq!(rs.len(), 12, "{w}");
         for r in &rs {
+            let case = r["case"].as_str().unwrap();
+            let first = rs.iter().find(|x| x["case"] == r["case"]).unwrap();
             assert_eq!(
-                r["extra"]["checksum"], rs[0]["extra"]["checksum"],
+                r["extra"]["checksum"], first["extra"]["checksum"],
                 "{w}: {r}"
             );
+            assert!(
+                case.contains("sparse/") || case.contains("dense/"),
+                "{case}"
+            );
         }
+        let d = |k: &str| {
+            rs.iter()
+                .find(|x| x["case"].as_str().unwrap().contains(k))
+                .unwrap()["extra"]["checksum"]
+                .clone()
+        };
+        // Both layouts have the same groups and counts but different keys: different digests.
+        assert_ne!(d("sparse/"), d("dense/"), "{w}");
     }
 }
 
@@ -157,6 +173,12 @@ fn bad_choices_are_named_with_the_valid_ones() {
     let (ok, _, err) = loci(&["bench", "w1", "--rows", "100", "--threads", "sparce"]);
     assert!(!ok);
     assert!(err.contains("sparce") && err.contains("dense"), "{err}");
+    let (ok, _, err) = loci(&["bench", "w2", "--rows", "100", "--keys", "sparce"]);
+    assert!(!ok);
+    assert!(
+        err.contains("sparce") && err.contains("sparse, dense"),
+        "{err}"
+    );
     let (ok, _, err) = loci(&["bench", "w2", "--rows", "100", "--workers", "100000"]);
     assert!(!ok);
     assert!(err.contains("allowed cpus"), "{err}");

@@ -64,6 +64,66 @@ pub const VAL_RANGE: u64 = 1 << 30;
 /// Width of the moving-cluster window.
 pub const MOVING_WINDOW: u64 = 1024;
 
+const STREAM_VAL64: u64 = 5;
+const STREAM_SVAL64: u64 = 6;
+const SALT_KEY64: u64 = 0x6c6f_6369_6b65_7973;
+
+/// How a 64-bit table's keys are laid over the domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keys {
+    /// Rank `r` (zero-based) becomes `mix64(r ^ mix64(seed ^ SALT))`: distinct keys scattered
+    /// over the whole u64 domain (SplitMix64's finalizer is a bijection, so distinct ranks give
+    /// distinct keys); no range trick applies.
+    Sparse,
+    /// Rank `r` is the key: `0..groups` (the labelled side case).
+    Dense,
+}
+
+impl Keys {
+    /// Names accepted by [`FromStr`].
+    pub const CHOICES: &'static str = "sparse, dense";
+
+    /// Key of zero-based rank `r` for data seeded by `seed`.
+    #[inline(always)]
+    pub fn key(self, seed: u64, r: u64) -> u64 {
+        match self {
+            Keys::Sparse => mix64(r ^ mix64(seed ^ SALT_KEY64)),
+            Keys::Dense => r,
+        }
+    }
+}
+
+impl fmt::Display for Keys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Keys::Sparse => "sparse",
+            Keys::Dense => "dense",
+        })
+    }
+}
+
+impl FromStr for Keys {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "sparse" => Ok(Keys::Sparse),
+            "dense" => Ok(Keys::Dense),
+            _ => Err(EngineError::BadChoice {
+                what: "key layout",
+                given: s.into(),
+                valid: Self::CHOICES,
+            }),
+        }
+    }
+}
+
+/// The `i64` value of row `i` of a 64-bit aggregation table or R: uniform in `[-2^31, 2^31)`
+/// (sums of 2^32 rows cannot overflow).
+#[inline(always)]
+pub fn val64(seed: u64, i: u64) -> i64 {
+    (rand_at(seed, STREAM_VAL64, i) as i64) >> 32
+}
+
 /// Key distribution of an aggregation dataset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dist {
@@ -197,12 +257,36 @@ impl AggGen {
 
     /// Fills `keys`/`vals` with rows `start..start+keys.len()`.
     pub fn fill(&self, start: u64, keys: &mut [u32], vals: &mut [u32]) {
-        let s = &self.spec;
-        let g = s.groups as u64;
-        let seed = s.seed;
+        let seed = self.spec.seed;
         for (j, v) in vals.iter_mut().enumerate() {
             *v = below(rand_at(seed, STREAM_VAL, start + j as u64), VAL_RANGE) as u32;
         }
+        self.fill_ranks(start, keys);
+    }
+
+    /// Fills a 64-bit table's rows `start..start+keys.len()`: the same ranks as [`AggGen::fill`]
+    /// (zero-based, `0..groups`), turned into keys by [`Keys::key`], and `i64` values uniform in
+    /// `[-2^31, 2^31)` (see [`val64`]).
+    pub fn fill64(&self, start: u64, kind: Keys, keys: &mut [u64], vals: &mut [i64]) {
+        let seed = self.spec.seed;
+        for (j, v) in vals.iter_mut().enumerate() {
+            *v = val64(seed, start + j as u64);
+        }
+        let mut ranks = [0u32; 1024];
+        for (c, kc) in keys.chunks_mut(1024).enumerate() {
+            let r = &mut ranks[..kc.len()];
+            self.fill_ranks(start + (c * 1024) as u64, r);
+            for (k, &x) in kc.iter_mut().zip(r.iter()) {
+                *k = kind.key(seed, x as u64);
+            }
+        }
+    }
+
+    /// Zero-based ranks (the 32-bit keys) of rows `start..start+keys.len()`.
+    fn fill_ranks(&self, start: u64, keys: &mut [u32]) {
+        let s = &self.spec;
+        let g = s.groups as u64;
+        let seed = s.seed;
         match s.dist {
             Dist::Uniform => {
                 for (j, k) in keys.iter_mut().enumerate() {
@@ -287,6 +371,25 @@ impl JoinSpec {
             let i = start + j as u64;
             *k = perm32(self.seed, i as u32);
             *v = below(rand_at(self.seed, STREAM_VAL, i), VAL_RANGE) as u32;
+        }
+    }
+
+    /// Fills 64-bit R rows `start..`: key of rank `i` (unique), `i64` payload.
+    pub fn fill_r64(&self, start: u64, kind: Keys, keys: &mut [u64], vals: &mut [i64]) {
+        for (j, (k, v)) in keys.iter_mut().zip(vals.iter_mut()).enumerate() {
+            let i = start + j as u64;
+            *k = kind.key(self.seed, i);
+            *v = val64(self.seed, i);
+        }
+    }
+
+    /// Fills 64-bit S rows `start..`: the key of an R row drawn uniformly, `i64` payload.
+    pub fn fill_s64(&self, start: u64, kind: Keys, keys: &mut [u64], vals: &mut [i64]) {
+        let r = self.r_rows as u64;
+        for (j, (k, v)) in keys.iter_mut().zip(vals.iter_mut()).enumerate() {
+            let i = start + j as u64;
+            *k = kind.key(self.seed, below(rand_at(self.seed, STREAM_SKEY, i), r));
+            *v = (rand_at(self.seed, STREAM_SVAL64, i) as i64) >> 32;
         }
     }
 

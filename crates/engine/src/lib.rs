@@ -5,13 +5,17 @@
 //! read from morsels whose pages sit on its own node, sampled with `move_pages(2)`.
 //!
 //! - [`gen`]: seeded, chunking-independent data generators (aggregation datasets, join tables).
-//! - [`storage`]: tables of `(key: u32, val: u32)` morsels placed by a [`MemPolicy`].
+//! - [`storage`]: tables of `(key: u32, val: u32)` or `(key: u64, val: i64)` morsels placed by
+//!   a [`MemPolicy`].
 //! - [`exec`]: [`Exec`], operators' workers on loci-sched (LAS, NLS or unpinned): every morsel
 //!   is a task queued on its home node's core group.
 //! - [`partition`]: two-pass radix partitioning into node-homed partitions.
 //! - [`agg`]: W2 (count/sum/min/max/avg by key) and W1 (exact median by key).
 //! - [`join`]: W3 hash join, shared table and partitioned (per-node) variants.
 //! - [`index`]: W4 index nested-loop join over sorted array, B-tree, skip list or ART.
+//! - [`wide`]: the 64-bit tables (`u64` keys anywhere in the domain, `i64` values) and their
+//!   operators: W2 and W1 by hash partitioning and open addressing, W3 partitioned hash join, and
+//!   the order-independent answer digests the benchmark compares with the peers.
 //! - [`reference`]: simple single-thread answers the differential tests compare against.
 
 pub mod agg;
@@ -22,9 +26,10 @@ pub mod join;
 pub mod partition;
 pub mod reference;
 pub mod storage;
+pub mod wide;
 
 pub use exec::{parse_sched, Exec, Locality, Pass, Threads};
-pub use gen::{AggGen, AggSpec, Dist, JoinSpec};
+pub use gen::{AggGen, AggSpec, Dist, JoinSpec, Keys};
 pub use loci_sched::Policy as Sched;
 pub use storage::{MemPolicy, Morsel, Table};
 
@@ -111,8 +116,52 @@ pub fn generate(
     policy: &MemPolicy,
     fill: &Fill<'_>,
 ) -> Result<(Table, Trace), EngineError> {
+    let (mut t, tr) = generate_width(exec, rows, morsel_rows, policy, 4, &|s, mo| {
+        let (k, v) = mo.cols_mut();
+        fill(s, k, v);
+        let lo = k.iter().copied().min()?;
+        let hi = k.iter().copied().max()?;
+        Some((lo, hi))
+    })?;
+    t.key_range = tr.1;
+    Ok((t, tr.0))
+}
+
+/// A 64-bit row generator: `fill(start_row, keys, vals)`.
+pub type Fill64<'a> = dyn Fn(u64, &mut [u64], &mut [i64]) + Sync + 'a;
+
+/// [`generate`] for a 64-bit table (`u64` keys, `i64` values). No statistic is kept: the table
+/// has no key range (the 64-bit operators use none).
+pub fn generate64(
+    exec: &Exec,
+    rows: usize,
+    morsel_rows: usize,
+    policy: &MemPolicy,
+    fill: &Fill64<'_>,
+) -> Result<(Table, Trace), EngineError> {
+    let (t, tr) = generate_width(exec, rows, morsel_rows, policy, 8, &|s, mo| {
+        let (k, v) = mo.cols64_mut();
+        fill(s, k, v);
+        None
+    })?;
+    Ok((t, tr.0))
+}
+
+/// A generated table, its trace and (32-bit tables) its key range.
+type Generated = (Table, (Trace, Option<(u32, u32)>));
+
+type FillMorsel<'a> = dyn Fn(u64, &mut Morsel) -> Option<(u32, u32)> + Sync + 'a;
+
+fn generate_width(
+    exec: &Exec,
+    rows: usize,
+    morsel_rows: usize,
+    policy: &MemPolicy,
+    width: usize,
+    fill: &FillMorsel<'_>,
+) -> Result<Generated, EngineError> {
     let nodes = mem_nodes(exec);
-    let mut table = Table::alloc(exec.topology(), rows, morsel_rows, policy, &nodes)?;
+    let mut table = Table::alloc_width(exec.topology(), rows, morsel_rows, policy, &nodes, width)?;
     let m = table.morsels.len();
     let wn = exec.worker_nodes();
     let homes: Vec<Option<u32>> = table
@@ -134,16 +183,12 @@ pub fn generate(
         })
         .collect();
     let base = SendPtr(table.morsels.as_mut_ptr());
-    // Fills morsel i and returns its key range.
+    // Fills morsel i and returns its key range (32-bit tables).
     let one = |i: usize| -> Option<(u32, u32)> {
         // SAFETY: every morsel index is handed to exactly one task (or the one sequential loop),
         // so this is the only reference to morsel i; the Vec is not resized meanwhile.
         let mo = unsafe { &mut *base.ptr().add(i) };
-        let (k, v) = mo.cols_mut();
-        fill(starts[i], k, v);
-        let lo = k.iter().copied().min()?;
-        let hi = k.iter().copied().max()?;
-        Some((lo, hi))
+        fill(starts[i], mo)
     };
     let merge = |a: Option<(u32, u32)>, b: Option<(u32, u32)>| match (a, b) {
         (Some(a), Some(b)) => Some((a.0.min(b.0), a.1.max(b.1))),
@@ -166,13 +211,49 @@ pub fn generate(
             pass.trace.touched,
         )
     };
-    table.key_range = range;
     if matches!(policy, MemPolicy::FirstTouch | MemPolicy::FirstTouchSingle) {
         for &(i, n) in &touched {
             table.morsels[i].home = n;
         }
     }
-    Ok((table, Trace { touched }))
+    Ok((table, (Trace { touched }, range)))
+}
+
+/// Generates a 64-bit aggregation dataset: the ranks of `spec`'s distribution as `keys` keys.
+pub fn generate_agg64(
+    exec: &Exec,
+    spec: AggSpec,
+    keys: Keys,
+    morsel_rows: usize,
+    policy: &MemPolicy,
+) -> Result<Table, EngineError> {
+    let g = AggGen::new(spec)?;
+    Ok(
+        generate64(exec, spec.rows, morsel_rows, policy, &|s, k, v| {
+            g.fill64(s, keys, k, v)
+        })?
+        .0,
+    )
+}
+
+/// Generates the 64-bit join tables R and S.
+pub fn generate_join64(
+    exec: &Exec,
+    spec: JoinSpec,
+    keys: Keys,
+    morsel_rows: usize,
+    policy: &MemPolicy,
+) -> Result<(Table, Table), EngineError> {
+    spec.check()?;
+    let r = generate64(exec, spec.r_rows, morsel_rows, policy, &|s, k, v| {
+        spec.fill_r64(s, keys, k, v)
+    })?
+    .0;
+    let s = generate64(exec, spec.s_rows, morsel_rows, policy, &|st, k, v| {
+        spec.fill_s64(st, keys, k, v)
+    })?
+    .0;
+    Ok((r, s))
 }
 
 /// Generates an aggregation dataset.

@@ -11,7 +11,7 @@
 //! the hot loop touches one line per partition instead of one random store per row.
 
 use crate::exec::Exec;
-use crate::storage::{bind_plan, Region, Table};
+use crate::storage::{bind_plan, Morsel, Region, Table};
 use crate::{EngineError, SendPtr, Trace};
 
 /// Packs a row.
@@ -94,8 +94,8 @@ impl PartFn for HashPart {
     }
 }
 
-/// The partitions of one table.
-pub struct Partitioned {
+/// The partitions of one table: rows of type `T` (packed `u64` for 32-bit tables).
+pub struct Partitioned<T = u64> {
     regions: Vec<Option<Region>>,
     /// (region index, first element, length) per partition.
     parts: Vec<(usize, usize, usize)>,
@@ -103,9 +103,10 @@ pub struct Partitioned {
     pub homes: Vec<Option<u32>>,
     /// Which node read each input morsel (histogram pass, then scatter pass).
     pub trace: Trace,
+    _rows: std::marker::PhantomData<T>,
 }
 
-impl Partitioned {
+impl<T: Copy> Partitioned<T> {
     /// Number of partitions.
     pub fn len(&self) -> usize {
         self.parts.len()
@@ -116,8 +117,8 @@ impl Partitioned {
         self.parts.is_empty()
     }
 
-    /// Rows of partition `p`, packed.
-    pub fn part(&self, p: usize) -> &[u64] {
+    /// Rows of partition `p`.
+    pub fn part(&self, p: usize) -> &[T] {
         let (r, start, len) = self.parts[p];
         if len == 0 {
             return &[];
@@ -126,7 +127,7 @@ impl Partitioned {
             .as_ref()
             .expect("non-empty partitions have a region");
         // SAFETY: the range was fully written by pass 2 (exact counts) and lies in the region.
-        unsafe { std::slice::from_raw_parts((reg.as_ptr() as *const u64).add(start), len) }
+        unsafe { std::slice::from_raw_parts((reg.as_ptr() as *const T).add(start), len) }
     }
 
     /// Largest partition, in rows.
@@ -143,10 +144,95 @@ pub fn part_home(nodes: &[u32], p: usize, n: usize) -> u32 {
 
 /// Partitions `table` by `f` on the executor's workers.
 pub fn partition<F: PartFn>(exec: &Exec, table: &Table, f: &F) -> Result<Partitioned, EngineError> {
-    let np = f.parts();
+    partition_rows(
+        exec,
+        table,
+        f.parts(),
+        |mo, h| {
+            for &k in mo.keys() {
+                h[f.part(k)] += 1;
+            }
+        },
+        |mo, sink| {
+            for (&k, &v) in mo.keys().iter().zip(mo.vals()) {
+                sink.push(f.part(k), pack(k, v));
+            }
+        },
+    )
+}
+
+/// Rows per write-combining buffer of the scatter.
+const WC: usize = 8;
+
+/// Where the scatter of one morsel writes: per partition a small write-combining buffer and the
+/// next output slot.
+pub struct Sink<'a, T> {
+    buf: &'a mut [[T; WC]],
+    fill: &'a mut [u8],
+    pos: &'a mut [usize],
+    bases: &'a [SendPtr<T>],
+}
+
+impl<T: Copy> Sink<'_, T> {
+    /// Appends `row` to partition `p`. The caller's histogram must have counted it (the
+    /// partition function of the scatter is the histogram's).
+    #[inline(always)]
+    pub fn push(&mut self, p: usize, row: T) {
+        let n = self.fill[p] as usize;
+        self.buf[p][n] = row;
+        if n == WC - 1 {
+            // SAFETY: pos[p]..pos[p]+WC lies inside the range reserved for (morsel, p) by the
+            // histogram of pass 1; no other morsel writes it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.buf[p].as_ptr(),
+                    self.bases[p].ptr().add(self.pos[p]),
+                    WC,
+                )
+            };
+            self.pos[p] += WC;
+            self.fill[p] = 0;
+        } else {
+            self.fill[p] = n as u8 + 1;
+        }
+    }
+
+    fn flush(&mut self) {
+        for p in 0..self.fill.len() {
+            let n = self.fill[p] as usize;
+            if n > 0 {
+                // SAFETY: as in `push`, the last n < WC rows of (morsel, p).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.buf[p].as_ptr(),
+                        self.bases[p].ptr().add(self.pos[p]),
+                        n,
+                    )
+                };
+            }
+        }
+    }
+}
+
+/// Partitions `table` into `np` partitions of rows `T`: `count(morsel, hist)` adds each row's
+/// partition to `hist` (pass 1), `scatter(morsel, sink)` pushes every row to the same partition
+/// (pass 2).
+pub fn partition_rows<T, C, S>(
+    exec: &Exec,
+    table: &Table,
+    np: usize,
+    count: C,
+    scatter: S,
+) -> Result<Partitioned<T>, EngineError>
+where
+    T: Copy + Default + Send + Sync,
+    C: Fn(&Morsel, &mut [u32]) + Sync,
+    S: Fn(&Morsel, &mut Sink<'_, T>) + Sync,
+{
     let nm = table.morsels.len();
     let nodes = crate::mem_nodes(exec);
     let homes: Vec<Option<u32>> = table.morsels.iter().map(|m| m.home).collect();
+    let size = std::mem::size_of::<T>();
 
     // Pass 1: histogram per morsel.
     let mut hist = vec![0u32; nm * np];
@@ -157,9 +243,7 @@ pub fn partition<F: PartFn>(exec: &Exec, table: &Table, f: &F) -> Result<Partiti
         |_, m| {
             // SAFETY: row m of the histogram belongs to the one task of morsel m.
             let h = unsafe { std::slice::from_raw_parts_mut(hp.ptr().add(m * np), np) };
-            for &k in table.morsels[m].keys() {
-                h[f.part(k)] += 1;
-            }
+            count(&table.morsels[m], h);
         },
     );
 
@@ -196,11 +280,11 @@ pub fn partition<F: PartFn>(exec: &Exec, table: &Table, f: &F) -> Result<Partiti
             } else {
                 None
             };
-            Some(Region::map(len * 8, plan.as_ref())?)
+            Some(Region::map(len * size, plan.as_ref())?)
         });
     }
-    // starts[m * np + p]: first slot of morsel m's rows of partition p (absolute pointer offset
-    // inside the partition's region).
+    // starts[m * np + p]: first slot of morsel m's rows of partition p (element offset inside the
+    // partition's region).
     let mut starts = vec![0usize; nm * np];
     for p in 0..np {
         let mut at = parts[p].1;
@@ -209,58 +293,38 @@ pub fn partition<F: PartFn>(exec: &Exec, table: &Table, f: &F) -> Result<Partiti
             at += hist[m * np + p] as usize;
         }
     }
-    let bases: Vec<SendPtr<u64>> = (0..np)
+    let bases: Vec<SendPtr<T>> = (0..np)
         .map(|p| {
             SendPtr(
                 regions[part_node[p]]
                     .as_ref()
-                    .map(|r| r.as_ptr() as *mut u64)
+                    .map(|r| r.as_ptr() as *mut T)
                     .unwrap_or(std::ptr::null_mut()),
             )
         })
         .collect();
 
-    // Pass 2: scatter through one-cache-line write-combining buffers (per worker).
+    // Pass 2: scatter through write-combining buffers (per worker).
     let scattered = exec.for_each(
         &homes,
-        || (vec![[0u64; 8]; np], vec![0u8; np], vec![0usize; np]),
-        |(buf, fill, pos): &mut (Vec<[u64; 8]>, Vec<u8>, Vec<usize>), m| {
+        || {
+            (
+                vec![[T::default(); WC]; np],
+                vec![0u8; np],
+                vec![0usize; np],
+            )
+        },
+        |(buf, fill, pos): &mut (Vec<[T; WC]>, Vec<u8>, Vec<usize>), m| {
             pos.copy_from_slice(&starts[m * np..(m + 1) * np]);
             fill.iter_mut().for_each(|x| *x = 0);
-            let mo = &table.morsels[m];
-            for (&k, &v) in mo.keys().iter().zip(mo.vals()) {
-                let p = f.part(k);
-                let n = fill[p] as usize;
-                buf[p][n] = pack(k, v);
-                if n == 7 {
-                    // SAFETY: pos[p]..pos[p]+8 lies inside the range reserved for (m, p) by the
-                    // histogram of pass 1; no other morsel writes it.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            buf[p].as_ptr(),
-                            bases[p].ptr().add(pos[p]),
-                            8,
-                        )
-                    };
-                    pos[p] += 8;
-                    fill[p] = 0;
-                } else {
-                    fill[p] = n as u8 + 1;
-                }
-            }
-            for p in 0..np {
-                let n = fill[p] as usize;
-                if n > 0 {
-                    // SAFETY: as above, the last n < 8 rows of (m, p).
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            buf[p].as_ptr(),
-                            bases[p].ptr().add(pos[p]),
-                            n,
-                        )
-                    };
-                }
-            }
+            let mut sink = Sink {
+                buf,
+                fill,
+                pos,
+                bases: &bases,
+            };
+            scatter(&table.morsels[m], &mut sink);
+            sink.flush();
         },
     );
     let trace = counted.trace.and(scattered.trace);
@@ -269,5 +333,6 @@ pub fn partition<F: PartFn>(exec: &Exec, table: &Table, f: &F) -> Result<Partiti
         parts,
         homes: (0..np).map(|p| Some(part_home(&nodes, p, np))).collect(),
         trace,
+        _rows: std::marker::PhantomData,
     })
 }

@@ -1,10 +1,14 @@
-//! Node-homed storage: tables of `(key: u32, val: u32)` rows split into morsels, each morsel in
+//! Node-homed storage: tables of `(key, val)` rows split into morsels, each morsel in
 //! its own anonymous mapping whose pages are placed by a [`MemPolicy`] before they are touched.
 //!
 //! Why one mapping per morsel: `mbind(2)` works on page ranges, so giving every morsel its own
 //! mapping lets any morsel size carry its own policy (bind-per-node homes morsel `i` on its
 //! node's share) without rounding morsel sizes to pages. Columns of one morsel share the mapping:
 //! keys first, values at the next page boundary.
+//!
+//! Two row layouts share the type: `(key: u32, val: u32)` (width 4: W4's index tables, the
+//! VM checks) and `(key: u64, val: i64)` (width 8: the 64-bit tables of [`crate::wide`], what the
+//! benchmarks W1-W3 run on). A morsel knows its width; the accessors of the other width panic.
 
 use std::fmt;
 use std::io;
@@ -173,6 +177,8 @@ impl Region {
 pub struct Morsel {
     region: Region,
     rows: usize,
+    /// Bytes per key and per value: 4 (`u32`, `u32`) or 8 (`u64`, `i64`).
+    width: usize,
     vals_off: usize,
     /// The node the policy meant this morsel to live on (None: interleaved, or first touch by an
     /// unpinned thread). Where it really is comes from [`Morsel::actual_nodes`].
@@ -180,16 +186,62 @@ pub struct Morsel {
 }
 
 impl Morsel {
-    fn new(rows: usize, home: Option<u32>, plan: Option<&MemPlan>) -> Result<Self, EngineError> {
+    fn new(
+        rows: usize,
+        width: usize,
+        home: Option<u32>,
+        plan: Option<&MemPlan>,
+    ) -> Result<Self, EngineError> {
         let ps = sys::page_size();
-        let vals_off = (rows * 4).div_ceil(ps) * ps;
-        let region = Region::map(vals_off + rows * 4, plan)?;
+        let vals_off = (rows * width).div_ceil(ps) * ps;
+        let region = Region::map(vals_off + rows * width, plan)?;
         Ok(Morsel {
             region,
             rows,
+            width,
             vals_off,
             home,
         })
+    }
+
+    /// Bytes per key (and per value): 4 or 8.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// The 64-bit key column (width 8).
+    pub fn keys64(&self) -> &[u64] {
+        assert_eq!(self.width, 8, "keys64 of a 32-bit morsel");
+        // SAFETY: the region holds `rows` u64 at offset 0 (page aligned).
+        unsafe { std::slice::from_raw_parts(self.region.as_ptr() as *const u64, self.rows) }
+    }
+
+    /// The i64 value column (width 8).
+    pub fn vals64(&self) -> &[i64] {
+        assert_eq!(self.width, 8, "vals64 of a 32-bit morsel");
+        // SAFETY: the region holds `rows` i64 at `vals_off`, page aligned.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.region.as_ptr().add(self.vals_off) as *const i64,
+                self.rows,
+            )
+        }
+    }
+
+    /// Both 64-bit columns, writable (width 8).
+    pub fn cols64_mut(&mut self) -> (&mut [u64], &mut [i64]) {
+        assert_eq!(self.width, 8, "cols64_mut of a 32-bit morsel");
+        // SAFETY: disjoint ranges inside the region (vals_off >= rows*8); `&mut self` is
+        // exclusive.
+        unsafe {
+            (
+                std::slice::from_raw_parts_mut(self.region.as_ptr() as *mut u64, self.rows),
+                std::slice::from_raw_parts_mut(
+                    self.region.as_ptr().add(self.vals_off) as *mut i64,
+                    self.rows,
+                ),
+            )
+        }
     }
 
     /// Number of rows.
@@ -197,14 +249,16 @@ impl Morsel {
         self.rows
     }
 
-    /// The key column.
+    /// The key column (width 4).
     pub fn keys(&self) -> &[u32] {
+        assert_eq!(self.width, 4, "keys of a 64-bit morsel");
         // SAFETY: the region holds `rows` u32 at offset 0 (zero-filled or written), page aligned.
         unsafe { std::slice::from_raw_parts(self.region.as_ptr() as *const u32, self.rows) }
     }
 
-    /// The value (payload) column.
+    /// The value (payload) column (width 4).
     pub fn vals(&self) -> &[u32] {
+        assert_eq!(self.width, 4, "vals of a 64-bit morsel");
         // SAFETY: the region holds `rows` u32 at `vals_off`, page aligned.
         unsafe {
             std::slice::from_raw_parts(
@@ -214,8 +268,9 @@ impl Morsel {
         }
     }
 
-    /// Both columns, writable.
+    /// Both columns, writable (width 4).
     pub fn cols_mut(&mut self) -> (&mut [u32], &mut [u32]) {
+        assert_eq!(self.width, 4, "cols_mut of a 64-bit morsel");
         // SAFETY: the two ranges are disjoint (vals_off >= rows*4) and inside the region;
         // `&mut self` guarantees exclusive access.
         unsafe {
@@ -231,17 +286,17 @@ impl Morsel {
 
     /// Bytes of both columns.
     pub fn bytes(&self) -> usize {
-        self.rows * 8
+        self.rows * 2 * self.width
     }
 
     /// Where the morsel's pages really are: share of sampled pages per node.
     pub fn actual_nodes(&self, samples: usize) -> io::Result<Vec<(u32, f64)>> {
         let mut a = self
             .region
-            .sample_nodes(0, self.rows * 4, samples.div_ceil(2))?;
-        let b = self
-            .region
-            .sample_nodes(self.vals_off, self.rows * 4, samples.div_ceil(2))?;
+            .sample_nodes(0, self.rows * self.width, samples.div_ceil(2))?;
+        let b =
+            self.region
+                .sample_nodes(self.vals_off, self.rows * self.width, samples.div_ceil(2))?;
         // Both columns have the same size: average the two shares.
         for (n, f) in b {
             match a.iter_mut().find(|(m, _)| *m == n) {
@@ -263,7 +318,8 @@ impl Morsel {
 pub struct Table {
     /// The morsels, in row order.
     pub morsels: Vec<Morsel>,
-    /// Smallest and largest key (zone map of the whole table); None when empty.
+    /// Smallest and largest key (zone map of the whole table, 32-bit tables only, set by the
+    /// generator); None when empty or 64-bit. The 64-bit operators use no statistic.
     pub key_range: Option<(u32, u32)>,
 }
 
@@ -279,6 +335,19 @@ impl Table {
         policy: &MemPolicy,
         nodes: &[u32],
     ) -> Result<Table, EngineError> {
+        Self::alloc_width(topo, rows, morsel_rows, policy, nodes, 4)
+    }
+
+    /// [`Table::alloc`] with `width`-byte keys and values (4: u32/u32, 8: u64/i64).
+    pub fn alloc_width(
+        topo: &Topology,
+        rows: usize,
+        morsel_rows: usize,
+        policy: &MemPolicy,
+        nodes: &[u32],
+        width: usize,
+    ) -> Result<Table, EngineError> {
+        assert!(width == 4 || width == 8, "width 4 or 8");
         if morsel_rows == 0 {
             return Err(EngineError::Invalid(
                 "morsel size must be at least one row".into(),
@@ -319,7 +388,7 @@ impl Table {
                     (Some(nodes[k]), &plans[k])
                 }
             };
-            morsels.push(Morsel::new(r, home, plan.as_ref())?);
+            morsels.push(Morsel::new(r, width, home, plan.as_ref())?);
         }
         Ok(Table {
             morsels,
@@ -353,6 +422,49 @@ impl Table {
         }
         t.update_key_range();
         Ok(t)
+    }
+
+    /// A 64-bit table from plain vectors (tests, small inputs): first touch by the caller.
+    pub fn from_rows64(
+        keys: &[u64],
+        vals: &[i64],
+        morsel_rows: usize,
+    ) -> Result<Table, EngineError> {
+        if keys.len() != vals.len() {
+            return Err(EngineError::Invalid(format!(
+                "{} keys but {} values",
+                keys.len(),
+                vals.len()
+            )));
+        }
+        let mut t = Table::alloc_width(
+            &Topology::flat(loci_topo::CpuSet::single(0), "from_rows"),
+            keys.len(),
+            morsel_rows,
+            &MemPolicy::FirstTouch,
+            &[0],
+            8,
+        )?;
+        let mut at = 0;
+        for m in &mut t.morsels {
+            let n = m.rows;
+            let (k, v) = m.cols64_mut();
+            k.copy_from_slice(&keys[at..at + n]);
+            v.copy_from_slice(&vals[at..at + n]);
+            at += n;
+        }
+        Ok(t)
+    }
+
+    /// All keys and values of a 64-bit table, in row order (tests, export).
+    pub fn to_vecs64(&self) -> (Vec<u64>, Vec<i64>) {
+        let mut k = Vec::with_capacity(self.rows());
+        let mut v = Vec::with_capacity(self.rows());
+        for m in &self.morsels {
+            k.extend_from_slice(m.keys64());
+            v.extend_from_slice(m.vals64());
+        }
+        (k, v)
     }
 
     /// Number of rows.

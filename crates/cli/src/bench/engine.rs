@@ -12,6 +12,13 @@
 //!
 //! Allocators other than glibc run in a child process of the bench under `LD_PRELOAD` of the
 //! Debian library, like `loci run --alloc`.
+//!
+//! W1-W3 run on 64-bit tables (`u64` keys, `i64` values; `--keys sparse` scatters the distinct
+//! keys over the u64 domain, `--keys dense` uses `0..G`), the peers get the very same columns in
+//! the same types, and every answer is compared through an order-independent digest of every
+//! output tuple (loci_engine::wide). W4 keeps the 32-bit index tables. The peer ratio uses loci's
+//! default configuration, fixed before the run ([`DEFAULT_CONFIG`]); the best of the matrix is
+//! printed beside it, labelled.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -21,13 +28,13 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use loci_engine::agg::{self, GroupAgg, GroupMedian};
 use loci_engine::index::{self, IndexKind};
-use loci_engine::join::{self, JoinResult, JoinRun};
+use loci_engine::join::JoinResult;
 use loci_engine::storage::local_access_ratio;
+use loci_engine::wide::{self, AggDigest, JoinDigest, MedianDigest};
 use loci_engine::{
-    generate_agg, generate_join, parse_sched, AggSpec, Dist, Exec, JoinSpec, Locality, MemPolicy,
-    Sched, Table, Threads, Trace,
+    generate_agg64, generate_join, generate_join64, parse_sched, AggSpec, Dist, Exec, JoinSpec,
+    Keys, Locality, MemPolicy, Sched, Table, Threads, Trace,
 };
 use loci_report::{Machine, Report, Row};
 use serde_json::json;
@@ -71,6 +78,11 @@ pub struct EngineArgs {
     /// heavy-hitter, uniform.
     #[arg(long, value_delimiter = ',', default_value = "zipf")]
     pub dist: Vec<String>,
+    /// Key layouts of the 64-bit tables (w1, w2, w3), comma separated: sparse (the distinct keys
+    /// are a seeded bijective hash of their rank, scattered over the whole u64 domain) or dense
+    /// (keys 0..G, a labelled side case). Values are i64 either way.
+    #[arg(long, value_delimiter = ',', default_value = "sparse")]
+    pub keys: Vec<String>,
     /// Thread placements, comma separated: which cpus carry the workers and whether they are
     /// pinned. os (not pinned; the OS places them), sparse (round-robin over nodes, each worker
     /// bound to its core group), dense (fill a node first, bound to its core group).
@@ -106,8 +118,9 @@ pub struct EngineArgs {
     /// seed 004). nls and unpinned ignore it.
     #[arg(long, default_value = "balanced")]
     pub locality: String,
-    /// Operator variants, comma separated (default: all). w1: partition, lists;
-    /// w2: auto (plan from the key zone map); w3: shared, partitioned; w4: sorted, btree, skiplist, art.
+    /// Operator variants, comma separated (default: all). w1: partition (hash-partition, then
+    /// select per group); w2: hash (hash-partition, then open addressing per partition);
+    /// w3: partitioned; w4: sorted, btree, skiplist, art.
     #[arg(long, value_delimiter = ',')]
     pub variant: Vec<String>,
     /// Peer systems run on the same rows in this invocation: duckdb, polars (w4 compares
@@ -140,31 +153,70 @@ const ALLOC_LIBS: [(&str, &str); 4] = [
 ];
 const CHILD_ENV: &str = "LOCI_BENCH_ALLOC_CHILD";
 
-/// The answer of one query, compared across configurations and with the peers.
+/// loci's default configuration, fixed before any run: what a user gets without flags
+/// (scheduler, threads, memory policy, allocator, locality), with the first variant of each
+/// workload. The peer ratio is computed from this configuration's row.
+pub const DEFAULT_CONFIG: [(&str, &str); 5] = [
+    ("sched", "las"),
+    ("threads", "sparse"),
+    ("mem", "first-touch"),
+    ("alloc", "glibc"),
+    ("locality", "balanced"),
+];
+
+/// Whether a row ran loci's default configuration.
+fn is_default(r: &Row) -> bool {
+    r.system == "loci"
+        && DEFAULT_CONFIG
+            .iter()
+            .all(|(k, v)| r.config.get(*k).map(String::as_str) == Some(*v))
+}
+
+/// The answer of one query, compared across configurations and with the peers by digests of
+/// every output tuple (the same definitions as bench/peers/peers.py).
 #[derive(Debug, Clone, PartialEq)]
 enum Answer {
-    Agg(Vec<GroupAgg>),
-    Median(Vec<GroupMedian>),
+    Agg(AggDigest),
+    Median(MedianDigest),
+    Join64(JoinDigest),
+    /// W4 on the 32-bit index tables: count and sum of `r.val + s.val`.
     Join(JoinResult),
 }
 
 impl Answer {
-    /// The checksum the peers print, same definitions as bench/peers/peers.py.
+    /// The digest as JSON, the form the peers print.
     fn checksum(&self) -> serde_json::Value {
         match self {
-            Answer::Agg(g) => json!({
-                "groups": g.len(),
-                "count": g.iter().map(|x| x.count).sum::<u64>(),
-                "sum": g.iter().map(|x| x.sum).sum::<u64>(),
-                "min": g.iter().map(|x| x.min as u64).sum::<u64>(),
-                "max": g.iter().map(|x| x.max as u64).sum::<u64>(),
+            Answer::Agg(d) => json!({
+                "groups": d.groups, "hash": d.hash, "avg_sum": d.avg_sum, "avg_wsum": d.avg_wsum,
             }),
-            Answer::Median(g) => json!({
-                "groups": g.len(),
-                "count": g.iter().map(|x| x.count).sum::<u64>(),
-                "twice_median": g.iter().map(|x| x.twice_median).sum::<u64>(),
-            }),
+            Answer::Median(d) => json!({ "groups": d.groups, "hash": d.hash }),
+            Answer::Join64(j) => json!({ "count": j.count, "sum": j.sum, "hash": j.hash }),
             Answer::Join(j) => json!({ "count": j.count, "checksum": j.checksum }),
+        }
+    }
+
+    /// Whether a digest (ours or a peer's JSON) is the same answer: exact, except the avg sums
+    /// of W2, within `wide::AVG_RTOL`.
+    fn agrees(&self, v: &serde_json::Value) -> bool {
+        match self {
+            Answer::Agg(d) => {
+                let o = AggDigest {
+                    groups: v["groups"].as_u64().unwrap_or(u64::MAX),
+                    hash: v["hash"].as_u64().unwrap_or(0),
+                    avg_sum: v["avg_sum"].as_f64().unwrap_or(f64::NAN),
+                    avg_wsum: v["avg_wsum"].as_f64().unwrap_or(f64::NAN),
+                };
+                d.agrees(&o)
+            }
+            _ => *v == self.checksum(),
+        }
+    }
+
+    fn same(&self, o: &Answer) -> bool {
+        match (self, o) {
+            (Answer::Agg(a), Answer::Agg(b)) => a.agrees(b),
+            _ => self == o,
         }
     }
 }
@@ -218,9 +270,9 @@ fn sizes(w: Workload, a: &EngineArgs) -> anyhow::Result<Sizes> {
 
 fn variants(w: Workload, a: &EngineArgs) -> anyhow::Result<Vec<String>> {
     let all: &[&str] = match w {
-        Workload::W1 => &["partition", "lists"],
-        Workload::W2 => &["auto"],
-        Workload::W3 => &["shared", "partitioned"],
+        Workload::W1 => &["partition"],
+        Workload::W2 => &["hash"],
+        Workload::W3 => &["partitioned"],
         Workload::W4 => &["sorted", "btree", "skiplist", "art"],
     };
     if a.variant.is_empty() {
@@ -250,6 +302,7 @@ fn parse_all<T: std::str::FromStr<Err = loci_engine::EngineError>>(
 pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
     let sz = sizes(w, &a)?;
     let dists: Vec<Dist> = parse_all(&a.dist)?;
+    let keyss: Vec<Keys> = parse_all(&a.keys)?;
     let threads: Vec<Threads> = parse_all(&a.threads)?;
     let mems: Vec<MemPolicy> = parse_all(&a.mem)?;
     let vars = variants(w, &a)?;
@@ -287,17 +340,34 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
             "rows": sz.rows,
             "r_rows": if w.is_join() { Some(sz.rows / 16) } else { None },
             "groups": if w.is_join() { None } else { Some(sz.groups) },
-            "dists": a.dist, "threads": a.threads, "mem": a.mem, "alloc": a.alloc,
+            "dists": a.dist, "keys": a.keys, "threads": a.threads, "mem": a.mem, "alloc": a.alloc,
             "workers": nworkers, "reps": sz.reps, "seed": a.seed, "morsel_rows": a.morsel_rows,
             "sched": a.sched, "locality": locality.to_string(), "variants": vars,
         }),
         Machine::of(&topo),
     );
 
-    let dist_list: Vec<Option<Dist>> = if w.is_join() {
-        vec![None]
-    } else {
-        dists.iter().map(|d| Some(*d)).collect()
+    let dist_list: Vec<Case> = match w {
+        Workload::W4 => vec![Case {
+            dist: None,
+            keys: None,
+        }],
+        Workload::W3 => keyss
+            .iter()
+            .map(|k| Case {
+                dist: None,
+                keys: Some(*k),
+            })
+            .collect(),
+        _ => dists
+            .iter()
+            .flat_map(|d| {
+                keyss.iter().map(|k| Case {
+                    dist: Some(*d),
+                    keys: Some(*k),
+                })
+            })
+            .collect(),
     };
     let here = allocs.iter().any(|x| x == "glibc");
     let steps = if here {
@@ -325,20 +395,17 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
                 for mem in &mems {
                     pb.set_message(format!(
                         "{} {sc}/{th}/{mem}/{alloc_name}: generating",
-                        d.map(|x| x.to_string()).unwrap_or("join".into())
+                        d.label()
                     ));
                     let data = Data::generate(w, &pool, d, &sz, &a, mem)?;
                     for v in &vars {
-                        pb.set_message(format!(
-                            "{} {sc}/{th}/{mem}/{alloc_name} {v}",
-                            d.map(|x| x.to_string()).unwrap_or("join".into())
-                        ));
-                        let rows = data.run(w, &pool, v, sz.reps, &pb)?;
+                        pb.set_message(format!("{} {sc}/{th}/{mem}/{alloc_name} {v}", d.label()));
+                        let rows = data.run(w, &pool, d, v, sz.reps, &pb)?;
                         for (mut row, ans) in rows {
                             let case = row.case.clone().unwrap_or_default();
-                            let key = d.map(|x| x.to_string()).unwrap_or_default();
+                            let key = d.label();
                             match answers.iter().find(|x| x.0 == key) {
-                                Some((_, want)) if *want != ans => bail!(
+                                Some((_, want)) if !want.same(&ans) => bail!(
                                     "configuration {sc}/{th}/{mem}/{alloc_name} {case} gave a \
                                      different answer than the first configuration: {} vs {}",
                                     ans.checksum(),
@@ -369,15 +436,12 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
         eprintln!("running the matrix under {al} (LD_PRELOAD child process)");
         let rows = run_child(w, &a, al)?;
         for r in &rows {
-            let key = r
-                .case
-                .as_deref()
-                .unwrap_or("")
-                .split('/')
-                .next()
-                .unwrap_or("");
-            if let Some((_, want)) = answers.iter().find(|x| x.0 == key || w.is_join()) {
-                if r.extra.get("checksum") != Some(&want.checksum()) {
+            let case = r.case.as_deref().unwrap_or("");
+            if let Some((_, want)) = answers
+                .iter()
+                .find(|x| case.starts_with(&format!("{}/", x.0)))
+            {
+                if !r.extra.get("checksum").is_some_and(|c| want.agrees(c)) {
                     bail!(
                         "allocator {al} gave a different answer: {:?} vs {}",
                         r.extra.get("checksum"),
@@ -427,10 +491,28 @@ pub fn baseline(rep: &Report) -> impl Fn(&Row) -> bool {
     }
 }
 
+/// One data case of a run: distribution (w1, w2) and key layout (w1, w2, w3); w4 has neither.
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    dist: Option<Dist>,
+    keys: Option<Keys>,
+}
+
+impl Case {
+    /// `zipf/sparse`, `sparse` (w3) or `w4`: the prefix of the rows' case labels.
+    fn label(&self) -> String {
+        match (self.dist, self.keys) {
+            (Some(d), Some(k)) => format!("{d}/{k}"),
+            (None, Some(k)) => k.to_string(),
+            (Some(d), None) => d.to_string(),
+            (None, None) => "w4".into(),
+        }
+    }
+}
+
 /// Generated data of one configuration.
 enum Data {
     Agg {
-        dist: Dist,
         t: Table,
         place: Vec<Vec<(u32, f64)>>,
     },
@@ -445,26 +527,24 @@ impl Data {
     fn generate(
         w: Workload,
         pool: &Exec,
-        d: &Option<Dist>,
+        d: &Case,
         sz: &Sizes,
         a: &EngineArgs,
         mem: &MemPolicy,
     ) -> anyhow::Result<Data> {
-        Ok(match d {
-            Some(dist) => {
-                let spec = sz.agg(*dist, a.seed);
-                let t = generate_agg(pool, spec, a.morsel_rows, mem)?;
+        Ok(match (d.dist, d.keys) {
+            (Some(dist), Some(keys)) => {
+                let spec = sz.agg(dist, a.seed);
+                let t = generate_agg64(pool, spec, keys, a.morsel_rows, mem)?;
                 let place = t.placement(16)?;
-                Data::Agg {
-                    dist: *dist,
-                    t,
-                    place,
-                }
+                Data::Agg { t, place }
             }
-            None => {
-                let _ = w;
+            (_, keys) => {
                 let spec = sz.join(a.seed);
-                let (r, s) = generate_join(pool, spec, a.morsel_rows, mem)?;
+                let (r, s) = match (w, keys) {
+                    (Workload::W3, Some(k)) => generate_join64(pool, spec, k, a.morsel_rows, mem)?,
+                    _ => generate_join(pool, spec, a.morsel_rows, mem)?,
+                };
                 let place = s.placement(16)?;
                 Data::Join { r, s, place }
             }
@@ -476,6 +556,7 @@ impl Data {
         &self,
         w: Workload,
         pool: &Exec,
+        case: &Case,
         v: &str,
         reps: usize,
         pb: &ProgressBar,
@@ -485,26 +566,23 @@ impl Data {
         let mut last: Option<(Answer, Trace)> = None;
         for _ in 0..reps {
             let t0 = Instant::now();
+            // The digest is computed outside the timed region (the answer is materialised
+            // inside it, as the peers' results are).
             let (ans, trace) = match (self, w) {
                 (Data::Agg { t, .. }, Workload::W2) => {
-                    let (g, run) = agg::w2(pool, t)?;
-                    (Answer::Agg(g), run.trace)
+                    let (g, run) = wide::w2(pool, t)?;
+                    times.push(t0.elapsed().as_secs_f64());
+                    (Answer::Agg(AggDigest::of(&g)), run.trace)
                 }
                 (Data::Agg { t, .. }, Workload::W1) => {
-                    let (g, run) = if v == "lists" {
-                        agg::w1_lists(pool, t)?
-                    } else {
-                        agg::w1(pool, t)?
-                    };
-                    (Answer::Median(g), run.trace)
+                    let (g, run) = wide::w1(pool, t)?;
+                    times.push(t0.elapsed().as_secs_f64());
+                    (Answer::Median(MedianDigest::of(&g)), run.trace)
                 }
                 (Data::Join { r, s, .. }, Workload::W3) => {
-                    let (j, run): (JoinResult, JoinRun) = if v == "shared" {
-                        join::w3_shared(pool, r, s)?
-                    } else {
-                        join::w3_partitioned(pool, r, s)?
-                    };
-                    (Answer::Join(j), run.probe_trace)
+                    let (j, run) = wide::w3(pool, r, s)?;
+                    times.push(t0.elapsed().as_secs_f64());
+                    (Answer::Join64(j), run.trace)
                 }
                 (Data::Join { r, s, .. }, Workload::W4) => {
                     let kind: IndexKind = v.parse()?;
@@ -515,20 +593,18 @@ impl Data {
                     let (j, run) = index::probe(pool, &idx, s);
                     times.push(t1.elapsed().as_secs_f64());
                     drop(idx);
-                    pb.inc(1);
-                    last = Some((Answer::Join(j), run.probe_trace));
-                    continue;
+                    (Answer::Join(j), run.probe_trace)
                 }
                 _ => unreachable!("data kind follows the workload"),
             };
-            times.push(t0.elapsed().as_secs_f64());
             pb.inc(1);
             last = Some((ans, trace));
         }
         let (ans, trace) = last.expect("reps >= 1");
-        let (table, place, rows, label) = match self {
-            Data::Agg { dist, t, place } => (t, place, t.rows(), format!("{dist}/{v}")),
-            Data::Join { s, place, .. } => (s, place, s.rows(), v.to_string()),
+        let label = format!("{}/{v}", case.label());
+        let (table, place, rows) = match self {
+            Data::Agg { t, place } => (t, place, t.rows()),
+            Data::Join { s, place, .. } => (s, place, s.rows()),
         };
         let lar = local_access_ratio(table, place, &trace.touched);
         let mut row = Row::from_times("loci", times).work(rows as f64, "rows/s");
@@ -574,6 +650,7 @@ fn run_child(w: Workload, a: &EngineArgs, alloc: &str) -> anyhow::Result<Vec<Row
         cmd.arg("--workers").arg(n.to_string());
     }
     cmd.arg("--dist").arg(a.dist.join(","));
+    cmd.arg("--keys").arg(a.keys.join(","));
     cmd.arg("--threads").arg(a.threads.join(","));
     cmd.arg("--mem").arg(a.mem.join(","));
     cmd.arg("--sched").arg(a.sched.join(","));
@@ -599,12 +676,33 @@ fn run_child(w: Workload, a: &EngineArgs, alloc: &str) -> anyhow::Result<Vec<Row
     Ok(rep.results)
 }
 
-/// Writes one column of `t` as raw little-endian u32, morsel by morsel (no copy of the table).
+/// Writes one column of `t` as raw little-endian values (u32 for 32-bit tables, u64 keys and
+/// i64 values for 64-bit ones), morsel by morsel (no copy of the table).
 fn write_col(t: &Table, path: &Path, keys: bool) -> anyhow::Result<()> {
     let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
     let mut f = std::io::BufWriter::with_capacity(1 << 20, f);
-    let mut b = Vec::with_capacity(1 << 18);
+    let mut b = Vec::with_capacity(1 << 19);
     for m in &t.morsels {
+        if m.width() == 8 {
+            if keys {
+                for chunk in m.keys64().chunks(1 << 16) {
+                    b.clear();
+                    chunk
+                        .iter()
+                        .for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
+                    f.write_all(&b)?;
+                }
+            } else {
+                for chunk in m.vals64().chunks(1 << 16) {
+                    b.clear();
+                    chunk
+                        .iter()
+                        .for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
+                    f.write_all(&b)?;
+                }
+            }
+            continue;
+        }
         let col = if keys { m.keys() } else { m.vals() };
         for chunk in col.chunks(1 << 16) {
             b.clear();
@@ -619,9 +717,15 @@ fn write_col(t: &Table, path: &Path, keys: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Exports `t` as `<name>.k.u64` + `<name>.v.i64` (64-bit) or `<name>.k.u32` + `<name>.v.u32`.
 fn export(t: &Table, dir: &Path, name: &str) -> anyhow::Result<()> {
-    write_col(t, &dir.join(format!("{name}.k.u32")), true)?;
-    write_col(t, &dir.join(format!("{name}.v.u32")), false)?;
+    let (k, v) = if t.morsels.first().is_some_and(|m| m.width() == 8) {
+        ("k.u64", "v.i64")
+    } else {
+        ("k.u32", "v.u32")
+    };
+    write_col(t, &dir.join(format!("{name}.{k}")), true)?;
+    write_col(t, &dir.join(format!("{name}.{v}")), false)?;
     Ok(())
 }
 
@@ -642,7 +746,7 @@ fn run_peers(
     w: Workload,
     a: &EngineArgs,
     sz: &Sizes,
-    dists: &[Option<Dist>],
+    cases: &[Case],
     answers: &[(String, Answer)],
     rep: &mut Report,
 ) -> anyhow::Result<()> {
@@ -665,34 +769,48 @@ fn run_peers(
     };
     std::fs::create_dir_all(&dir)?;
     let result = (|| -> anyhow::Result<()> {
-        for d in dists {
+        for d in cases {
             // Same rows as loci's runs: the generators are independent of placement and threads.
-            match d {
-                Some(dist) => {
-                    let spec = sz.agg(*dist, a.seed);
-                    let t = generate_agg(&pool, spec, a.morsel_rows, &MemPolicy::FirstTouch)?;
+            let format = match (d.dist, d.keys) {
+                (Some(dist), Some(keys)) => {
+                    let spec = sz.agg(dist, a.seed);
+                    let t =
+                        generate_agg64(&pool, spec, keys, a.morsel_rows, &MemPolicy::FirstTouch)?;
                     export(&t, &dir, "t")?;
-                    drop(t);
+                    "u64"
                 }
-                None => {
+                (_, keys) => {
                     let spec = sz.join(a.seed);
-                    let (r, s) = generate_join(&pool, spec, a.morsel_rows, &MemPolicy::FirstTouch)?;
+                    let (r, s, f) = match keys {
+                        Some(k) => {
+                            let (r, s) = generate_join64(
+                                &pool,
+                                spec,
+                                k,
+                                a.morsel_rows,
+                                &MemPolicy::FirstTouch,
+                            )?;
+                            (r, s, "u64")
+                        }
+                        None => {
+                            let (r, s) =
+                                generate_join(&pool, spec, a.morsel_rows, &MemPolicy::FirstTouch)?;
+                            (r, s, "u32")
+                        }
+                    };
                     export(&r, &dir, "r")?;
                     export(&s, &dir, "s")?;
-                    drop((r, s));
+                    f
                 }
-            }
-            let key = d.map(|x| x.to_string()).unwrap_or_default();
-            let want = answers.iter().find(|x| x.0 == key).map(|x| x.1.checksum());
+            };
+            let key = d.label();
+            let want = answers.iter().find(|x| x.0 == key).map(|x| &x.1);
             let peer_workload = if w == Workload::W4 { "w3" } else { w.name() };
-            eprintln!(
-                "running peers {} on {}",
-                a.peers.join(","),
-                if key.is_empty() { "R, S" } else { &key }
-            );
+            eprintln!("running peers {} on {key}", a.peers.join(","));
             let mut child = Command::new(pdir.join(".venv/bin/python"))
                 .arg(pdir.join("peers.py"))
                 .args(["--workload", peer_workload])
+                .args(["--format", format])
                 .arg("--dir")
                 .arg(&dir)
                 .args(["--reps", &sz.reps.to_string()])
@@ -709,17 +827,17 @@ fn run_peers(
                 let system = v["system"].as_str().unwrap_or("peer").to_string();
                 let times: Vec<f64> = serde_json::from_value(v["times_s"].clone())?;
                 let ck = v["checksum"].clone();
-                if let Some(want) = &want {
-                    if ck != *want {
+                if let Some(want) = want {
+                    if !want.agrees(&ck) {
                         bail!(
-                            "{system} computed a different answer on the same rows: {ck} vs loci {want}"
+                            "{system} computed a different answer on the same rows: {ck} vs loci {}",
+                            want.checksum()
                         );
                     }
                 }
-                let case = match (d, w) {
-                    (Some(dist), _) => format!("{dist}/peer"),
-                    (None, Workload::W4) => "peer hash join".to_string(),
-                    (None, _) => "peer".to_string(),
+                let case = match w {
+                    Workload::W4 => "w4/peer hash join".to_string(),
+                    _ => format!("{key}/peer"),
                 };
                 rep.results.push(
                     Row::from_times(&system, times)
@@ -727,6 +845,7 @@ fn run_peers(
                         .config("threads", nworkers)
                         .work(sz.rows as f64, "rows/s")
                         .extra("version", v["version"].clone())
+                        .extra("timed", v["timed"].clone())
                         .extra("checksum", ck),
                 );
             }
@@ -743,37 +862,92 @@ fn run_peers(
     result
 }
 
-/// Lines comparing loci's best configuration with each peer (best of reps on both sides).
+/// Median time of a loci row, for W4 the build plus the probe of the same configuration and
+/// index (`.../probe` rows; None for the others).
+fn loci_time(rep: &Report, r: &Row) -> Option<f64> {
+    let case = r.case.as_deref().unwrap_or("");
+    match case.strip_suffix("/probe") {
+        Some(stem) => {
+            let build = rep.results.iter().find(|b| {
+                b.system == "loci"
+                    && b.config == r.config
+                    && b.case.as_deref() == Some(&format!("{stem}/build"))
+            })?;
+            Some(r.median_s + build.median_s)
+        }
+        None if case.ends_with("/build") => None,
+        None => Some(r.median_s),
+    }
+}
+
+/// Lines comparing loci with each peer, medians of the reps on both sides: first loci's default
+/// configuration ([`DEFAULT_CONFIG`], fixed before the run: the headline ratio), then the best
+/// row of the matrix, labelled as such. W4: loci's build + probe against the peer's hash join
+/// (which builds and probes).
 pub fn peer_ratios(rep: &Report) -> Vec<String> {
     let mut out = Vec::new();
     let peers: Vec<&Row> = rep.results.iter().filter(|r| r.system != "loci").collect();
     for p in peers {
-        let dist = p.case.as_deref().and_then(|c| c.strip_suffix("/peer"));
-        let loci_rows = rep.results.iter().filter(|r| {
-            r.system == "loci"
-                && match dist {
-                    Some(d) => r
-                        .case
+        let case = p.case.as_deref().unwrap_or("");
+        let prefix = case
+            .strip_suffix("/peer hash join")
+            .or_else(|| case.strip_suffix("/peer"))
+            .unwrap_or(case);
+        let loci: Vec<(&Row, f64)> = rep
+            .results
+            .iter()
+            .filter(|r| {
+                r.system == "loci"
+                    && r.case
                         .as_deref()
-                        .is_some_and(|c| c.starts_with(&format!("{d}/"))),
-                    None => !r.case.as_deref().unwrap_or("").ends_with("/build"),
+                        .is_some_and(|c| c.starts_with(&format!("{prefix}/")))
+            })
+            .filter_map(|r| loci_time(rep, r).map(|t| (r, t)))
+            .collect();
+        let timed = p.extra.get("timed").and_then(|t| t.as_str()).unwrap_or("");
+        let peer_th = p.config.get("threads").cloned().unwrap_or_default();
+        let what = |r: &Row| {
+            format!(
+                "{} [{}]",
+                r.label(),
+                r.case.as_deref().unwrap_or("").trim_end_matches("/probe")
+            )
+        };
+        // The default row: the first variant of the default configuration.
+        match loci.iter().find(|(r, _)| is_default(r)) {
+            Some((r, t)) => out.push(format!(
+                "{prefix}: loci default vs {}: {:.2}x  ({} {:.3} s vs {} {:.3} s with {peer_th} threads{}; medians of reps)",
+                p.system,
+                t / p.median_s,
+                what(r),
+                t,
+                p.system,
+                p.median_s,
+                if timed.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {} timed: {timed}", p.system)
                 }
-        });
-        if let Some(best) = loci_rows.min_by(|a, b| a.min_s.total_cmp(&b.min_s)) {
+            )),
+            None => out.push(format!(
+                "{prefix}: loci default vs {}: not run (the default configuration {} is not in                  this matrix)",
+                p.system,
+                DEFAULT_CONFIG
+                    .iter()
+                    .map(|x| x.1)
+                    .collect::<Vec<_>>()
+                    .join("/")
+            )),
+        }
+        if let Some((r, t)) = loci.iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
             out.push(format!(
-                "loci/{}: {:.2}x  (loci best {} {:.3} s vs {} {:.3} s, best of reps)",
+                "{prefix}: loci best of matrix vs {}: {:.2}x  ({} {:.3} s vs {} {:.3} s; medians of reps)",
                 p.system,
-                best.min_s / p.min_s,
-                best.label()
-                    + best
-                        .case
-                        .as_deref()
-                        .map(|c| format!(" [{c}]"))
-                        .unwrap_or_default()
-                        .as_str(),
-                best.min_s,
+                t / p.median_s,
+                what(r),
+                t,
                 p.system,
-                p.min_s
+                p.median_s
             ));
         }
     }

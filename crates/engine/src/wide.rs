@@ -1,0 +1,730 @@
+//! The 64-bit tables: `u64` keys anywhere in the domain and `i64` values, as users have them, and
+//! the operators the benchmarks time on them (W2, W1, W3). No statistic of the data is used: no
+//! key range, no distinct count; a plan is chosen from the row count alone.
+//!
+//! - **Hashing**: [`hash64`], one xor-shift and one 64-bit multiply (Fibonacci hashing with the
+//!   high half folded in): the top bits pick the radix partition, the next bits the slot.
+//! - **W2** ([`w2`]): count, sum, min, max and avg of `val` by `key`. The table is
+//!   radix-partitioned on the hash (two passes, exact histograms, write-combining scatter into
+//!   node-homed partitions: [`crate::partition::partition_rows`]) into partitions of about 64K
+//!   rows, then every partition is aggregated by the worker of its home node in an
+//!   open-addressing table (linear probing over `u32` group ids into an array of accumulators)
+//!   that grows by doubling and stays cache resident for any realistic partition. Every group is
+//!   materialised with its `avg` (`sum / count` in f64). Output order: partition order, then
+//!   first appearance (not sorted; the digests are order-independent).
+//! - **W1** ([`w1`]): exact median by key. Same partitioning; per partition the same table
+//!   assigns group ids, a counting sort lays each group's values out contiguously, and
+//!   `select_nth_unstable` finds the middle values (partition-then-select).
+//! - **W3** ([`w3`]): R and S radix-partitioned on the hash of the key (R partitions of about
+//!   16K rows); per partition the worker builds an open-addressing table of `u32` indexes into
+//!   R's partition (its rows are the payload store; any key value is allowed, duplicates too) and
+//!   probes it with S's partition. Output: the number of matching pairs, `sum(r.val + s.val)`
+//!   and a digest of every matched `(key, r.val, s.val)`.
+//! - **Digests** ([`AggDigest`], [`MedianDigest`], [`JoinDigest`]): the wrapping sum of
+//!   [`tuple_hash`] over every output tuple, so a row in the wrong group, a lost group or a
+//!   wrong value changes them, in any output order; `bench/peers/peers.py` computes the very
+//!   same from the peers' results. `avg` (a float) is compared separately to a relative
+//!   tolerance, through two sums that bind each avg to its key.
+
+use crate::exec::Exec;
+use crate::gen::mix64;
+use crate::partition::{partition_rows, Partitioned};
+use crate::storage::Table;
+use crate::{EngineError, Trace};
+
+/// One 64-bit row, as partitions hold it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct Row64 {
+    pub k: u64,
+    pub v: i64,
+}
+
+/// The hash of a key: its top bits are well mixed (partition), and so are the bits below them
+/// (slot).
+#[inline(always)]
+pub fn hash64(k: u64) -> u64 {
+    (k ^ (k >> 32) ^ 0x5bd1_e995).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Radix bits for aggregation over `rows` rows: partitions of about 64K rows, at most 2^10.
+pub fn agg_bits(rows: usize) -> u32 {
+    let mut b = 0;
+    while b < 10 && (rows >> b) > (1 << 16) {
+        b += 1;
+    }
+    b
+}
+
+/// Radix bits for the join: R partitions of about 16K rows, at most 2^12.
+pub fn join_bits(r_rows: usize) -> u32 {
+    let mut b = 0;
+    while b < 12 && (r_rows >> b) > (1 << 14) {
+        b += 1;
+    }
+    b
+}
+
+#[inline(always)]
+fn part_of(h: u64, bits: u32) -> usize {
+    if bits == 0 {
+        0
+    } else {
+        (h >> (64 - bits)) as usize
+    }
+}
+
+/// Hash-partitions a 64-bit table into `2^bits` partitions of [`Row64`].
+pub fn partition64(
+    exec: &Exec,
+    table: &Table,
+    bits: u32,
+) -> Result<Partitioned<Row64>, EngineError> {
+    partition_rows(
+        exec,
+        table,
+        1 << bits,
+        |mo, h| {
+            for &k in mo.keys64() {
+                h[part_of(hash64(k), bits)] += 1;
+            }
+        },
+        |mo, sink| {
+            for (&k, &v) in mo.keys64().iter().zip(mo.vals64()) {
+                sink.push(part_of(hash64(k), bits), Row64 { k, v });
+            }
+        },
+    )
+}
+
+/// count, sum, min, max and avg of one group.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Group64 {
+    pub key: u64,
+    pub count: u64,
+    pub sum: i64,
+    pub min: i64,
+    pub max: i64,
+    /// `sum / count`, in f64.
+    pub avg: f64,
+}
+
+/// Exact median of one group, kept as `lo + hi` of the two middle values (twice the median).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Median64 {
+    pub key: u64,
+    pub count: u64,
+    pub twice_median: i64,
+}
+
+#[derive(Clone, Copy)]
+struct Acc {
+    key: u64,
+    count: u64,
+    sum: i64,
+    min: i64,
+    max: i64,
+}
+
+/// Key -> dense group id, by linear probing over `u32` ids (`id + 1`; 0 = empty). The keys live
+/// with the caller's per-group data (`key_of(id)`); the table doubles at half load.
+struct GroupIds {
+    slots: Vec<u32>,
+    /// Bits of the partition number (the top hash bits, equal within a partition).
+    pbits: u32,
+    tbits: u32,
+}
+
+impl GroupIds {
+    fn new() -> GroupIds {
+        GroupIds {
+            slots: vec![0; 1 << 10],
+            pbits: 0,
+            tbits: 10,
+        }
+    }
+
+    /// Empties the table for a partition that had `prev` groups before.
+    fn reset(&mut self, pbits: u32, prev: usize) {
+        let cap = (prev * 2).next_power_of_two().max(1 << 10);
+        self.slots.clear();
+        self.slots.resize(cap, 0);
+        self.tbits = cap.trailing_zeros();
+        self.pbits = pbits;
+    }
+
+    #[inline(always)]
+    fn slot(&self, h: u64) -> usize {
+        ((h << self.pbits) >> (64 - self.tbits)) as usize
+    }
+
+    /// The id of `k` (hash `h`); `new_group(k)` appends a group and returns its id when `k` is
+    /// new. `key_of(id)` is the key of an existing group.
+    #[inline(always)]
+    fn find_or_insert(
+        &mut self,
+        k: u64,
+        h: u64,
+        ngroups: usize,
+        key_of: impl Fn(usize) -> u64,
+    ) -> (usize, bool) {
+        let mask = self.slots.len() - 1;
+        let mut i = self.slot(h);
+        loop {
+            let s = self.slots[i];
+            if s == 0 {
+                self.slots[i] = ngroups as u32 + 1;
+                return (ngroups, true);
+            }
+            let g = (s - 1) as usize;
+            if key_of(g) == k {
+                return (g, false);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Doubles the table when `groups` ids fill half of it; `key_of` gives each id's key.
+    #[inline(always)]
+    fn maybe_grow(&mut self, groups: usize, key_of: impl Fn(usize) -> u64) {
+        if groups * 2 <= self.slots.len() {
+            return;
+        }
+        let cap = self.slots.len() * 2;
+        self.slots.clear();
+        self.slots.resize(cap, 0);
+        self.tbits += 1;
+        let mask = cap - 1;
+        for g in 0..groups {
+            let mut i = self.slot(hash64(key_of(g)));
+            while self.slots[i] != 0 {
+                i = (i + 1) & mask;
+            }
+            self.slots[i] = g as u32 + 1;
+        }
+    }
+}
+
+/// How a 64-bit operator ran, for the report.
+#[derive(Debug, Clone, Default)]
+pub struct Run64 {
+    /// The plan (`hash-partitioned`).
+    pub plan: &'static str,
+    /// Radix bits (2^bits partitions).
+    pub bits: u32,
+    /// Which node read each input morsel (of S, for the join).
+    pub trace: Trace,
+}
+
+/// W2 on a 64-bit table: every group's count, sum, min, max and avg (unsorted).
+pub fn w2(exec: &Exec, table: &Table) -> Result<(Vec<Group64>, Run64), EngineError> {
+    let bits = agg_bits(table.rows());
+    let parts = partition64(exec, table, bits)?;
+    let (outs, _) = exec.map(
+        &parts.homes,
+        || (GroupIds::new(), Vec::<Acc>::new(), 0usize),
+        |(ids, accs, prev): &mut (GroupIds, Vec<Acc>, usize), p| {
+            ids.reset(bits, *prev);
+            accs.clear();
+            for r in parts.part(p) {
+                let h = hash64(r.k);
+                let (g, new) = ids.find_or_insert(r.k, h, accs.len(), |g| accs[g].key);
+                if new {
+                    accs.push(Acc {
+                        key: r.k,
+                        count: 1,
+                        sum: r.v,
+                        min: r.v,
+                        max: r.v,
+                    });
+                    ids.maybe_grow(accs.len(), |g| accs[g].key);
+                } else {
+                    let a = &mut accs[g];
+                    a.count += 1;
+                    a.sum = a.sum.wrapping_add(r.v);
+                    a.min = a.min.min(r.v);
+                    a.max = a.max.max(r.v);
+                }
+            }
+            *prev = accs.len();
+            accs.iter()
+                .map(|a| Group64 {
+                    key: a.key,
+                    count: a.count,
+                    sum: a.sum,
+                    min: a.min,
+                    max: a.max,
+                    avg: a.sum as f64 / a.count as f64,
+                })
+                .collect::<Vec<_>>()
+        },
+    );
+    let total = outs.iter().map(Vec::len).sum();
+    let mut out = Vec::with_capacity(total);
+    for o in outs {
+        out.extend_from_slice(&o);
+    }
+    Ok((
+        out,
+        Run64 {
+            plan: "hash-partitioned",
+            bits,
+            trace: parts.trace.clone(),
+        },
+    ))
+}
+
+/// Median of a group's values (reorders them): `lo + hi` of the two middle values.
+#[inline]
+fn twice_median(vals: &mut [i64]) -> i64 {
+    let n = vals.len();
+    let (left, mid, _) = vals.select_nth_unstable(n / 2);
+    let hi = *mid;
+    if n % 2 == 1 {
+        hi.wrapping_mul(2)
+    } else {
+        let lo = *left.iter().max().expect("n >= 2 for even counts");
+        lo.wrapping_add(hi)
+    }
+}
+
+/// Per-worker scratch of W1.
+#[derive(Default)]
+struct MedianScratch {
+    keys: Vec<u64>,
+    /// Per group: row count, then (prefix sums) first slot.
+    start: Vec<u32>,
+    gid: Vec<u32>,
+    vals: Vec<i64>,
+    prev: usize,
+}
+
+/// W1 on a 64-bit table: every group's exact median (unsorted).
+pub fn w1(exec: &Exec, table: &Table) -> Result<(Vec<Median64>, Run64), EngineError> {
+    let bits = agg_bits(table.rows());
+    let parts = partition64(exec, table, bits)?;
+    let (outs, _) = exec.map(
+        &parts.homes,
+        || (GroupIds::new(), MedianScratch::default()),
+        |(ids, s): &mut (GroupIds, MedianScratch), p| {
+            let rows = parts.part(p);
+            ids.reset(bits, s.prev);
+            s.keys.clear();
+            s.start.clear();
+            s.gid.clear();
+            for r in rows {
+                let (g, new) = ids.find_or_insert(r.k, hash64(r.k), s.keys.len(), |g| s.keys[g]);
+                if new {
+                    s.keys.push(r.k);
+                    s.start.push(0);
+                    ids.maybe_grow(s.keys.len(), |g| s.keys[g]);
+                }
+                s.start[g] += 1;
+                s.gid.push(g as u32);
+            }
+            let ng = s.keys.len();
+            s.prev = ng;
+            // Exclusive prefix sums: start[g] = first slot of group g; start[ng] = rows.
+            let mut acc = 0u32;
+            for x in s.start.iter_mut() {
+                let c = *x;
+                *x = acc;
+                acc += c;
+            }
+            s.start.push(acc);
+            s.vals.clear();
+            s.vals.resize(rows.len(), 0);
+            {
+                let mut at: Vec<u32> = s.start[..ng].to_vec();
+                for (r, &g) in rows.iter().zip(&s.gid) {
+                    let g = g as usize;
+                    s.vals[at[g] as usize] = r.v;
+                    at[g] += 1;
+                }
+            }
+            let mut out = Vec::with_capacity(ng);
+            for g in 0..ng {
+                let (a, b) = (s.start[g] as usize, s.start[g + 1] as usize);
+                out.push(Median64 {
+                    key: s.keys[g],
+                    count: (b - a) as u64,
+                    twice_median: twice_median(&mut s.vals[a..b]),
+                });
+            }
+            out
+        },
+    );
+    let total = outs.iter().map(Vec::len).sum();
+    let mut out = Vec::with_capacity(total);
+    for o in outs {
+        out.extend_from_slice(&o);
+    }
+    Ok((
+        out,
+        Run64 {
+            plan: "hash-partitioned",
+            bits,
+            trace: parts.trace.clone(),
+        },
+    ))
+}
+
+/// Result of a 64-bit join.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct JoinDigest {
+    /// Number of matching (r, s) pairs.
+    pub count: u64,
+    /// `sum(r.val + s.val)` over the pairs (wrapping).
+    pub sum: i64,
+    /// Wrapping sum of `tuple_hash([key, r.val, s.val])` over the pairs.
+    pub hash: u64,
+}
+
+impl JoinDigest {
+    #[inline(always)]
+    fn add_pair(&mut self, k: u64, p: i64, q: i64) {
+        self.count += 1;
+        self.sum = self.sum.wrapping_add(p.wrapping_add(q));
+        self.hash = self.hash.wrapping_add(tuple_hash(&[k, p as u64, q as u64]));
+    }
+
+    fn merge(self, o: JoinDigest) -> JoinDigest {
+        JoinDigest {
+            count: self.count + o.count,
+            sum: self.sum.wrapping_add(o.sum),
+            hash: self.hash.wrapping_add(o.hash),
+        }
+    }
+}
+
+/// W3 on 64-bit tables: partitioned hash join of R (build) and S (probe) on key.
+pub fn w3(exec: &Exec, r: &Table, s: &Table) -> Result<(JoinDigest, Run64), EngineError> {
+    let bits = join_bits(r.rows());
+    let pr = partition64(exec, r, bits)?;
+    let ps = partition64(exec, s, bits)?;
+    let cap = (pr.max_len().max(1) * 2).next_power_of_two();
+    let joined = exec.for_each(
+        &pr.homes,
+        || (vec![0u32; cap], JoinDigest::default()),
+        |(slots, res): &mut (Vec<u32>, JoinDigest), p| {
+            let rp = pr.part(p);
+            let n = (rp.len().max(1) * 2).next_power_of_two();
+            let tbits = n.trailing_zeros();
+            let t = &mut slots[..n];
+            t.fill(0);
+            let mask = n - 1;
+            let idx = |h: u64| ((h << bits) >> (64 - tbits)) as usize & mask;
+            for (j, x) in rp.iter().enumerate() {
+                let mut i = idx(hash64(x.k));
+                while t[i] != 0 {
+                    i = (i + 1) & mask;
+                }
+                t[i] = j as u32 + 1;
+            }
+            for y in ps.part(p) {
+                let mut i = idx(hash64(y.k));
+                loop {
+                    let e = t[i];
+                    if e == 0 {
+                        break;
+                    }
+                    let x = &rp[(e - 1) as usize];
+                    if x.k == y.k {
+                        res.add_pair(y.k, x.v, y.v);
+                    }
+                    i = (i + 1) & mask;
+                }
+            }
+        },
+    );
+    let res = joined
+        .states
+        .into_iter()
+        .map(|x| x.1)
+        .fold(JoinDigest::default(), JoinDigest::merge);
+    Ok((
+        res,
+        Run64 {
+            plan: "partitioned",
+            bits,
+            trace: ps.trace.clone(),
+        },
+    ))
+}
+
+/// Start value of [`tuple_hash`].
+pub const TUPLE_SEED: u64 = 0x243f_6a88_85a3_08d3;
+/// Salt of the avg weights of [`AggDigest`].
+pub const WEIGHT_SALT: u64 = 0x1319_8a2e_0370_7344;
+
+/// The hash of one output tuple (each field as its 64-bit two's-complement pattern):
+/// `h = TUPLE_SEED; for x in fields { h = mix64(h ^ x) }`. `bench/peers/peers.py` has the same.
+#[inline(always)]
+pub fn tuple_hash(fields: &[u64]) -> u64 {
+    let mut h = TUPLE_SEED;
+    for &x in fields {
+        h = mix64(h ^ x);
+    }
+    h
+}
+
+/// The weight that binds a group's avg to its key in [`AggDigest::avg_wsum`]: in `[0, 1)`.
+#[inline(always)]
+pub fn avg_weight(key: u64) -> f64 {
+    (mix64(key ^ WEIGHT_SALT) >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+/// Order-independent digest of a W2 answer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AggDigest {
+    pub groups: u64,
+    /// Wrapping sum of `tuple_hash([key, count, sum, min, max])`: compared exactly.
+    pub hash: u64,
+    /// Sum of every group's avg.
+    pub avg_sum: f64,
+    /// Sum of `avg * avg_weight(key)`.
+    pub avg_wsum: f64,
+}
+
+/// Relative tolerance of the avg comparison (float sums in different orders).
+pub const AVG_RTOL: f64 = 1e-9;
+
+impl AggDigest {
+    /// Digest of a W2 answer.
+    pub fn of(groups: &[Group64]) -> AggDigest {
+        let mut d = AggDigest {
+            groups: groups.len() as u64,
+            hash: 0,
+            avg_sum: 0.0,
+            avg_wsum: 0.0,
+        };
+        for g in groups {
+            d.hash = d.hash.wrapping_add(tuple_hash(&[
+                g.key,
+                g.count,
+                g.sum as u64,
+                g.min as u64,
+                g.max as u64,
+            ]));
+            d.avg_sum += g.avg;
+            d.avg_wsum += g.avg * avg_weight(g.key);
+        }
+        d
+    }
+
+    /// Whether two digests agree: groups and hash exactly, the avg sums within [`AVG_RTOL`] of
+    /// the larger magnitude (at least 1).
+    pub fn agrees(&self, o: &AggDigest) -> bool {
+        let close = |a: f64, b: f64| (a - b).abs() <= AVG_RTOL * a.abs().max(b.abs()).max(1.0);
+        self.groups == o.groups
+            && self.hash == o.hash
+            && close(self.avg_sum, o.avg_sum)
+            && close(self.avg_wsum, o.avg_wsum)
+    }
+}
+
+/// Order-independent digest of a W1 answer (exact).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MedianDigest {
+    pub groups: u64,
+    /// Wrapping sum of `tuple_hash([key, count, twice_median])`.
+    pub hash: u64,
+}
+
+impl MedianDigest {
+    /// Digest of a W1 answer.
+    pub fn of(groups: &[Median64]) -> MedianDigest {
+        MedianDigest {
+            groups: groups.len() as u64,
+            hash: groups.iter().fold(0u64, |h, g| {
+                h.wrapping_add(tuple_hash(&[g.key, g.count, g.twice_median as u64]))
+            }),
+        }
+    }
+}
+
+/// Single-thread references (BTreeMap), for the tests.
+pub mod reference {
+    use std::collections::BTreeMap;
+
+    use super::{Group64, JoinDigest, Median64};
+
+    /// W2 by a BTreeMap, in key order.
+    pub fn w2(keys: &[u64], vals: &[i64]) -> Vec<Group64> {
+        let mut m: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+        for (&k, &v) in keys.iter().zip(vals) {
+            m.entry(k).or_default().push(v);
+        }
+        m.into_iter()
+            .map(|(key, v)| {
+                let sum = v.iter().fold(0i64, |a, &x| a.wrapping_add(x));
+                Group64 {
+                    key,
+                    count: v.len() as u64,
+                    sum,
+                    min: *v.iter().min().expect("non-empty"),
+                    max: *v.iter().max().expect("non-empty"),
+                    avg: sum as f64 / v.len() as f64,
+                }
+            })
+            .collect()
+    }
+
+    /// W1 by sorting each group, in key order.
+    pub fn w1(keys: &[u64], vals: &[i64]) -> Vec<Median64> {
+        let mut m: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+        for (&k, &v) in keys.iter().zip(vals) {
+            m.entry(k).or_default().push(v);
+        }
+        m.into_iter()
+            .map(|(key, mut v)| {
+                v.sort_unstable();
+                let n = v.len();
+                let twice_median = if n % 2 == 1 {
+                    v[n / 2].wrapping_mul(2)
+                } else {
+                    v[n / 2 - 1].wrapping_add(v[n / 2])
+                };
+                Median64 {
+                    key,
+                    count: n as u64,
+                    twice_median,
+                }
+            })
+            .collect()
+    }
+
+    /// The join digest by a BTreeMap of R's keys to their payloads.
+    pub fn join(rk: &[u64], rv: &[i64], sk: &[u64], sv: &[i64]) -> JoinDigest {
+        let mut m: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+        for (&k, &v) in rk.iter().zip(rv) {
+            m.entry(k).or_default().push(v);
+        }
+        let mut d = JoinDigest::default();
+        for (&k, &q) in sk.iter().zip(sv) {
+            if let Some(ps) = m.get(&k) {
+                for &p in ps {
+                    d.add_pair(k, p, q);
+                }
+            }
+        }
+        d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::flat_topology;
+    use crate::gen::{AggSpec, Dist, JoinSpec, Keys};
+    use crate::{generate_agg64, generate_join64, MemPolicy, Sched, Threads};
+
+    fn sorted2(mut g: Vec<Group64>) -> Vec<Group64> {
+        g.sort_by_key(|x| x.key);
+        g
+    }
+
+    fn execs() -> Vec<Exec> {
+        let t = flat_topology();
+        vec![
+            Exec::new(&t, Sched::Las, Threads::Sparse, None).unwrap(),
+            Exec::new(&t, Sched::Nls, Threads::Os, Some(1)).unwrap(),
+        ]
+    }
+
+    #[test]
+    fn w2_and_w1_match_the_reference_on_sparse_and_dense_keys() {
+        for ex in execs() {
+            for keys in [Keys::Sparse, Keys::Dense] {
+                for (rows, groups, dist) in [
+                    (200_000, 5_000, Dist::Zipf),
+                    (300_000, 100_000, Dist::Uniform),
+                    (50_000, 1, Dist::HeavyHitter),
+                    (70_000, 7, Dist::Sequential),
+                ] {
+                    let spec = AggSpec {
+                        rows,
+                        groups,
+                        dist,
+                        seed: 3,
+                    };
+                    let t =
+                        generate_agg64(&ex, spec, keys, 10_000, &MemPolicy::FirstTouch).unwrap();
+                    let (k, v) = t.to_vecs64();
+                    let want = reference::w2(&k, &v);
+                    let (got, _) = w2(&ex, &t).unwrap();
+                    let d = AggDigest::of(&got);
+                    assert!(d.agrees(&AggDigest::of(&want)), "{keys} {dist}");
+                    assert_eq!(sorted2(got), want, "{keys} {dist}");
+                    let want1 = reference::w1(&k, &v);
+                    let (mut got1, _) = w1(&ex, &t).unwrap();
+                    assert_eq!(MedianDigest::of(&got1), MedianDigest::of(&want1));
+                    got1.sort_by_key(|x| x.key);
+                    assert_eq!(got1, want1, "{keys} {dist}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn edge_cases_and_extreme_values() {
+        let ex = &execs()[0];
+        let keys = [0u64, u64::MAX, 0, 5, u64::MAX, 1 << 63];
+        let vals = [i64::MIN, i64::MAX, 3, -4, -1, 0];
+        let t = Table::from_rows64(&keys, &vals, 4).unwrap();
+        assert_eq!(sorted2(w2(ex, &t).unwrap().0), reference::w2(&keys, &vals));
+        let mut m = w1(ex, &t).unwrap().0;
+        m.sort_by_key(|x| x.key);
+        // i64::MIN + 3 and i64::MAX + (-1): no overflow in the median of two values here.
+        assert_eq!(m, reference::w1(&keys, &vals));
+        let e = Table::from_rows64(&[], &[], 4).unwrap();
+        assert!(w2(ex, &e).unwrap().0.is_empty());
+        assert!(w1(ex, &e).unwrap().0.is_empty());
+        assert_eq!(w3(ex, &e, &e).unwrap().0, JoinDigest::default());
+        // Duplicate R keys, misses, key 0 and u64::MAX.
+        let rk = [0u64, 0, u64::MAX, 9];
+        let rv = [1i64, 2, 3, 4];
+        let sk = [0u64, u64::MAX, 8, 9, 9, 0];
+        let sv = [10i64, 20, 30, 40, 50, 60];
+        let r = Table::from_rows64(&rk, &rv, 3).unwrap();
+        let s = Table::from_rows64(&sk, &sv, 2).unwrap();
+        let got = w3(ex, &r, &s).unwrap().0;
+        assert_eq!(got, reference::join(&rk, &rv, &sk, &sv));
+        assert_eq!(got.count, 7);
+    }
+
+    #[test]
+    fn wrong_groups_change_the_digest() {
+        let g = |key, sum| Group64 {
+            key,
+            count: 2,
+            sum,
+            min: 0,
+            max: sum,
+            avg: sum as f64 / 2.0,
+        };
+        let a = AggDigest::of(&[g(1, 10), g(2, 20)]);
+        let b = AggDigest::of(&[g(2, 20), g(1, 10)]);
+        assert!(a.agrees(&b), "order must not matter");
+        // Same totals, rows moved between groups.
+        let c = AggDigest::of(&[g(1, 20), g(2, 10)]);
+        assert!(!a.agrees(&c));
+        assert_eq!(tuple_hash(&[]), TUPLE_SEED);
+    }
+
+    #[test]
+    fn join_matches_the_reference() {
+        for ex in execs() {
+            for keys in [Keys::Sparse, Keys::Dense] {
+                let spec = JoinSpec::ratio16(20_000, 5);
+                let (r, s) =
+                    generate_join64(&ex, spec, keys, 7_000, &MemPolicy::FirstTouch).unwrap();
+                let (rk, rv) = r.to_vecs64();
+                let (sk, sv) = s.to_vecs64();
+                let got = w3(&ex, &r, &s).unwrap().0;
+                assert_eq!(got, reference::join(&rk, &rv, &sk, &sv), "{keys}");
+                assert_eq!(got.count, 320_000);
+            }
+        }
+    }
+}
