@@ -255,9 +255,8 @@ pub fn render(t: &Topology) -> String {
         let hops = t.hops_matrix();
         for (i, a) in t.nodes.iter().enumerate() {
             let _ = write!(o, "  {:>w$}", a.id);
-            for j in 0..t.nodes.len() {
-                let h = hops[i][j];
-                let _ = write!(o, " {:>8}", format!("{} ({h})", t.distances[i][j]));
+            for (d, h) in t.distances[i].iter().zip(&hops[i]) {
+                let _ = write!(o, " {:>8}", format!("{d} ({h})"));
             }
             o.push('\n');
         }
