@@ -1,9 +1,32 @@
-//! `loci bench stream`: the streaming pipeline on loopback against `lz4 | nc` and raw `nc`, on the
-//! same phantom data in one run, plus loci's own plan against OS placement, plus the two LZ4
-//! implementations on one core (the measurement that picked the default codec).
+//! `loci bench stream`: the streaming pipeline on loopback against `lz4 | nc` (one pipeline, and
+//! one pipeline per core over slices of the file) and raw `nc`, on the same phantom data in one
+//! run, plus loci's own plan against OS placement, plus the two LZ4 implementations on one core
+//! (the measurement that picked the default codec), plus the machine limit for this data.
+//!
+//! **The machine limit** is the raw throughput this machine could sustain if every allowed core
+//! did nothing but the work the job cannot avoid: LZ4-compress the raw bytes, move the compressed
+//! bytes over loopback TCP (both ends), LZ4-decompress them. Each part is measured in the same
+//! run as CPU time on one core (thread CPU time, which drifts less than wall time on a shared
+//! machine), as cpu-seconds per GB:
+//!
+//! ```text
+//! limit [raw GB/s] = cores / (compress [cpu-s per raw GB]
+//!                             + tcp [cpu-s per wire GB] / compression ratio
+//!                             + decompress [cpu-s per raw GB])
+//! ```
+//!
+//! Everything else a system does (reading the file, checksums, framing, buffer memory, waiting)
+//! counts against it. Every end-to-end row carries its goodput as a fraction of the limit and its
+//! CPU time as cpu-seconds per GB of raw data (`cpu_s_per_gb`; 1 cpu-s/GB = 1 ns of CPU per byte).
 
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::ops::Range;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -20,9 +43,15 @@ pub struct StreamArgs {
     /// Bytes streamed per run (default 663 MB = 60 projections; --quick: 20 projections).
     #[arg(long, value_parser = crate::stream::parse_bytes)]
     pub bytes: Option<u64>,
-    /// Peers run in the same invocation: lz4-nc (`lz4 -1 -c F | nc` -> `nc -l | lz4 -d`),
+    /// Peers run in the same invocation: lz4-nc (one `lz4 -1 -c F | nc` -> `nc -l | lz4 -d`
+    /// pipeline: one compressing core), lz4-nc-par (one such pipeline per allowed cpu, each over
+    /// its own slice of the file), lz4-mt (`lz4 -1 -T<cpus>`, where the installed lz4 has it),
     /// raw-tcp (uncompressed `nc`). Empty: none.
-    #[arg(long, value_delimiter = ',', default_value = "lz4-nc,raw-tcp")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "lz4-nc,lz4-nc-par,lz4-mt,raw-tcp"
+    )]
     pub peers: Vec<String>,
     /// Only compare the LZ4 implementations on one core (lz4 C library vs lz4_flex).
     #[arg(long)]
@@ -32,7 +61,10 @@ pub struct StreamArgs {
     pub no_os: bool,
 }
 
-const PEERS: [&str; 2] = ["lz4-nc", "raw-tcp"];
+const PEERS: [&str; 4] = ["lz4-nc", "lz4-nc-par", "lz4-mt", "raw-tcp"];
+
+/// Slices of the file for `lz4-nc-par` start at multiples of this (whole pages for `splice`).
+const SLICE_ALIGN: u64 = 1 << 20;
 
 pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
     a.peers.retain(|p| !p.is_empty()); // `--peers ''`: none
@@ -47,10 +79,12 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
         .unwrap_or(if a.common.quick { 20 } else { 60 } * chunk as u64);
     let reps = a.common.reps.unwrap_or(if a.common.quick { 1 } else { 3 });
     anyhow::ensure!(bytes > 0 && reps > 0, "--bytes and --reps must be positive");
+    // Allowed cpus (affinity, cgroup quota): the parallel peer's pipeline count and the limit's cores.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let topo = crate::this_machine()?;
     let mut rep = Report::new(
         "stream",
-        serde_json::json!({ "bytes": bytes, "chunk_bytes": chunk, "reps": reps, "data": "phantom seed 42", "sink": "discard", "link": "loopback" }),
+        serde_json::json!({ "bytes": bytes, "chunk_bytes": chunk, "reps": reps, "data": "phantom seed 42", "sink": "discard", "link": "loopback", "cores": cores }),
         Machine::of(&topo),
     );
     let dir = tempfile::tempdir()?;
@@ -60,11 +94,65 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
         data.display()
     );
     loci_stream::source::write_synthetic_file(&data, bytes, 42, chunk)?;
-    codec_rows(&mut rep, &data, chunk, reps)?;
+    let costs = codec_rows(&mut rep, &data, chunk, reps)?;
     if a.codec_only {
         return Ok(rep);
     }
     let p = plan(&topo, &topo, &PlanOptions::default())?;
+    // The limit's parts, for the codec loci streams with: one core each, measured now.
+    let codec = p.senders[0].codec;
+    let cost = costs[Codec::ALL
+        .iter()
+        .position(|c| *c == codec)
+        .expect("Codec::ALL lists every codec")];
+    let wire = (bytes as f64 / cost.ratio).ceil() as u64;
+    let tcp = tcp_rows(&mut rep, &data, wire, chunk, cost.ratio, reps)?;
+    let limit = Limit {
+        cores,
+        compress_s_per_gb: cost.compress_s_per_gb,
+        decompress_s_per_gb: cost.decompress_s_per_gb,
+        tcp_s_per_gb: tcp,
+        ratio: cost.ratio,
+    };
+    let limit_bps = limit.raw_gb_per_s() * 1e9;
+    rep.params["machine_limit"] = serde_json::json!({
+        "codec": codec.name(),
+        "cores": cores,
+        "compress_cpu_s_per_gb": limit.compress_s_per_gb,
+        "decompress_cpu_s_per_gb": limit.decompress_s_per_gb,
+        "tcp_cpu_s_per_wire_gb": limit.tcp_s_per_gb,
+        "compression_ratio": limit.ratio,
+        "raw_bytes_per_s": limit_bps,
+        "formula": Limit::FORMULA,
+    });
+    rep.results.push(
+        Row::from_times("limit", vec![bytes as f64 / limit_bps])
+            .case("machine-limit")
+            .config("cores", format!("{cores} cores"))
+            .work(bytes as f64, "B/s")
+            .extra("computed", true)
+            .extra("codec", codec.name())
+            .extra("cpu_s_per_gb", limit.cpu_s_per_raw_gb())
+            .extra("compress_cpu_s_per_gb", limit.compress_s_per_gb)
+            .extra("decompress_cpu_s_per_gb", limit.decompress_s_per_gb)
+            .extra("tcp_cpu_s_per_wire_gb", limit.tcp_s_per_gb)
+            .extra("compression_ratio", limit.ratio)
+            .extra("formula", Limit::FORMULA),
+    );
+
+    let mut not_run: Vec<(String, String)> = Vec::new();
+    if a.peers.iter().any(|p| p == "lz4-mt") {
+        if let Some(why) = lz4_threads_missing() {
+            eprintln!("lz4-mt: not run: {why}");
+            not_run.push(("lz4-mt".into(), why));
+            a.peers.retain(|p| p != "lz4-mt");
+        }
+    }
+    rep.params["peers_not_run"] = serde_json::json!(not_run
+        .iter()
+        .map(|(p, why)| serde_json::json!({ "peer": p, "why": why }))
+        .collect::<Vec<_>>());
+
     // Every system once per round, rounds repeated: load on a shared machine drifts, and
     // interleaving spreads it over all systems alike.
     let mut systems: Vec<String> = vec!["loci plan".into()];
@@ -74,7 +162,8 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
     systems.extend(a.peers.iter().cloned());
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
     let mut last: Vec<Option<loci_stream::StreamReport>> = vec![None; systems.len()];
-    // CPU seconds (user + system) per run: loci's in this process, the peers' in their children.
+    // CPU seconds (user + system) per run: loci's sender in this process and its receiver child;
+    // the peers' in their children (and, for lz4-nc-par, the threads here that feed the slices).
     let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
     for round in 0..reps {
         for (i, sys) in systems.iter().enumerate() {
@@ -85,7 +174,7 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
                     last[i] = Some(r);
                     t
                 }
-                peer => peer_once(peer, &data)?,
+                peer => peer_once(peer, &data, bytes, cores, dir.path())?,
             };
             cpu[i].push(cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN) - c0);
             eprintln!("round {round}: {sys} {:.1} MB/s", bytes as f64 / t / 1e6);
@@ -93,9 +182,7 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
         }
     }
     for (((sys, t), r), c) in systems.iter().zip(times).zip(last).zip(cpu) {
-        let mut c = c;
-        c.sort_by(f64::total_cmp);
-        let cpu_median = c[c.len() / 2];
+        let cpu_median = loci_report::median(&c).expect("at least one rep");
         let row = match sys.strip_prefix("loci ") {
             Some(placement) => {
                 let r = r.expect("loci ran");
@@ -112,22 +199,78 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
                             .collect::<std::collections::BTreeMap<_, _>>(),
                     )
             }
-            None => Row::from_times(sys, t),
+            None => {
+                let row = Row::from_times(sys, t);
+                match sys.as_str() {
+                    "lz4-nc" => row.config("cores", "1 core"),
+                    "lz4-nc-par" | "lz4-mt" => row
+                        .config("cores", format!("{cores} cores"))
+                        .extra("pipelines", if sys == "lz4-mt" { 1 } else { cores }),
+                    _ => row,
+                }
+            }
         };
+        let row = row.case("end-to-end").work(bytes as f64, "B/s");
+        let goodput = row.throughput.expect("work set");
         rep.results.push(
-            row.case("end-to-end")
-                .work(bytes as f64, "B/s")
-                .extra("cpu_s", cpu_median)
-                .extra("cpu_ns_per_byte", cpu_median * 1e9 / bytes as f64),
+            row.extra("cpu_s", cpu_median)
+                .extra("cpu_ns_per_byte", cpu_median * 1e9 / bytes as f64)
+                .extra("cpu_s_per_gb", cpu_median * 1e9 / bytes as f64)
+                .extra("fraction_of_limit", goodput / limit_bps),
         );
         eprintln!("{sys}: {cpu_median:.2} cpu-s per run (median)");
     }
+    print!("{}", summary(&rep, &not_run));
     Ok(rep)
 }
 
+/// The machine limit's inputs: cpu-seconds per GB of each unavoidable part, on one core.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Limit {
+    /// Allowed cpus.
+    pub cores: usize,
+    /// LZ4 compression, cpu-s per GB of raw input.
+    pub compress_s_per_gb: f64,
+    /// LZ4 decompression, cpu-s per GB of raw output.
+    pub decompress_s_per_gb: f64,
+    /// Loopback TCP, sender and receiver together, cpu-s per GB moved (compressed bytes).
+    pub tcp_s_per_gb: f64,
+    /// Raw bytes per compressed byte.
+    pub ratio: f64,
+}
+
+impl Limit {
+    pub const FORMULA: &'static str =
+        "cores / (compress cpu-s per raw GB + tcp cpu-s per wire GB / ratio + decompress cpu-s per raw GB)";
+
+    /// CPU seconds the unavoidable work costs per raw GB.
+    pub fn cpu_s_per_raw_gb(&self) -> f64 {
+        self.compress_s_per_gb + self.tcp_s_per_gb / self.ratio + self.decompress_s_per_gb
+    }
+
+    /// Raw GB/s if every core did only this work.
+    pub fn raw_gb_per_s(&self) -> f64 {
+        self.cores as f64 / self.cpu_s_per_raw_gb()
+    }
+}
+
+/// One codec's cost on one core, from [`codec_rows`].
+#[derive(Clone, Copy, Debug)]
+struct CodecCost {
+    compress_s_per_gb: f64,
+    decompress_s_per_gb: f64,
+    ratio: f64,
+}
+
 /// One core each: compress then decompress every chunk of the file with both implementations,
-/// alternating between them every repetition (load on a shared machine drifts).
-fn codec_rows(rep: &mut Report, data: &Path, chunk: usize, reps: usize) -> anyhow::Result<()> {
+/// alternating between them every repetition (load on a shared machine drifts). Rows carry wall
+/// time; the returned costs (one per [`Codec::ALL`]) are the median thread CPU time per GB.
+fn codec_rows(
+    rep: &mut Report,
+    data: &Path,
+    chunk: usize,
+    reps: usize,
+) -> anyhow::Result<Vec<CodecCost>> {
     let raw = std::fs::read(data)?;
     let raw = &raw[..raw.len().min(8 * chunk)];
     let n = raw.chunks(chunk).count();
@@ -136,34 +279,196 @@ fn codec_rows(rep: &mut Report, data: &Path, chunk: usize, reps: usize) -> anyho
     let mut out = vec![0u8; chunk];
     let mut ct = vec![Vec::new(); Codec::ALL.len()];
     let mut dt = vec![Vec::new(); Codec::ALL.len()];
+    let mut ccpu = vec![Vec::new(); Codec::ALL.len()];
+    let mut dcpu = vec![Vec::new(); Codec::ALL.len()];
     let mut ratio = vec![0f64; Codec::ALL.len()];
     for _ in 0..reps {
         for (k, codec) in Codec::ALL.into_iter().enumerate() {
+            let c0 = cpu_seconds(libc::RUSAGE_THREAD);
             let t = Instant::now();
             for ((c, s), r) in comp.iter_mut().zip(&mut sizes).zip(raw.chunks(chunk)) {
                 *s = codec.compress(r, c)?;
             }
             ct[k].push(t.elapsed().as_secs_f64());
+            ccpu[k].push(cpu_seconds(libc::RUSAGE_THREAD) - c0);
+            let c0 = cpu_seconds(libc::RUSAGE_THREAD);
             let t = Instant::now();
             for ((c, s), r) in comp.iter().zip(&sizes).zip(raw.chunks(chunk)) {
                 codec.decompress(&c[..*s], &mut out[..r.len()])?;
             }
             dt[k].push(t.elapsed().as_secs_f64());
+            dcpu[k].push(cpu_seconds(libc::RUSAGE_THREAD) - c0);
             ratio[k] = raw.len() as f64 / sizes.iter().sum::<usize>() as f64;
         }
     }
-    for (case, times) in [("lz4-compress", ct), ("lz4-decompress", dt)] {
+    let gb = raw.len() as f64 / 1e9;
+    let per_gb = |v: &[f64]| loci_report::median(v).expect("at least one rep") / gb;
+    for (case, times, cpu) in [("lz4-compress", ct, &ccpu), ("lz4-decompress", dt, &dcpu)] {
         for (k, codec) in Codec::ALL.into_iter().enumerate() {
             rep.results.push(
                 Row::from_times(codec.name(), times[k].clone())
                     .case(case)
                     .config("threads", 1)
                     .work(raw.len() as f64, "B/s")
-                    .extra("compression_ratio", ratio[k]),
+                    .extra("compression_ratio", ratio[k])
+                    .extra("cpu_s_per_gb", per_gb(&cpu[k])),
             );
         }
     }
-    Ok(())
+    Ok((0..Codec::ALL.len())
+        .map(|k| CodecCost {
+            compress_s_per_gb: per_gb(&ccpu[k]),
+            decompress_s_per_gb: per_gb(&dcpu[k]),
+            ratio: ratio[k],
+        })
+        .collect())
+}
+
+/// Loopback TCP cost: a sender thread writes `wire` bytes (the compressed size of the file) in
+/// frames of one compressed chunk, a receiver thread reads them; both count their own thread CPU
+/// time. Pushes a row (wall time) and returns the median cpu-seconds per GB moved.
+fn tcp_rows(
+    rep: &mut Report,
+    data: &Path,
+    wire: u64,
+    chunk: usize,
+    ratio: f64,
+    reps: usize,
+) -> anyhow::Result<f64> {
+    // Frames as loci sends them: about one compressed chunk each. The content does not matter to
+    // TCP; it is phantom data, not a constant.
+    let frame = ((chunk as f64 / ratio) as usize).max(1);
+    let mut payload = vec![0u8; frame];
+    let got = File::open(data)?.read_at(&mut payload, 0)?;
+    payload.truncate(got.max(1));
+    let mut secs = Vec::new();
+    let mut cpu = Vec::new();
+    for _ in 0..reps {
+        let (s, c) = tcp_once(&payload, wire)?;
+        secs.push(s);
+        cpu.push(c);
+    }
+    let cpu_s_per_gb = loci_report::median(&cpu).expect("at least one rep") * 1e9 / wire as f64;
+    rep.results.push(
+        Row::from_times("loopback", secs)
+            .case("tcp-loopback")
+            .config("threads", "1 sender + 1 receiver")
+            .work(wire as f64, "B/s")
+            .extra("cpu_s_per_gb", cpu_s_per_gb),
+    );
+    Ok(cpu_s_per_gb)
+}
+
+/// One loopback transfer of `wire` bytes; (wall seconds, sender + receiver thread cpu-seconds).
+fn tcp_once(payload: &[u8], wire: u64) -> anyhow::Result<(f64, f64)> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let addr = l.local_addr()?;
+    let cap = payload.len().max(1 << 20);
+    let rx = std::thread::spawn(move || -> std::io::Result<(u64, f64)> {
+        let (mut s, _) = l.accept()?;
+        let c0 = cpu_seconds(libc::RUSAGE_THREAD);
+        let mut buf = vec![0u8; cap];
+        let mut got = 0u64;
+        loop {
+            match s.read(&mut buf)? {
+                0 => break,
+                n => got += n as u64,
+            }
+        }
+        Ok((got, cpu_seconds(libc::RUSAGE_THREAD) - c0))
+    });
+    let t = Instant::now();
+    let tx = std::thread::scope(|sc| {
+        sc.spawn(|| -> std::io::Result<f64> {
+            let c0 = cpu_seconds(libc::RUSAGE_THREAD);
+            let mut s = TcpStream::connect(addr)?;
+            let mut left = wire;
+            while left > 0 {
+                let n = left.min(payload.len() as u64) as usize;
+                s.write_all(&payload[..n])?;
+                left -= n as u64;
+            }
+            s.shutdown(std::net::Shutdown::Write)?;
+            Ok(cpu_seconds(libc::RUSAGE_THREAD) - c0)
+        })
+        .join()
+        .expect("sender thread")
+    })?;
+    let (got, rx_cpu) = rx.join().expect("receiver thread")?;
+    let secs = t.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        got == wire,
+        "loopback TCP measurement: received {got} of {wire} bytes"
+    );
+    Ok((secs, tx + rx_cpu))
+}
+
+/// The end-to-end rows as a headline: goodput, fraction of the machine limit, cpu-s per GB, and
+/// the two goals (at least 0.9x the limit; faster than the same-core `lz4 | nc` peer).
+fn summary(rep: &Report, not_run: &[(String, String)]) -> String {
+    let f = |r: &Row, k: &str| r.extra.get(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
+    let mut out = String::new();
+    if let Some(l) = rep.rows_of(Some("machine-limit")).next() {
+        out += &format!(
+            "\nmachine limit for this data: {}B/s raw = {} / ({:.3} compress + {:.3} tcp / {:.3} ratio + {:.3} decompress cpu-s per GB), {} = {:.3} cpu-s per raw GB\n",
+            loci_report::si(l.throughput.unwrap_or(f64::NAN)),
+            l.config.get("cores").map_or("?", String::as_str),
+            f(l, "compress_cpu_s_per_gb"),
+            f(l, "tcp_cpu_s_per_wire_gb"),
+            f(l, "compression_ratio"),
+            f(l, "decompress_cpu_s_per_gb"),
+            l.extra.get("codec").and_then(|v| v.as_str()).unwrap_or("?"),
+            f(l, "cpu_s_per_gb"),
+        );
+    }
+    let rows: Vec<&Row> = rep.rows_of(Some("end-to-end")).collect();
+    let par = rows.iter().find(|r| r.system == "lz4-nc-par").copied();
+    let w = rows
+        .iter()
+        .map(|r| r.label().len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    out += &format!(
+        "  {:<w$}  {:>12}  {:>8}  {:>9}  {:>8}  {:>13}\n",
+        "system", "goodput", "of limit", "cpu-s/run", "cpu-s/GB", "vs lz4-nc-par"
+    );
+    for r in &rows {
+        out += &format!(
+            "  {:<w$}  {:>12}  {:>8.2}  {:>9.2}  {:>8.2}  {:>13}\n",
+            r.label(),
+            format!("{}B/s", loci_report::si(r.throughput.unwrap_or(f64::NAN))),
+            f(r, "fraction_of_limit"),
+            f(r, "cpu_s"),
+            f(r, "cpu_s_per_gb"),
+            par.map_or("-".into(), |p| format!(
+                "{:.2}x",
+                r.throughput.unwrap_or(f64::NAN) / p.throughput.unwrap_or(f64::NAN)
+            )),
+        );
+    }
+    out += "  (of limit = goodput / machine limit; vs lz4-nc-par = goodput ratio, above 1.00x is faster)\n";
+    for (p, why) in not_run {
+        out += &format!("  {p}: not run: {why}\n");
+    }
+    for r in rows.iter().filter(|r| r.system == "loci") {
+        let frac = f(r, "fraction_of_limit");
+        out += &format!(
+            "goal {}: at least 0.90 of the machine limit: {} ({frac:.2})\n",
+            r.label(),
+            if frac >= 0.9 { "met" } else { "MISSED" }
+        );
+        if let Some(p) = par {
+            let x = r.throughput.unwrap_or(f64::NAN) / p.throughput.unwrap_or(f64::NAN);
+            out += &format!(
+                "goal {}: faster than the same-core peer {}: {} ({x:.2}x its goodput)\n",
+                r.label(),
+                p.label(),
+                if x > 1.0 { "met" } else { "MISSED" }
+            );
+        }
+    }
+    out
 }
 
 /// loci over loopback into a discarding sink; seconds from the sender's start to the receiver's
@@ -252,7 +557,8 @@ fn loci_once(
     Ok((secs, rep))
 }
 
-/// User + system CPU seconds of this process (`RUSAGE_SELF`) or of its waited-for children.
+/// User + system CPU seconds of this process (`RUSAGE_SELF`), of its waited-for children
+/// (`RUSAGE_CHILDREN`) or of the calling thread (`RUSAGE_THREAD`).
 fn cpu_seconds(who: i32) -> f64 {
     // SAFETY: rusage is plain data and getrusage only writes it.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
@@ -270,43 +576,348 @@ fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
-/// One run of a shell pipeline peer; seconds from the sender's start to the receiver's exit.
-fn peer_once(peer: &str, data: &Path) -> anyhow::Result<f64> {
-    let port = free_port()?;
-    let f = data.display();
-    let (rx, tx) = match peer {
-        "lz4-nc" => (
-            format!("nc -l 127.0.0.1 {port} | lz4 -d -c > /dev/null"),
-            format!("lz4 -1 -c {f} | nc -N 127.0.0.1 {port}"),
-        ),
-        "raw-tcp" => (
-            format!("nc -l 127.0.0.1 {port} > /dev/null"),
-            format!("nc -N 127.0.0.1 {port} < {f}"),
-        ),
+/// `n` contiguous slices covering `0..len` exactly once, in order, boundaries at multiples of
+/// `align` (the last takes the remainder); empty slices are left out (a file smaller than
+/// `n * align` gets fewer).
+pub fn slices(len: u64, n: usize, align: u64) -> Vec<Range<u64>> {
+    let align = align.max(1);
+    let n = n.max(1) as u64;
+    let units = len.div_ceil(align);
+    let (per, extra) = (units / n, units % n);
+    let mut out = Vec::new();
+    let mut start = 0u64;
+    for i in 0..n {
+        let u = per + u64::from(i < extra);
+        let end = (start + u * align).min(len);
+        if end > start {
+            out.push(start..end);
+        }
+        start = end;
+    }
+    out
+}
+
+/// The byte count `lz4 -d -v` reports on stderr (`stdin : decoded N bytes`), the last one.
+pub fn lz4_decoded_bytes(stderr: &str) -> Option<u64> {
+    let i = stderr.rfind("decoded ")?;
+    let rest = &stderr[i + "decoded ".len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    if !rest[digits.len()..].starts_with(" bytes") {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Why `lz4 -T` (multithreaded compression, lz4 1.10.0 and later) cannot be used here, or None.
+fn lz4_threads_missing() -> Option<String> {
+    // `*** LZ4 command line interface 64-bits v1.9.4, by Yann Collet ***` -> `v1.9.4`
+    let version = Command::new("lz4")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .find(|w| w.starts_with('v') && w[1..].starts_with(|c: char| c.is_ascii_digit()))
+                .map(|v| format!("installed: lz4 {}", v.trim_end_matches(',')))
+        })
+        .unwrap_or_default();
+    let ok = Command::new("sh")
+        .args(["-c", "lz4 -1 -T2 -c < /dev/null > /dev/null 2>&1"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    (!ok).then(|| {
+        format!(
+            "the installed lz4 has no -T (multithreaded compression came in lz4 1.10.0; {})",
+            if version.is_empty() {
+                "lz4 not found"
+            } else {
+                &version
+            }
+        )
+    })
+}
+
+/// One pipeline of a peer: the receiving and sending shell commands, and the slice of the file
+/// fed to the sender's stdin (None: the sender reads what its command names).
+struct Pipeline {
+    rx: String,
+    tx: String,
+    feed: Option<Range<u64>>,
+    /// Raw bytes the receiver must report decoding (`lz4 -d -v`); None: not checked.
+    expect: Option<u64>,
+}
+
+/// One run of a shell pipeline peer; seconds from the first sender's start to the last
+/// receiver's exit. Every lz4 peer's receiver decodes with `lz4 -d -v` (which checks the
+/// frame's content checksum) and must report exactly the raw bytes its sender was given.
+fn peer_once(peer: &str, data: &Path, len: u64, cores: usize, dir: &Path) -> anyhow::Result<f64> {
+    let f = format!("'{}'", data.display());
+    let mut ports: Vec<u16> = Vec::new();
+    let mut port = || -> anyhow::Result<u16> {
+        loop {
+            let p = free_port()?;
+            if !ports.contains(&p) {
+                ports.push(p);
+                return Ok(p);
+            }
+        }
+    };
+    let lz4_rx = |p: u16| format!("nc -l 127.0.0.1 {p} | lz4 -d -c -v > /dev/null");
+    let pipes: Vec<Pipeline> = match peer {
+        "lz4-nc" => {
+            let p = port()?;
+            vec![Pipeline {
+                rx: lz4_rx(p),
+                tx: format!("lz4 -1 -c {f} | nc -N 127.0.0.1 {p}"),
+                feed: None,
+                expect: Some(len),
+            }]
+        }
+        "lz4-mt" => {
+            let p = port()?;
+            vec![Pipeline {
+                rx: lz4_rx(p),
+                tx: format!("lz4 -1 -T{cores} -c {f} | nc -N 127.0.0.1 {p}"),
+                feed: None,
+                expect: Some(len),
+            }]
+        }
+        "lz4-nc-par" => slices(len, cores, SLICE_ALIGN)
+            .into_iter()
+            .map(|s| {
+                let p = port()?;
+                Ok(Pipeline {
+                    rx: lz4_rx(p),
+                    tx: format!("lz4 -1 -c | nc -N 127.0.0.1 {p}"),
+                    expect: Some(s.end - s.start),
+                    feed: Some(s),
+                })
+            })
+            .collect::<anyhow::Result<_>>()?,
+        "raw-tcp" => {
+            let p = port()?;
+            vec![Pipeline {
+                rx: format!("nc -l 127.0.0.1 {p} > /dev/null"),
+                tx: format!("nc -N 127.0.0.1 {p} < {f}"),
+                feed: None,
+                expect: None,
+            }]
+        }
         _ => bail!("unknown peer {peer}"),
     };
-    let mut recv = Command::new("sh")
-        .args(["-c", &rx])
-        .stdin(Stdio::null())
-        .spawn()
-        .with_context(|| format!("starting `{rx}` (are netcat-openbsd and lz4 installed?)"))?;
-    // Wait (bounded) until the listener accepts connections.
+    if let Some(total) = pipes
+        .iter()
+        .map(|p| p.expect)
+        .sum::<Option<u64>>()
+        .filter(|_| pipes.iter().all(|p| p.expect.is_some()))
+    {
+        anyhow::ensure!(
+            total == len,
+            "peer {peer}: slices cover {total} of {len} bytes"
+        );
+    }
+    run_pipelines(peer, &pipes, data, &ports, dir)
+}
+
+fn run_pipelines(
+    peer: &str,
+    pipes: &[Pipeline],
+    data: &Path,
+    ports: &[u16],
+    dir: &Path,
+) -> anyhow::Result<f64> {
+    let kill_all = |cs: &mut Vec<Child>| {
+        for c in cs.iter_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    };
+    let mut recvs: Vec<Child> = Vec::new();
+    let mut errs = Vec::new();
+    for (i, p) in pipes.iter().enumerate() {
+        // stderr to a file: `lz4 -v` reports the decoded byte count there, and a file never
+        // blocks the receiver the way an unread pipe could.
+        let err = dir.join(format!("{peer}-rx-{i}.err"));
+        let spawned = Command::new("sh")
+            .args(["-c", &p.rx])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&err)?)
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "starting `{}` (are netcat-openbsd and lz4 installed?)",
+                    p.rx
+                )
+            });
+        match spawned {
+            Ok(c) => recvs.push(c),
+            Err(e) => {
+                kill_all(&mut recvs);
+                return Err(e);
+            }
+        }
+        errs.push(err);
+    }
+    // Wait (bounded) until every listener accepts connections.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !listening(port) {
+    while !ports.iter().all(|&p| listening(p)) {
         if Instant::now() > deadline {
-            let _ = recv.kill();
-            bail!("`{rx}` did not start listening on port {port}");
+            kill_all(&mut recvs);
+            bail!("peer {peer}: the receivers did not all start listening on {ports:?}");
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+    let file = File::open(data)?;
     let t = Instant::now();
-    let st = Command::new("sh").args(["-c", &tx]).status()?;
-    let rs = recv.wait()?;
+    let result = std::thread::scope(|sc| -> anyhow::Result<Vec<String>> {
+        let mut sends = Vec::new();
+        let mut feeders = Vec::new();
+        for p in pipes {
+            let mut cmd = Command::new("sh");
+            cmd.args(["-c", &p.tx]);
+            match &p.feed {
+                Some(range) => {
+                    let (r, w) = pipe()?;
+                    cmd.stdin(Stdio::from(r));
+                    let file = &file;
+                    let range = range.clone();
+                    feeders.push(sc.spawn(move || feed_slice(file, range, w)));
+                }
+                None => {
+                    cmd.stdin(Stdio::null());
+                }
+            }
+            // `cmd` (and with it the pipe's read end here) drops after the spawn: the sender
+            // holds the only read end, so a dead sender makes the feeder fail, not hang.
+            sends.push(
+                cmd.spawn()
+                    .with_context(|| format!("starting `{}`", p.tx))?,
+            );
+        }
+        let mut failed = Vec::new();
+        for (s, p) in sends.iter_mut().zip(pipes) {
+            let st = s.wait()?;
+            if !st.success() {
+                failed.push(format!("`{}` -> {st}", p.tx));
+            }
+        }
+        for f in feeders {
+            if let Err(e) = f.join().expect("feeder thread") {
+                failed.push(format!("feeding a slice of the file: {e}"));
+            }
+        }
+        Ok(failed)
+    });
+    let mut failed = match result {
+        Ok(f) => f,
+        Err(e) => {
+            kill_all(&mut recvs);
+            return Err(e);
+        }
+    };
+    // A receiver whose sender failed may wait forever for a connection: bounded.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for (i, (r, p)) in recvs.iter_mut().zip(pipes).enumerate() {
+        let st = loop {
+            if let Some(st) = r.try_wait()? {
+                break Some(st);
+            }
+            if Instant::now() > deadline {
+                let _ = r.kill();
+                let _ = r.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        match st {
+            Some(st) if st.success() => {}
+            Some(st) => failed.push(format!("`{}` -> {st}", p.rx)),
+            None => failed.push(format!("`{}` did not finish", p.rx)),
+        }
+        if let Some(want) = p.expect {
+            let err = std::fs::read_to_string(&errs[i]).unwrap_or_default();
+            match lz4_decoded_bytes(&err) {
+                Some(got) if got == want => {}
+                got => failed.push(format!(
+                    "pipeline {i}: received {} of {want} raw bytes ({})",
+                    got.map_or("no count".into(), |g| g.to_string()),
+                    err.trim().replace('\r', " ")
+                )),
+            }
+        }
+    }
     let secs = t.elapsed().as_secs_f64();
-    if !st.success() || !rs.success() {
-        bail!("peer {peer} failed: `{tx}` -> {st}, `{rx}` -> {rs}");
+    if !failed.is_empty() {
+        bail!("peer {peer} failed: {}", failed.join("; "));
     }
     Ok(secs)
+}
+
+/// A pipe (both ends close-on-exec, so no other child inherits the write end and keeps the
+/// reader from seeing end of file), 1 MiB deep where the system allows.
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0i32; 2];
+    // SAFETY: fds has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 succeeded: both are open descriptors that nothing else owns.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: fcntl on an open descriptor; failure (a lower pipe-max-size) only leaves 64 KiB.
+    unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
+    Ok((r, w))
+}
+
+/// Feeds bytes `range` of `file` into the pipe `w` with `splice` (page-cache pages move into
+/// the pipe without a copy, so the slicing adds no pass over the data: the sender's `lz4` reads
+/// from the pipe what it would read from the file); `pread` + `write` where splice is refused.
+/// Its CPU time is this process's, counted in the peer's row.
+fn feed_slice(file: &File, range: Range<u64>, w: OwnedFd) -> std::io::Result<()> {
+    let mut off = range.start as libc::loff_t;
+    let end = range.end as libc::loff_t;
+    while off < end {
+        let want = ((end - off) as usize).min(1 << 20);
+        // SAFETY: both descriptors are open; `off` is a valid offset pointer for the file side.
+        let n = unsafe {
+            libc::splice(
+                file.as_raw_fd(),
+                &mut off,
+                w.as_raw_fd(),
+                std::ptr::null_mut(),
+                want,
+                libc::SPLICE_F_MOVE,
+            )
+        };
+        if n > 0 {
+            continue;
+        }
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EINVAL) | Some(libc::ENOSYS) => {
+                let mut w = File::from(w);
+                let mut buf = vec![0u8; 1 << 20];
+                while off < end {
+                    let want = ((end - off) as usize).min(buf.len());
+                    let got = file.read_at(&mut buf[..want], off as u64)?;
+                    if got == 0 {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    }
+                    w.write_all(&buf[..got])?;
+                    off += got as libc::loff_t;
+                }
+                return Ok(());
+            }
+            _ => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn listening(port: u16) -> bool {
@@ -319,4 +930,155 @@ fn listening(port: u16) -> bool {
             })
         })
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_cover_the_file_exactly_once_in_order() {
+        for len in [
+            0u64,
+            1,
+            4095,
+            4096,
+            4097,
+            1 << 20,
+            3 << 20,
+            (3 << 20) + 7,
+            663_552_000,
+        ] {
+            for n in 1..=9 {
+                for align in [1u64, 4096, 1 << 20] {
+                    let s = slices(len, n, align);
+                    assert!(s.len() <= n, "{len} {n} {align}: {s:?}");
+                    let mut at = 0;
+                    for (k, r) in s.iter().enumerate() {
+                        assert_eq!(r.start, at, "{len} {n} {align}: gap or overlap {s:?}");
+                        assert!(r.end > r.start, "empty slice {s:?}");
+                        if k + 1 < s.len() {
+                            assert_eq!(r.end % align, 0, "unaligned boundary {s:?}");
+                        }
+                        at = r.end;
+                    }
+                    assert_eq!(at, len, "{len} {n} {align}: {s:?}");
+                    assert_eq!(s.iter().map(|r| r.end - r.start).sum::<u64>(), len);
+                }
+            }
+        }
+        // The default run on 2 cores: two halves of 60 projections, 1 MiB-aligned.
+        let s = slices(663_552_000, 2, 1 << 20);
+        assert_eq!(s, vec![0..332_398_592, 332_398_592..663_552_000]);
+    }
+
+    #[test]
+    fn limit_is_cores_over_the_cpu_seconds_per_raw_gb() {
+        let l = Limit {
+            cores: 2,
+            compress_s_per_gb: 1.6,
+            decompress_s_per_gb: 0.4,
+            tcp_s_per_gb: 0.4,
+            ratio: 2.0,
+        };
+        // 1.6 + 0.4 / 2 + 0.4 = 2.2 cpu-s per raw GB; 2 cores -> 0.909 GB/s.
+        assert!((l.cpu_s_per_raw_gb() - 2.2).abs() < 1e-12);
+        assert!((l.raw_gb_per_s() - 2.0 / 2.2).abs() < 1e-12);
+        // Linear in cores; a better ratio makes TCP cheaper per raw byte.
+        let four = Limit { cores: 4, ..l };
+        assert!((four.raw_gb_per_s() - 2.0 * l.raw_gb_per_s()).abs() < 1e-12);
+        let better = Limit { ratio: 4.0, ..l };
+        assert!((better.cpu_s_per_raw_gb() - 2.1).abs() < 1e-12);
+        // No compression cost at all: bounded by decompress + TCP alone.
+        let free = Limit {
+            compress_s_per_gb: 0.0,
+            ..l
+        };
+        assert!((free.raw_gb_per_s() - 2.0 / 0.6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn lz4_decoded_count_is_read_from_verbose_stderr() {
+        let err = "*** LZ4 command line interface 64-bits v1.9.4, by Yann Collet ***\n\r                                                                               \rstdin                : decoded 5000000 bytes \n";
+        assert_eq!(lz4_decoded_bytes(err), Some(5_000_000));
+        assert_eq!(lz4_decoded_bytes("Error 68 : Unfinished stream \n"), None);
+        assert_eq!(lz4_decoded_bytes(""), None);
+        assert_eq!(lz4_decoded_bytes("decoded 12 blocks"), None);
+    }
+
+    fn have(tool: &str) -> bool {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {tool} > /dev/null")])
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// A pipeline peer that drops bytes fails the run, even when every process in it exits 0
+    /// (the sender drops all but 1000 bytes of its slice and sends a valid LZ4 frame of those);
+    /// the same pipelines without the loss pass.
+    #[test]
+    fn a_peer_that_loses_bytes_fails_the_run() {
+        if !(have("lz4") && have("nc")) {
+            eprintln!("NOTE: lz4 or nc missing (scripts/install-deps installs them); skipped");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        for lossy in [false, true] {
+            let mut ports = Vec::new();
+            let pipes: Vec<Pipeline> = slices(data.len() as u64, 2, 4096)
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let p = loop {
+                        let p = free_port().unwrap();
+                        if !ports.contains(&p) {
+                            break p;
+                        }
+                    };
+                    ports.push(p);
+                    let take = if lossy && i == 1 {
+                        "(head -c 1000; cat > /dev/null)"
+                    } else {
+                        "cat"
+                    };
+                    Pipeline {
+                        rx: format!("nc -l 127.0.0.1 {p} | lz4 -d -c -v > /dev/null"),
+                        tx: format!("{take} | lz4 -1 -c | nc -N 127.0.0.1 {p}"),
+                        expect: Some(s.end - s.start),
+                        feed: Some(s),
+                    }
+                })
+                .collect();
+            let r = run_pipelines("test", &pipes, &path, &ports, dir.path());
+            if lossy {
+                let e = r.expect_err("a lossy peer must fail").to_string();
+                assert!(e.contains("pipeline 1: received 1000 of"), "{e}");
+            } else {
+                r.unwrap();
+            }
+        }
+    }
+
+    /// The slice feeder moves exactly the asked bytes through a pipe.
+    #[test]
+    fn feed_slice_sends_exactly_the_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = File::open(&path).unwrap();
+        for range in slices(data.len() as u64, 3, 4096) {
+            let (r, w) = pipe().unwrap();
+            let mut got = Vec::new();
+            std::thread::scope(|sc| {
+                let h = sc.spawn(|| feed_slice(&file, range.clone(), w));
+                File::from(r).read_to_end(&mut got).unwrap();
+                h.join().unwrap().unwrap();
+            });
+            assert_eq!(got, &data[range.start as usize..range.end as usize]);
+        }
+    }
 }
