@@ -170,3 +170,112 @@ fn bad_input_is_refused_before_work() {
         assert!(err.contains(says), "{args:?}: {err}");
     }
 }
+
+/// The like-for-like rows: `loci-nopool` repeats the headline strategy with fresh memory (same
+/// result, pool off) and the goals pair it with the new mapping; with the Python venv present,
+/// numpy-prealloc and numpy-threads run with as many threads as loci and match its checksums.
+#[test]
+fn like_for_like_rows_and_goals() {
+    let dir = std::env::temp_dir().join(format!("loci-bench-subarray-lfl-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bench/peers/.venv/bin/python");
+    let python = venv.is_file();
+    let peers = if python {
+        "memcpy,loci-nopool,numpy,numpy-prealloc,numpy-threads"
+    } else {
+        eprintln!("no {}: Python peers not checked", venv.display());
+        "memcpy,loci-nopool"
+    };
+    let json = dir.join("r.json");
+    let o = bench(
+        &[
+            "--size",
+            "262144",
+            "--chunks",
+            "1,10",
+            "--selectivity",
+            "0.5",
+            "--span",
+            "all",
+            "--threads",
+            "os,search",
+            "--nthreads",
+            "3",
+            "--peers",
+            peers,
+            "--reps",
+            "2",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        &dir,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = v["results"].as_array().unwrap();
+    for case in ["c1/all/s0.5", "c10/all/s0.5"] {
+        let of = |sys: &str| -> Vec<&Value> {
+            rows.iter()
+                .filter(|r| r["case"] == case && r["system"] == sys)
+                .collect()
+        };
+        let nopool = of("loci-nopool");
+        assert_eq!(nopool.len(), 1, "{case}");
+        assert_eq!(nopool[0]["config"]["threads"], "search");
+        assert_eq!(nopool[0]["extra"]["pool"], "off");
+        let search = of("loci")
+            .into_iter()
+            .find(|r| r["config"]["threads"] == "search")
+            .unwrap();
+        assert_eq!(nopool[0]["extra"]["sum32"], search["extra"]["sum32"]);
+        if python {
+            for (sys, threads, result) in [
+                ("numpy", "1", "fresh"),
+                ("numpy-prealloc", "1", "reused"),
+                ("numpy-threads", "3", "reused"),
+            ] {
+                let r = of(sys);
+                assert_eq!(r.len(), 1, "{case} {sys}");
+                assert_eq!(r[0]["config"]["threads"], threads, "{sys}");
+                assert_eq!(r[0]["extra"]["result"], result, "{sys}");
+                assert_eq!(r[0]["extra"]["sum32"], search["extra"]["sum32"], "{sys}");
+            }
+        }
+    }
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("loci, pool off vs memcpy into a new mapping")
+            && out.contains("loci, pool on  vs loci-nopool"),
+        "{out}"
+    );
+    if python {
+        assert!(out.contains("loci, pool on  vs numpy-threads"), "{out}");
+        assert!(out.contains("loci 3, numpy-threads 3 (equal)"), "{out}");
+    }
+    // With --pool off, loci-nopool would repeat the loci rows: it is skipped, with a note.
+    let o = bench(
+        &[
+            "--size",
+            "262144",
+            "--chunks",
+            "10",
+            "--selectivity",
+            "0.5",
+            "--span",
+            "all",
+            "--threads",
+            "compact",
+            "--peers",
+            "loci-nopool",
+            "--reps",
+            "1",
+            "--pool",
+            "off",
+        ],
+        &dir,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("loci-nopool skipped"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
