@@ -209,39 +209,66 @@ impl Morsel {
         self.width
     }
 
-    /// The 64-bit key column (width 8).
-    pub fn keys64(&self) -> &[u64] {
-        assert_eq!(self.width, 8, "keys64 of a 32-bit morsel");
-        // SAFETY: the region holds `rows` u64 at offset 0 (page aligned).
-        unsafe { std::slice::from_raw_parts(self.region.as_ptr() as *const u64, self.rows) }
+    /// The key column of a morsel whose columns are `K` wide (u32 or u64).
+    fn key_col<K>(&self, what: &str) -> &[K] {
+        self.check_width::<K>(what);
+        // SAFETY: the region holds `rows` keys of `width` bytes at offset 0 (page aligned,
+        // zero-filled or written), and `width` is `K`'s size (checked).
+        unsafe { std::slice::from_raw_parts(self.region.as_ptr() as *const K, self.rows) }
     }
 
-    /// The i64 value column (width 8).
-    pub fn vals64(&self) -> &[i64] {
-        assert_eq!(self.width, 8, "vals64 of a 32-bit morsel");
-        // SAFETY: the region holds `rows` i64 at `vals_off`, page aligned.
+    /// The value column of a morsel whose columns are `V` wide (u32 or i64).
+    fn val_col<V>(&self, what: &str) -> &[V] {
+        self.check_width::<V>(what);
+        // SAFETY: the region holds `rows` values of `width` bytes at `vals_off` (page
+        // aligned), and `width` is `V`'s size (checked).
         unsafe {
             std::slice::from_raw_parts(
-                self.region.as_ptr().add(self.vals_off) as *const i64,
+                self.region.as_ptr().add(self.vals_off) as *const V,
                 self.rows,
             )
         }
     }
 
-    /// Both 64-bit columns, writable (width 8).
-    pub fn cols64_mut(&mut self) -> (&mut [u64], &mut [i64]) {
-        assert_eq!(self.width, 8, "cols64_mut of a 32-bit morsel");
-        // SAFETY: disjoint ranges inside the region (vals_off >= rows*8); `&mut self` is
-        // exclusive.
+    /// Both columns, writable.
+    fn cols_mut_of<K, V>(&mut self, what: &str) -> (&mut [K], &mut [V]) {
+        self.check_width::<K>(what);
+        self.check_width::<V>(what);
+        // SAFETY: the two ranges are disjoint (vals_off >= rows * width) and inside the region;
+        // `&mut self` guarantees exclusive access; `width` is `K`'s and `V`'s size (checked).
         unsafe {
             (
-                std::slice::from_raw_parts_mut(self.region.as_ptr() as *mut u64, self.rows),
+                std::slice::from_raw_parts_mut(self.region.as_ptr() as *mut K, self.rows),
                 std::slice::from_raw_parts_mut(
-                    self.region.as_ptr().add(self.vals_off) as *mut i64,
+                    self.region.as_ptr().add(self.vals_off) as *mut V,
                     self.rows,
                 ),
             )
         }
+    }
+
+    fn check_width<T>(&self, what: &str) {
+        assert_eq!(
+            self.width,
+            std::mem::size_of::<T>(),
+            "{what} of a {}-bit morsel",
+            self.width * 8
+        );
+    }
+
+    /// The 64-bit key column (width 8).
+    pub fn keys64(&self) -> &[u64] {
+        self.key_col("keys64")
+    }
+
+    /// The i64 value column (width 8).
+    pub fn vals64(&self) -> &[i64] {
+        self.val_col("vals64")
+    }
+
+    /// Both 64-bit columns, writable (width 8).
+    pub fn cols64_mut(&mut self) -> (&mut [u64], &mut [i64]) {
+        self.cols_mut_of("cols64_mut")
     }
 
     /// Number of rows.
@@ -251,37 +278,17 @@ impl Morsel {
 
     /// The key column (width 4).
     pub fn keys(&self) -> &[u32] {
-        assert_eq!(self.width, 4, "keys of a 64-bit morsel");
-        // SAFETY: the region holds `rows` u32 at offset 0 (zero-filled or written), page aligned.
-        unsafe { std::slice::from_raw_parts(self.region.as_ptr() as *const u32, self.rows) }
+        self.key_col("keys")
     }
 
     /// The value (payload) column (width 4).
     pub fn vals(&self) -> &[u32] {
-        assert_eq!(self.width, 4, "vals of a 64-bit morsel");
-        // SAFETY: the region holds `rows` u32 at `vals_off`, page aligned.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.region.as_ptr().add(self.vals_off) as *const u32,
-                self.rows,
-            )
-        }
+        self.val_col("vals")
     }
 
     /// Both columns, writable (width 4).
     pub fn cols_mut(&mut self) -> (&mut [u32], &mut [u32]) {
-        assert_eq!(self.width, 4, "cols_mut of a 64-bit morsel");
-        // SAFETY: the two ranges are disjoint (vals_off >= rows*4) and inside the region;
-        // `&mut self` guarantees exclusive access.
-        unsafe {
-            (
-                std::slice::from_raw_parts_mut(self.region.as_ptr() as *mut u32, self.rows),
-                std::slice::from_raw_parts_mut(
-                    self.region.as_ptr().add(self.vals_off) as *mut u32,
-                    self.rows,
-                ),
-            )
-        }
+        self.cols_mut_of("cols_mut")
     }
 
     /// Bytes of both columns.
