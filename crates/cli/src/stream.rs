@@ -187,6 +187,7 @@ fn recv(a: RecvArgs) -> anyhow::Result<()> {
             sink: a.sink,
             progress: !a.json,
             streams: a.streams,
+            verify_on_disk: false,
         },
     )?;
     eprintln!("loci stream recv: listening on {}", r.local_addr());

@@ -138,6 +138,12 @@ fn default_depth() -> usize {
 fn default_read_depth() -> usize {
     4
 }
+fn default_max_connections() -> usize {
+    256
+}
+fn default_handshake_secs() -> u64 {
+    10
+}
 fn default_max_chunk() -> u64 {
     256 << 20
 }
@@ -165,6 +171,13 @@ pub struct SenderConfig {
     /// Shared secret; when absent, `LOCI_STREAM_SECRET` from the environment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
+    /// Encrypt every DATA payload (AES-256-GCM) as well as authenticating every frame.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypt: bool,
+    /// Frames carry only an xxh3 checksum: no authentication, anyone on the path can forge data.
+    /// For measurements and isolated links; the receiver must allow it too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unauthenticated: bool,
     pub read: Stage,
     pub compress: Stage,
     pub send: Stage,
@@ -183,6 +196,8 @@ impl Default for SenderConfig {
             queue_depth: default_depth(),
             read_queue_depth: default_read_depth(),
             secret: None,
+            encrypt: false,
+            unauthenticated: false,
             read: Stage::os(1),
             compress: Stage::os(cores),
             send: Stage::os(1),
@@ -280,6 +295,18 @@ pub struct ReceiverConfig {
     pub sync: Sync,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
+    /// Refuse senders that do not encrypt.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypt: bool,
+    /// Accept senders whose frames carry only an xxh3 checksum (unauthenticated).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unauthenticated: bool,
+    /// Most connections served at once (handshaking or streaming); more are closed at once.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Seconds a connection has for its whole handshake, however it trickles its bytes.
+    #[serde(default = "default_handshake_secs")]
+    pub handshake_timeout_secs: u64,
     /// Streams and their cores. Empty: any stream id, OS placement, one receiving thread per
     /// connection and as many decompressors as cpus.
     #[serde(default, rename = "stream")]
@@ -292,6 +319,10 @@ impl Default for ReceiverConfig {
             max_chunk_bytes: default_max_chunk(),
             sync: Sync::default(),
             secret: None,
+            encrypt: false,
+            unauthenticated: false,
+            max_connections: default_max_connections(),
+            handshake_timeout_secs: default_handshake_secs(),
             streams: vec![],
         }
     }

@@ -371,6 +371,8 @@ pub fn plan(
             queue_depth,
             read_queue_depth: read_depth,
             secret: None,
+            encrypt: false,
+            unauthenticated: false,
             read: pinned(&read, sender),
             compress: pinned(&comp, sender),
             send: pinned(&send, sender),

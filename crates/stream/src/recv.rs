@@ -29,6 +29,9 @@ pub struct RecvOptions {
     pub progress: bool,
     /// Return after this many streams ended (default: every configured stream, or 1).
     pub streams: Option<usize>,
+    /// Before confirming a stream, read every chunk back from the file sink (page cache dropped
+    /// first) and check the whole-stream checksum over what is on disk.
+    pub verify_on_disk: bool,
 }
 
 /// A bound receiver.

@@ -85,6 +85,7 @@ fn the_receiver_closes_a_connection_that_sends_a_short_stored_frame() {
             sink: SinkSpec::Memory,
             progress: false,
             streams: Some(1),
+            verify_on_disk: false,
         },
     )
     .unwrap();

@@ -41,6 +41,7 @@ fn start_receiver(
             sink,
             progress: false,
             streams: Some(streams),
+            verify_on_disk: false,
         },
     )
     .unwrap();
