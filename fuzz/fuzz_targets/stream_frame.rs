@@ -1,16 +1,20 @@
-//! Stream frames as the receiver handles them: a 48-byte header (`Header::decode`: checksum,
-//! type), the limits of a DATA header (`check_data`, before any buffer is allocated), then its
-//! payload turned into the raw chunk (`recv::decode_payload`: LZ4 block or stored bytes), with
-//! both codecs. Also the codecs themselves: any payload compresses and decompresses back.
+//! Stream frames as the receiver handles them: a 56-byte header (`Opener::read_header`: type, and
+//! in checksum mode the header checksum), the limits of a DATA header (`check_data`, before any
+//! buffer is allocated), the frame opened (`Opener::open`: tag, decryption), then its payload
+//! turned into the raw chunk (`recv::decode_payload`: LZ4 block or stored bytes), with both
+//! codecs. Also the codecs themselves: any payload compresses and decompresses back.
 //!
 //! Input: `opts | chunk_bytes-1 (u16 LE) | total_chunks-1 (u8) | frames...`, each frame a header
-//! and, for DATA, `comp_len` payload bytes. `opts` bit 0 rewrites each header's checksum (the
-//! fuzzer cannot find xxh3 values, and the checks behind it are the interesting part), bit 1
-//! picks lz4_flex instead of the C library, bit 2 runs the codec round trip on each payload.
+//! and, for DATA, `comp_len` payload bytes. `opts` bit 0 seals each frame with the sender's key
+//! before the receiver reads it (the fuzzer cannot forge tags, and the checks behind them are the
+//! interesting part); bit 1 picks lz4_flex instead of the C library; bit 2 runs the codec round
+//! trip on each payload; bits 3-4 pick the protection (0 checksum, 1 auth, 2-3 encrypt).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use loci_stream::proto::{kind, Header, ProtoError, FLAG_LZ4, HEADER};
+use loci_stream::proto::{
+    frame_keys, kind, Header, Hello, ProtoError, Protection, Side, FLAG_LZ4, HEADER,
+};
 use loci_stream::recv::decode_payload;
 use loci_stream::Codec;
 use xxhash_rust::xxh3::xxh3_64;
@@ -19,42 +23,100 @@ fuzz_target!(|data: &[u8]| {
     let [opts, c0, c1, t0, rest @ ..] = data else {
         return;
     };
-    let fix_check = opts & 1 != 0;
+    let seal_first = opts & 1 != 0;
     let codec = if opts & 2 != 0 {
         Codec::Lz4Flex
     } else {
         Codec::Lz4C
     };
+    let protection = match (opts >> 3) & 3 {
+        0 => Protection::Checksum,
+        1 => Protection::Auth,
+        _ => Protection::Encrypt,
+    };
     let chunk_bytes = 1 + u16::from_le_bytes([*c0, *c1]) as u64;
     let total_chunks = 1 + *t0 as u64;
+    let hello = Hello {
+        stream: 1,
+        conn: 0,
+        conns: 1,
+        session: 2,
+        transfer: 3,
+        chunk_bytes,
+        total_chunks,
+        total_bytes: chunk_bytes * total_chunks,
+        resume: false,
+        codec,
+        protection,
+    };
+    let (mut seal, _) = frame_keys(b"fuzz-secret", &[1; 32], &[2; 32], &hello, Side::Sender);
+    let (_, mut open) = frame_keys(b"fuzz-secret", &[1; 32], &[2; 32], &hello, Side::Receiver);
     let mut input = rest;
+    let mut scratch = Vec::new();
     while input.len() >= HEADER {
-        let mut h: [u8; HEADER] = input[..HEADER].try_into().unwrap();
+        let h: [u8; HEADER] = input[..HEADER].try_into().unwrap();
         input = &input[HEADER..];
-        if fix_check {
-            let check = xxh3_64(&h[..40]);
-            h[40..].copy_from_slice(&check.to_le_bytes());
-        }
-        let hdr = match Header::decode(&h) {
-            Ok(hdr) => hdr,
-            Err(ProtoError::HeaderCheck | ProtoError::Type(_)) => return, // framing lost
-            Err(e) => panic!("decode can only fail on the checksum or the type, got {e}"),
+        let Ok(fields) = Header::parse(&h) else {
+            return; // an unknown type: framing lost
         };
-        // What decodes encodes back to a header that decodes to the same value (the reserved
-        // bytes are not kept, so the bytes themselves may differ).
-        assert_eq!(Header::decode(&hdr.encode()).ok(), Some(hdr));
+        let plain_len = if fields.kind == kind::DATA {
+            fields.comp_len as usize
+        } else {
+            0
+        };
+        let Some(payload) = input.get(..plain_len) else {
+            return; // the connection ended inside a payload
+        };
+        input = &input[plain_len..];
+        // The frame as the receiver reads it: sealed by the sender, or the fuzzer's bytes as
+        // they are.
+        let mut wire = h.to_vec();
+        if seal_first {
+            let (sh, p) = seal.seal(fields, payload, &mut scratch);
+            wire = sh.to_vec();
+            wire.extend_from_slice(p);
+        } else {
+            wire.extend_from_slice(payload);
+        }
+        let mut r = &wire[..];
+        let f = match open.read_header(&mut r) {
+            Ok(f) => f,
+            Err(ProtoError::HeaderCheck | ProtoError::Type(_)) => return, // framing lost
+            Err(e) => panic!("a header read can only fail on the checksum or the type: {e}"),
+        };
+        if f.hdr.kind == kind::DATA && f.hdr.check_data(chunk_bytes, total_chunks).is_err() {
+            return; // the receiver closes the connection here
+        }
+        let mut body = vec![0u8; f.wire_len(protection)];
+        if std::io::Read::read_exact(&mut r, &mut body).is_err() {
+            return; // fuzzer bytes shorter than the frame claims
+        }
+        let (hdr, off) = match open.open(&f, &mut body) {
+            Ok(x) => x,
+            Err(ProtoError::PayloadCheck) => continue, // checksum mode: NACKed, framing holds
+            Err(ProtoError::FrameAuth) => {
+                assert!(
+                    !seal_first || protection == Protection::Checksum,
+                    "a frame sealed with the right key failed to open"
+                );
+                return; // the connection ends
+            }
+            Err(e) => panic!("open fails only on the tag or the payload checksum: {e}"),
+        };
+        if seal_first {
+            // What was sealed opens to the same fields and bytes.
+            assert_eq!((hdr.kind, hdr.a, hdr.raw_len, hdr.comp_len), (fields.kind, fields.a, fields.raw_len, fields.comp_len));
+            if hdr.kind == kind::DATA {
+                assert_eq!(hdr.c, fields.c);
+                assert_eq!(&body[off..], payload);
+            }
+        }
         if hdr.kind != kind::DATA {
             continue; // END/ACK/NACK/END_ACK carry no payload
         }
-        if hdr.check_data(chunk_bytes, total_chunks).is_err() {
-            return; // the receiver closes the connection here
-        }
         assert!(hdr.a < total_chunks && hdr.raw_len as u64 <= chunk_bytes);
         assert!(hdr.comp_len as usize <= Codec::bound(hdr.raw_len as usize));
-        let Some(payload) = input.get(..hdr.comp_len as usize) else {
-            return; // the connection ended inside a payload
-        };
-        input = &input[hdr.comp_len as usize..];
+        let payload = &body[off..];
         let mut raw = vec![0u8; hdr.raw_len as usize];
         if decode_payload(codec, &hdr, payload, &mut raw).is_ok() && hdr.flags & FLAG_LZ4 == 0 {
             assert_eq!(raw, payload, "a stored payload is the chunk itself");

@@ -14,14 +14,14 @@ use std::io::{self, Read, Write};
 use hmac::{Hmac, Mac};
 use libfuzzer_sys::fuzz_target;
 use loci_stream::proto::{
-    client_handshake, read_header, server_accept, server_hello, to_ranges, Hello,
+    client_handshake, server_accept, server_hello, to_ranges, Hello, Protection,
 };
 use loci_stream::Codec;
 use sha2::Sha256;
 
 const SECRET: &[u8] = b"fuzz-secret";
 /// ClientHello size (its last 32 bytes are the MAC), and the size of what the MAC covers.
-const CLIENT_HELLO: usize = 124;
+const CLIENT_HELLO: usize = 125;
 const CLIENT_BODY: usize = CLIENT_HELLO - 32;
 
 /// Computes bytes to splice into the reads from (what the side under test wrote, the script).
@@ -106,9 +106,10 @@ fn sender_side(script: &[u8], valid_mac: bool, total_chunks: u64) {
         total_bytes: total_chunks << 20,
         resume: true,
         codec: Codec::Lz4Flex,
+        protection: Protection::Auth,
     };
     // ServerHello (44) and the status byte come from the script; then, when asked, the
-    // receiver's MAC over the sender's nonce (bytes 60..92 of what it wrote) and the challenge.
+    // receiver's MAC over the sender's nonce (bytes 61..93 of what it wrote) and the challenge.
     let mut c = Conn {
         script,
         pos: 0,
@@ -117,29 +118,30 @@ fn sender_side(script: &[u8], valid_mac: bool, total_chunks: u64) {
             if written.len() < CLIENT_HELLO || script.get(44) != Some(&0) {
                 return vec![];
             }
-            mac(&[b"loci-stream/1 server", &written[60..92], &script[12..44]])
+            mac(&[b"loci-stream/1 server", &written[61..93], &script[12..44]])
         },
         pending: vec![],
         written: vec![],
     };
-    if let Ok(ranges) = client_handshake(&mut c, SECRET, &hello) {
+    if let Ok(mut est) = client_handshake(&mut c, SECRET, &hello) {
         // Resume ranges are sorted, disjoint, non-empty and inside the stream.
         let mut prev = 0;
-        for &(a, b) in &ranges {
+        for &(a, b) in &est.have {
             assert!(
                 prev <= a && a < b && b <= total_chunks,
                 "bad range {a}..{b}"
             );
             prev = b;
         }
-        // Then the sender reads ACK/NACK frames until the connection ends.
-        while read_header(&mut c).is_ok() {}
+        // Then the sender reads ACK/NACK frames until the connection ends (the fuzzer cannot
+        // forge their tags: each one read ends it; stream_frame fuzzes what lies behind).
+        while est.open.read_control(&mut c).is_ok() {}
     }
 }
 
 /// The receiver's side: the script is the sender talking.
 fn receiver_side(script: &[u8], valid_mac: bool) {
-    // The ClientHello body (92 bytes) comes from the script; when asked, its MAC over the
+    // The ClientHello body (93 bytes) comes from the script; when asked, its MAC over the
     // receiver's random challenge (bytes 12..44 of what the receiver wrote) is spliced in.
     let mut c = Conn {
         script,
@@ -162,7 +164,8 @@ fn receiver_side(script: &[u8], valid_mac: bool) {
         assert!(valid_mac, "authenticated without the secret");
         // The receiver answers with the chunks its sink holds.
         let have = to_ranges(0..hello.total_chunks.min(3));
-        server_accept(&mut c, SECRET, &challenge, &cn, &have).expect("in-memory write");
-        while read_header(&mut c).is_ok() {}
+        let (_, mut open) =
+            server_accept(&mut c, SECRET, &hello, &challenge, &cn, &have).expect("in-memory write");
+        while open.read_control(&mut c).is_ok() {}
     }
 }

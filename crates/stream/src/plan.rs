@@ -371,6 +371,7 @@ pub fn plan(
             queue_depth,
             read_queue_depth: read_depth,
             secret: None,
+            secret_file: None,
             encrypt: false,
             unauthenticated: false,
             read: pinned(&read, sender),

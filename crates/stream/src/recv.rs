@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{self, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,9 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::buf::{Pool, PooledBuf};
 use crate::codec::{Codec, CodecError};
 use crate::config::{ReceiverConfig, StreamPart};
-use crate::proto::{self, kind, Header, Hello, StreamHasher};
+use crate::proto::{
+    self, kind, Header, Hello, Opener, Protection, ProtoError, Sealer, StreamHasher,
+};
 use crate::sink::{Sink, SinkSpec, Transfer};
 use crate::stats::{pin, QueueStats, StageStats, StreamReport, Totals};
 
@@ -55,6 +57,10 @@ pub enum RecvError {
 impl Receiver {
     /// Binds the listening socket (port 0 picks a free port; see [`Receiver::local_addr`]).
     pub fn bind(addr: &str, opts: RecvOptions) -> Result<Self, RecvError> {
+        crate::config::check_secret(&opts.secret).map_err(|e| RecvError::Fatal(e.to_string()))?;
+        opts.config
+            .validate()
+            .map_err(|e| RecvError::Fatal(e.to_string()))?;
         let listener = TcpListener::bind(addr).map_err(|err| RecvError::Listen {
             addr: addr.into(),
             err,
@@ -86,6 +92,7 @@ impl Receiver {
             reports: Mutex::new(Vec::new()),
             ended: Condvar::new(),
             fatal: Mutex::new(None),
+            live: AtomicUsize::new(0),
         });
         self.listener
             .set_nonblocking(true)
@@ -102,16 +109,33 @@ impl Receiver {
                 break;
             }
             match self.listener.accept() {
-                Ok((s, _)) => {
+                Ok((s, peer)) => {
+                    // A cap on connections (handshaking or streaming): a flood of idle or
+                    // half-open connections cannot exhaust threads or memory.
+                    let max = shared.opts.config.max_connections;
+                    if shared.live.load(Relaxed) >= max {
+                        log(&format!(
+                            "{peer}: closed at once, {max} connections are open (max_connections)"
+                        ));
+                        continue;
+                    }
+                    shared.live.fetch_add(1, Relaxed);
                     let sh = shared.clone();
-                    std::thread::Builder::new()
-                        .name("loci-recv".into())
-                        .spawn(move || {
-                            if let Err(e) = handle(sh, s) {
-                                log(&format!("connection ended: {e}"));
-                            }
-                        })
-                        .map_err(|e| RecvError::Fatal(e.to_string()))?;
+                    let spawned =
+                        std::thread::Builder::new()
+                            .name("loci-recv".into())
+                            .spawn(move || {
+                                if let Err(e) = handle(&sh, s) {
+                                    log(&format!("connection from {peer} ended: {e}"));
+                                }
+                                sh.live.fetch_sub(1, Relaxed);
+                            });
+                    if let Err(e) = spawned {
+                        // That connection alone is lost (the socket closes with the closure);
+                        // its sender reconnects.
+                        shared.live.fetch_sub(1, Relaxed);
+                        log(&format!("{peer}: no thread for the connection: {e}"));
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     // Up to 10 ms for the next connection, returning as soon as one arrives (a
@@ -177,12 +201,30 @@ struct Shared {
     reports: Mutex<Vec<StreamReport>>,
     ended: Condvar,
     fatal: Mutex<Option<String>>,
+    /// Connections being served.
+    live: AtomicUsize,
 }
 
 struct Job {
     seq: u64,
     hdr: Header,
     payload: PooledBuf,
+    /// Where the payload starts in `payload` (after the decrypted chunk hash, encrypted frames).
+    off: usize,
+}
+
+/// The write half of a connection and the key that seals what goes out on it. Control frames
+/// come from several threads; the mutex keeps their order and the frame counter in step.
+struct Conn {
+    s: TcpStream,
+    seal: Sealer,
+}
+
+impl Conn {
+    fn send(&mut self, h: Header) -> io::Result<()> {
+        let f = self.seal.control(h);
+        self.s.write_all(&f)
+    }
 }
 
 /// Everything about one stream on the receiver.
@@ -201,7 +243,10 @@ struct StreamState {
     committed_bytes: AtomicU64,
     hasher: Mutex<OrderedHasher>,
     /// Write halves of live connections (acks, nacks go to any of them).
-    conns: Mutex<Vec<(u64, Arc<Mutex<TcpStream>>)>>,
+    conns: Mutex<Vec<(u64, Arc<Mutex<Conn>>)>>,
+    /// When a connection last arrived or ended (a stream with no connection for a while may be
+    /// replaced by a fresh sender).
+    last_seen: Mutex<Instant>,
     next_conn: AtomicU64,
     recv_stats: StageStats,
     dec_stats: StageStats,
@@ -221,28 +266,10 @@ struct Progress {
 
 /// The whole-stream checksum ([`StreamHasher`]) of what this receiver holds: fed with each chunk's
 /// hash once its decoded data passed the check against the frame's `c`; chunks the sink held
-/// before a restart are read back from the sink and hashed when their turn comes.
+/// before a restart come with the hashes the journal recorded (re-verified on disk when the sink
+/// was opened).
 struct OrderedHasher {
     h: StreamHasher,
-    prior: BTreeSet<u64>,
-}
-
-impl OrderedHasher {
-    fn offer(&mut self, seq: u64, hash: Option<u64>, sink: &Sink, t: &Transfer) -> io::Result<()> {
-        if let Some(c) = hash {
-            self.h.add(seq, c);
-        }
-        let mut tmp: Vec<u8> = Vec::new();
-        while self.prior.contains(&self.h.hashed()) {
-            let next = self.h.hashed();
-            let off = next * t.chunk_bytes;
-            let len = (t.total_bytes - off).min(t.chunk_bytes) as usize;
-            tmp.resize(len, 0);
-            sink.read_at(off, &mut tmp)?;
-            self.h.add(next, xxh3_64(&tmp));
-        }
-        Ok(())
-    }
 }
 
 impl StreamState {
@@ -254,7 +281,7 @@ impl StreamState {
         let start = self.next_conn.fetch_add(1, Relaxed) as usize;
         for k in 0..conns.len() {
             let (id, c) = &conns[(start + k) % conns.len()];
-            if c.lock().unwrap().write_all(&h.encode()).is_ok() {
+            if c.lock().unwrap().send(h).is_ok() {
                 return;
             }
             self.conns.lock().unwrap().retain(|(i, _)| i != id);
@@ -296,36 +323,117 @@ fn refuse(s: &mut TcpStream, msg: &str) -> io::Error {
     io::Error::other(msg.to_string())
 }
 
+/// A connection during its handshake: every read and write gets only what is left of one
+/// deadline, so a peer trickling a byte at a time cannot hold a thread past it.
+struct Deadline<'a> {
+    s: &'a mut TcpStream,
+    until: Instant,
+}
+
+impl Deadline<'_> {
+    fn left(&self) -> io::Result<Duration> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the handshake did not complete in time (handshake_timeout_secs)",
+            ));
+        }
+        Ok(left)
+    }
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.s.set_read_timeout(Some(left))?;
+        self.s.read(buf)
+    }
+}
+
+impl Write for Deadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.s.set_write_timeout(Some(left))?;
+        self.s.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.s.flush()
+    }
+}
+
+/// The weakest frame protection this receiver accepts.
+fn required(cfg: &ReceiverConfig) -> Protection {
+    if cfg.encrypt {
+        Protection::Encrypt
+    } else if cfg.unauthenticated {
+        Protection::Checksum
+    } else {
+        Protection::Auth
+    }
+}
+
 /// One connection: handshake, then the recv stage loop.
-fn handle(sh: Arc<Shared>, mut s: TcpStream) -> io::Result<()> {
+fn handle(sh: &Arc<Shared>, mut s: TcpStream) -> io::Result<()> {
     s.set_nonblocking(false)?;
     s.set_nodelay(true)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let (hello, challenge, cn) = match proto::server_hello(&mut s, &sh.opts.secret) {
+    let cfg = &sh.opts.config;
+    let until = Instant::now() + Duration::from_secs(cfg.handshake_timeout_secs);
+    let mut d = Deadline { s: &mut s, until };
+    let (hello, challenge, cn) = match proto::server_hello(&mut d, &sh.opts.secret) {
         Ok(x) => x,
         Err(e) => {
             log(&format!("handshake failed: {e}"));
             return Ok(());
         }
     };
-    let st = match stream_for(&sh, &hello) {
+    let need = required(cfg);
+    if hello.protection < need {
+        let msg = format!(
+            "this receiver requires {} frames, the sender asked for {} ({})",
+            need.name(),
+            hello.protection.name(),
+            if need == Protection::Encrypt {
+                "start the sender with --encrypt"
+            } else {
+                "start the sender without --unauthenticated, or the receiver with \
+                 --unauthenticated on an isolated link"
+            }
+        );
+        return Err(refuse(d.s, &msg));
+    }
+    let st = match stream_for(sh, &hello) {
         Ok(st) => st,
-        Err(msg) => return Err(refuse(&mut s, &msg)),
+        Err(msg) => return Err(refuse(d.s, &msg)),
     };
     let have = proto::to_ranges(st.state.lock().unwrap().committed.iter().copied());
-    proto::server_accept(&mut s, &sh.opts.secret, &challenge, &cn, &have)?;
+    let (seal, open) =
+        proto::server_accept(&mut d, &sh.opts.secret, &hello, &challenge, &cn, &have)?;
     s.set_read_timeout(None)?;
+    s.set_write_timeout(None)?;
     let conn_id = st.next_conn.fetch_add(1, Relaxed) + (1 << 32);
-    let w = Arc::new(Mutex::new(s.try_clone()?));
+    let w = Arc::new(Mutex::new(Conn {
+        s: s.try_clone()?,
+        seal,
+    }));
     st.conns.lock().unwrap().push((conn_id, w.clone()));
+    *st.last_seen.lock().unwrap() = Instant::now();
     let i = hello.conn as usize % st.part.recv.count;
     if let Err(e) = pin("recv", i, st.part.recv.cpus_of(i), st.part.recv.mem_of(i)) {
         *sh.fatal.lock().unwrap() = Some(e.clone());
         return Err(io::Error::other(e));
     }
     st.recv_stats.saw_affinity(i);
-    let r = recv_loop(&sh, &st, i, &mut BufReader::with_capacity(1 << 16, s), &w);
+    let r = recv_loop(
+        sh,
+        &st,
+        i,
+        &mut BufReader::with_capacity(1 << 16, s),
+        open,
+        &w,
+    );
     st.conns.lock().unwrap().retain(|(id, _)| *id != conn_id);
+    *st.last_seen.lock().unwrap() = Instant::now();
     r
 }
 
@@ -346,6 +454,18 @@ fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, String> {
     }
     let part = cfg.part(h.stream, h.conns as usize)?;
     let mut streams = sh.streams.lock().unwrap();
+    if let SinkSpec::File(path) = &sh.opts.sink {
+        // One file holds one stream: a second stream id would interleave its chunks into it, or
+        // truncate it.
+        if let Some(other) = streams.keys().find(|&&id| id != h.stream) {
+            return Err(format!(
+                "the sink {} holds stream {other}; a FILE sink takes one stream, so stream {} is \
+                 refused (give the receiver a directory, DIR/, for one file per stream)",
+                path.display(),
+                h.stream
+            ));
+        }
+    }
     if let Some(st) = streams.get(&h.stream) {
         let same = st.t.transfer == h.transfer
             && st.t.chunk_bytes == h.chunk_bytes
@@ -357,21 +477,31 @@ fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, String> {
                     h.stream
                 ));
             }
-            if st.ended.load(Relaxed) && st.session != h.session {
-                // A finished stream resumed again: answer from its final state.
-                return Ok(st.clone());
-            }
+            // Another connection of the same sender, or a restarted sender resuming the same
+            // data (a finished stream answers from its final state).
             return Ok(st.clone());
         }
-        if st.ended.load(Relaxed) || !h.resume {
-            // A new transfer (or a fresh start) replaces the old state below.
+        if !st.ended.load(Relaxed) {
+            // A new transfer (or a fresh start) would truncate the sink while this one's threads
+            // still write: refused until it ends or its sender is gone.
+            let idle = st.last_seen.lock().unwrap().elapsed();
+            let quiet = Duration::from_secs(cfg.handshake_timeout_secs);
+            let gone = st.conns.lock().unwrap().is_empty()
+                && st.state.lock().unwrap().inflight.is_empty()
+                && st.jobs.is_empty()
+                && idle >= quiet;
+            if !gone {
+                return Err(format!(
+                    "stream {} is live with another sender (transfer {:016x}); a {} of transfer \
+                     {:016x} is refused until that one ends or has had no connection for {} s",
+                    h.stream,
+                    st.t.transfer,
+                    if h.resume { "resume" } else { "fresh start" },
+                    h.transfer,
+                    quiet.as_secs()
+                ));
+            }
             st.ended.store(true, Relaxed);
-        } else {
-            return Err(format!(
-                "resume refused: stream {} here holds transfer {:016x}, the sender resumes {:016x} \
-                 (a different source or chunk size)",
-                h.stream, st.t.transfer, h.transfer
-            ));
         }
     }
     let t = Transfer {
@@ -380,8 +510,18 @@ fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, String> {
         total_chunks: h.total_chunks,
         total_bytes: h.total_bytes,
     };
-    let (sink, prior) = Sink::open(&sh.opts.sink, h.stream, t, h.resume, cfg.sync)
+    let (sink, resumed) = Sink::open(&sh.opts.sink, h.stream, t, h.resume, cfg.sync)
         .map_err(|e| format!("cannot open the sink of stream {}: {e}", h.stream))?;
+    if !resumed.repaired.is_empty() {
+        eprintln!(
+            "loci stream recv: stream {}: {} journaled chunk(s) no longer match their hash on disk \
+             (lost or damaged since they were acknowledged); asking the sender for them again: {}",
+            h.stream,
+            resumed.repaired.len(),
+            loci_topo::IdSet::from_iter(resumed.repaired.iter().map(|&s| s as u32))
+        );
+    }
+    let prior = resumed.have;
     let (tx, rx) = crossbeam_channel::bounded(part.queue_depth);
     let st = Arc::new(StreamState {
         id: h.stream,
@@ -392,16 +532,16 @@ fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, String> {
         jobs: tx,
         queue_stats: QueueStats::new("recv->decompress", part.queue_depth),
         state: Mutex::new(Progress {
-            committed: prior.iter().copied().collect(),
+            committed: prior.iter().map(|&(seq, _)| seq).collect(),
             inflight: BTreeSet::new(),
         }),
         changed: Condvar::new(),
         committed_bytes: AtomicU64::new(0),
         hasher: Mutex::new(OrderedHasher {
             h: StreamHasher::new(),
-            prior: prior.iter().copied().collect(),
         }),
         conns: Mutex::new(vec![]),
+        last_seen: Mutex::new(Instant::now()),
         next_conn: AtomicU64::new(0),
         recv_stats: StageStats::new("recv", &part.recv),
         dec_stats: StageStats::new("decompress", &part.decompress),
@@ -413,10 +553,10 @@ fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, String> {
         ended: AtomicBool::new(false),
         part,
     });
-    let committed: u64 = prior.iter().map(|&s| st.expected_len(s)).sum();
+    let committed: u64 = prior.iter().map(|&(s, _)| st.expected_len(s)).sum();
     st.committed_bytes.store(committed, Relaxed);
     // Decompressors and the committer.
-    let (ctx, crx) = crossbeam_channel::unbounded::<u64>();
+    let (ctx, crx) = crossbeam_channel::unbounded::<(u64, u64)>();
     for i in 0..st.part.decompress.count {
         let (st2, rx2, ctx2, sh2) = (st.clone(), rx.clone(), ctx.clone(), sh.clone());
         std::thread::Builder::new()
@@ -441,11 +581,12 @@ fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, String> {
             }
         })
         .map_err(|e| e.to_string())?;
-    // Hash what the sink already had, up to the first gap.
+    // What the sink already had enters the whole-stream checksum with its journaled hash.
     {
         let mut hs = st.hasher.lock().unwrap();
-        hs.offer(0, None, &st.sink, &st.t)
-            .map_err(|e| format!("stream {}: reading back the sink: {e}", st.id))?;
+        for &(seq, hash) in &prior {
+            hs.h.add(seq, hash);
+        }
     }
     streams.insert(h.stream, st.clone());
     Ok(st)
@@ -456,52 +597,61 @@ fn recv_loop(
     st: &Arc<StreamState>,
     i: usize,
     r: &mut BufReader<TcpStream>,
-    w: &Arc<Mutex<TcpStream>>,
+    mut open: Opener,
+    w: &Arc<Mutex<Conn>>,
 ) -> io::Result<()> {
-    // Sized for LZ4's worst case, filled about half: pages fault in as written.
+    // Sized for LZ4's worst case (and an encrypted frame's chunk hash), filled about half: pages
+    // fault in as written.
     let pool = Pool::lazy(
-        Codec::bound(st.t.chunk_bytes as usize),
+        Codec::bound(st.t.chunk_bytes as usize) + proto::SEALED_EXTRA,
         st.part.recv.mem_of(i),
         st.part.queue_depth + 2,
     );
-    let proto_err = |e: proto::ProtoError| io::Error::other(e.to_string());
+    let proto_err = |e: ProtoError| io::Error::other(e.to_string());
+    let protection = open.protection();
     st.recv_stats.saw_buffer(i, &*pool.probe()?);
     loop {
-        let hdr = match proto::read_header(r) {
-            Ok(h) => h,
-            Err(proto::ProtoError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                return Ok(())
-            }
+        let f = match open.read_header(r) {
+            Ok(f) => f,
+            Err(ProtoError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(proto_err(e)),
         };
         let t0 = Instant::now();
-        match hdr.kind {
+        match f.hdr.kind {
             kind::DATA => {
-                hdr.check_data(st.t.chunk_bytes, st.t.total_chunks)
+                // Limits first, on the header as read: nothing is allocated or read beyond them.
+                f.hdr
+                    .check_data(st.t.chunk_bytes, st.t.total_chunks)
                     .map_err(proto_err)?;
+                let mut buf = pool.get()?;
+                buf.set_len(f.wire_len(protection));
+                r.read_exact(&mut buf)?;
+                st.wire_bytes.fetch_add(buf.len() as u64, Relaxed);
+                st.recv_stats.saw_cpu(i);
+                let (hdr, off) = match open.open(&f, &mut buf) {
+                    Ok(x) => x,
+                    Err(ProtoError::PayloadCheck) => {
+                        // Checksum mode: the header checked out, so framing holds; ask again.
+                        let seq = f.hdr.a;
+                        st.nacks.fetch_add(1, Relaxed);
+                        log(&format!(
+                            "chunk {seq}: payload checksum mismatch, asking again"
+                        ));
+                        w.lock()
+                            .unwrap()
+                            .send(Header::control(kind::NACK, seq, 1, 0))?;
+                        st.recv_stats.busy_since(t0);
+                        continue;
+                    }
+                    Err(e) => return Err(proto_err(e)),
+                };
                 let seq = hdr.a;
                 if hdr.raw_len as u64 != st.expected_len(seq) {
-                    return Err(proto_err(proto::ProtoError::Limit(format!(
+                    return Err(proto_err(ProtoError::Limit(format!(
                         "chunk {seq} has {} raw bytes, the stream's layout says {}",
                         hdr.raw_len,
                         st.expected_len(seq)
                     ))));
-                }
-                let mut buf = pool.get()?;
-                buf.set_len(hdr.comp_len as usize);
-                r.read_exact(&mut buf)?;
-                st.wire_bytes.fetch_add(hdr.comp_len as u64, Relaxed);
-                st.recv_stats.saw_cpu(i);
-                if xxh3_64(&buf) != hdr.b {
-                    st.nacks.fetch_add(1, Relaxed);
-                    log(&format!(
-                        "chunk {seq}: payload checksum mismatch, asking again"
-                    ));
-                    w.lock()
-                        .unwrap()
-                        .write_all(&Header::control(kind::NACK, seq, 1, 0).encode())?;
-                    st.recv_stats.busy_since(t0);
-                    continue;
                 }
                 {
                     let mut p = st.state.lock().unwrap();
@@ -509,7 +659,7 @@ fn recv_loop(
                         drop(p);
                         w.lock()
                             .unwrap()
-                            .write_all(&Header::control(kind::ACK, seq, seq + 1, 0).encode())?;
+                            .send(Header::control(kind::ACK, seq, seq + 1, 0))?;
                         st.recv_stats.busy_since(t0);
                         continue;
                     }
@@ -526,6 +676,7 @@ fn recv_loop(
                         seq,
                         hdr,
                         payload: buf,
+                        off,
                     })
                     .is_err()
                 {
@@ -533,6 +684,7 @@ fn recv_loop(
                 }
             }
             kind::END => {
+                let (hdr, _) = open.open(&f, &mut []).map_err(proto_err)?;
                 end_of_stream(sh, st, hdr, w)?;
                 return Ok(());
             }
@@ -549,7 +701,7 @@ fn end_of_stream(
     sh: &Arc<Shared>,
     st: &Arc<StreamState>,
     hdr: Header,
-    w: &Arc<Mutex<TcpStream>>,
+    w: &Arc<Mutex<Conn>>,
 ) -> io::Result<()> {
     // The sender sends END once every chunk is acknowledged, so everything is committed; wait
     // briefly in case the last commit is still being recorded.
@@ -564,7 +716,8 @@ fn end_of_stream(
     }
     let complete = p.committed.len() as u64 == st.t.total_chunks;
     drop(p);
-    let (status, sum) = if !complete || hdr.a != st.t.total_chunks || hdr.b != st.t.total_bytes {
+    let (mut status, sum) = if !complete || hdr.a != st.t.total_chunks || hdr.b != st.t.total_bytes
+    {
         (2, 0)
     } else {
         let hs = st.hasher.lock().unwrap();
@@ -577,10 +730,25 @@ fn end_of_stream(
     };
     if status == 0 {
         st.sink.finish(st.t.total_bytes)?;
+        if sh.opts.verify_on_disk {
+            // What reached the disk, not what passed through memory.
+            let disk = st.sink.disk_digest(&st.t)?;
+            if disk != sum {
+                eprintln!(
+                    "loci stream recv: stream {}: the file read back from disk hashes to \
+                     {disk:016x}, the stream to {sum:016x}",
+                    st.id
+                );
+                status = 1;
+            }
+        }
     }
-    w.lock()
-        .unwrap()
-        .write_all(&Header::control(kind::END_ACK, sum, status, st.t.total_chunks).encode())?;
+    w.lock().unwrap().send(Header::control(
+        kind::END_ACK,
+        sum,
+        status,
+        st.t.total_chunks,
+    ))?;
     if !st.ended.swap(true, Relaxed) {
         let rep = st.report(status == 0, sum);
         if let Sink::Memory(_) = st.sink {
@@ -630,7 +798,7 @@ fn decompress_loop(
     st: &Arc<StreamState>,
     i: usize,
     rx: Rx<Job>,
-    commit: Tx<u64>,
+    commit: Tx<(u64, u64)>,
 ) -> Result<(), String> {
     let stage = &st.part.decompress;
     pin("decompress", i, stage.cpus_of(i), stage.mem_of(i))?;
@@ -643,7 +811,7 @@ fn decompress_loop(
         let t0 = Instant::now();
         let mut raw = pool.get().map_err(|e| e.to_string())?;
         raw.set_len(job.hdr.raw_len as usize);
-        let ok = decode_payload(st.codec, &job.hdr, &job.payload, &mut raw).is_ok();
+        let ok = decode_payload(st.codec, &job.hdr, &job.payload[job.off..], &mut raw).is_ok();
         drop(job.payload);
         let hash = if ok { xxh3_64(&raw) } else { 0 };
         if !ok || hash != job.hdr.c {
@@ -665,21 +833,17 @@ fn decompress_loop(
         st.sink
             .write(job.seq, st.t.chunk_bytes, &raw)
             .map_err(|e| format!("stream {}: sink write of chunk {}: {e}", st.id, job.seq))?;
-        st.hasher
-            .lock()
-            .unwrap()
-            .offer(job.seq, Some(hash), &st.sink, &st.t)
-            .map_err(|e| format!("stream {}: {e}", st.id))?;
+        st.hasher.lock().unwrap().h.add(job.seq, hash);
         st.dec_stats.chunks.fetch_add(1, Relaxed);
         st.dec_stats.busy_since(t0);
-        if commit.send(job.seq).is_err() {
+        if commit.send((job.seq, hash)).is_err() {
             break;
         }
     }
     Ok(())
 }
 
-fn commit_loop(st: &Arc<StreamState>, rx: Rx<u64>) -> io::Result<()> {
+fn commit_loop(st: &Arc<StreamState>, rx: Rx<(u64, u64)>) -> io::Result<()> {
     while let Ok(first) = rx.recv() {
         let t0 = Instant::now();
         let mut batch = vec![first];
@@ -693,7 +857,7 @@ fn commit_loop(st: &Arc<StreamState>, rx: Rx<u64>) -> io::Result<()> {
         batch.sort_unstable();
         {
             let mut p = st.state.lock().unwrap();
-            for &s in &batch {
+            for &(s, _) in &batch {
                 p.inflight.remove(&s);
                 if p.committed.insert(s) {
                     st.committed_bytes.fetch_add(st.expected_len(s), Relaxed);
@@ -701,7 +865,7 @@ fn commit_loop(st: &Arc<StreamState>, rx: Rx<u64>) -> io::Result<()> {
             }
         }
         st.changed.notify_all();
-        for (a, b) in proto::to_ranges(batch.iter().copied()) {
+        for (a, b) in proto::to_ranges(batch.iter().map(|&(s, _)| s)) {
             st.send_control(Header::control(kind::ACK, a, b, 0));
         }
         st.commit_stats

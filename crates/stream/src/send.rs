@@ -15,7 +15,9 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::buf::{Pool, PooledBuf};
 use crate::codec::Codec;
 use crate::config::SenderConfig;
-use crate::proto::{self, kind, Header, Hello, ProtoError, StreamHasher};
+use crate::proto::{
+    self, kind, Established, Header, Hello, Opener, Protection, ProtoError, Sealer, StreamHasher,
+};
 use crate::source::SourceSpec;
 use crate::stats::{pin, QueueStats, StageStats, StreamReport, Totals};
 
@@ -95,6 +97,8 @@ struct Shared {
     resent: AtomicU64,
     nacks: AtomicU64,
     reconnects: AtomicU64,
+    /// Connections that ended since a chunk was last acknowledged (see [`Shared::lost`]).
+    lost_without_progress: AtomicU64,
     next_conn: AtomicU64,
     sent_once: Mutex<BTreeSet<u64>>,
     /// The whole-stream checksum, fed with every chunk's hash as compressors (or, for chunks the
@@ -129,6 +133,22 @@ impl Shared {
         if u.is_empty() {
             let _ = self.wake_tx.try_send(());
         }
+        self.lost_without_progress.store(0, Relaxed);
+    }
+    /// A connection ended. A frame that fails authentication ends its connection, and so does a
+    /// receiver that crashes; either way the sender reconnects and resends. When connections keep
+    /// ending with nothing acknowledged in between, something on the path is altering frames (or
+    /// the receiver fails every time): give up rather than loop for ever.
+    fn lost(&self) {
+        let limit = (2 * self.hello.conns as u64).max(16);
+        let n = self.lost_without_progress.fetch_add(1, Relaxed) + 1;
+        if n >= limit {
+            self.fail(SendError::Protocol(format!(
+                "{n} connections in a row ended with no chunk acknowledged in between: frames are \
+                 failing authentication (something on the path is altering, replaying or \
+                 reordering them) or the receiver fails on every connection (see its log)"
+            )));
+        }
     }
     /// Everything last written to connection `conn` goes back to the resend queue.
     fn requeue(&self, conn: u64) {
@@ -140,7 +160,7 @@ impl Shared {
             }
         }
     }
-    fn connect(&self, index: u16, resume: bool) -> Result<(TcpStream, proto::Ranges), SendError> {
+    fn connect(&self, index: u16, resume: bool) -> Result<(TcpStream, Established), SendError> {
         let to = &self.opts.to;
         let cerr = |err: String| SendError::Connect {
             to: to.clone(),
@@ -159,15 +179,15 @@ impl Shared {
         let mut h = self.hello.clone();
         h.conn = index;
         h.resume = resume;
-        let have = proto::client_handshake(&mut s, &self.opts.secret, &h).map_err(|e| match e {
+        let est = proto::client_handshake(&mut s, &self.opts.secret, &h).map_err(|e| match e {
             ProtoError::Io(e) => cerr(format!("during the handshake: {e}")),
             e => SendError::Protocol(e.to_string()),
         })?;
         s.set_read_timeout(None).map_err(|e| cerr(e.to_string()))?;
-        Ok((s, have))
+        Ok((s, est))
     }
     /// Reconnects until the deadline; protocol refusals are fatal at once.
-    fn reconnect(&self, index: u16) -> Option<TcpStream> {
+    fn reconnect(&self, index: u16) -> Option<(TcpStream, Established)> {
         let deadline = Instant::now() + self.opts.reconnect_timeout;
         let mut wait = Duration::from_millis(20);
         loop {
@@ -175,11 +195,11 @@ impl Shared {
                 return None;
             }
             match self.connect(index, true) {
-                Ok((s, have)) => {
-                    for (a, b) in have {
+                Ok((s, est)) => {
+                    for &(a, b) in &est.have {
                         self.ack(a, b);
                     }
-                    return Some(s);
+                    return Some((s, est));
                 }
                 Err(e @ SendError::Protocol(_)) => {
                     self.fail(e);
@@ -204,6 +224,7 @@ pub fn send(opts: SendOptions) -> Result<StreamReport, SendError> {
     let cfg = opts.config.clone();
     cfg.validate()
         .map_err(|e| SendError::Fatal(e.to_string()))?;
+    crate::config::check_secret(&opts.secret).map_err(|e| SendError::Fatal(e.to_string()))?;
     let total_bytes = opts
         .source
         .total_bytes()
@@ -225,6 +246,13 @@ pub fn send(opts: SendOptions) -> Result<StreamReport, SendError> {
         total_bytes,
         resume: opts.resume,
         codec: cfg.codec,
+        protection: if cfg.encrypt {
+            Protection::Encrypt
+        } else if cfg.unauthenticated {
+            Protection::Checksum
+        } else {
+            Protection::Auth
+        },
     };
     let (window_tx, window_rx) = crossbeam_channel::bounded(cfg.window);
     let (resend_tx, resend_rx) = crossbeam_channel::unbounded();
@@ -250,6 +278,7 @@ pub fn send(opts: SendOptions) -> Result<StreamReport, SendError> {
         resent: AtomicU64::new(0),
         nacks: AtomicU64::new(0),
         reconnects: AtomicU64::new(0),
+        lost_without_progress: AtomicU64::new(0),
         next_conn: AtomicU64::new(0),
         sent_once: Mutex::new(BTreeSet::new()),
         stream_hash: Mutex::new(StreamHasher::new()),
@@ -273,9 +302,9 @@ pub fn send(opts: SendOptions) -> Result<StreamReport, SendError> {
             }
         };
         if j == 0 {
-            have = h.iter().flat_map(|&(a, b)| a..b).collect();
+            have = h.have.iter().flat_map(|&(a, b)| a..b).collect();
         }
-        conns.push(s);
+        conns.push((s, h));
     }
     let skipped = have.len() as u64;
     let (raw_tx, raw_rx) = crossbeam_channel::bounded::<(u64, PooledBuf)>(cfg.read_queue_depth);
@@ -379,7 +408,7 @@ pub fn send(opts: SendOptions) -> Result<StreamReport, SendError> {
                     raw_len: raw.len() as u32,
                     comp_len: n as u32,
                     a: seq,
-                    b: xxh3_64(&out),
+                    b: 0, // set when sealed: a checksum, or nothing when the tag covers it
                     c,
                 };
                 drop(raw);
@@ -517,8 +546,8 @@ fn progress_bar(on: bool, total: u64) -> Option<indicatif::ProgressBar> {
 
 /// Sends END and waits for the receiver's verdict.
 fn end_exchange(sh: &Arc<Shared>, ours: u64) -> Result<u64, SendError> {
-    let (mut s, have) = sh.connect(sh.hello.conns, true)?;
-    let n: u64 = have.iter().map(|(a, b)| b - a).sum();
+    let (mut s, mut est) = sh.connect(sh.hello.conns, true)?;
+    let n: u64 = est.have.iter().map(|(a, b)| b - a).sum();
     if n < sh.hello.total_chunks {
         return Err(SendError::Protocol(format!(
             "the receiver holds {n} of {} chunks after acknowledging all of them (its sink does \
@@ -526,19 +555,25 @@ fn end_exchange(sh: &Arc<Shared>, ours: u64) -> Result<u64, SendError> {
             sh.hello.total_chunks
         )));
     }
+    let cerr = |e: String| SendError::Connect {
+        to: sh.opts.to.clone(),
+        err: e,
+    };
     let h = sh.hello.clone();
-    s.write_all(&Header::control(kind::END, h.total_chunks, h.total_bytes, ours).encode())
-        .map_err(|e| SendError::Connect {
-            to: sh.opts.to.clone(),
-            err: e.to_string(),
-        })?;
+    let end = est.seal.control(Header::control(
+        kind::END,
+        h.total_chunks,
+        h.total_bytes,
+        ours,
+    ));
+    s.write_all(&end).map_err(|e| cerr(e.to_string()))?;
     s.set_read_timeout(Some(Duration::from_secs(60))).ok();
     let mut r = BufReader::new(s);
     loop {
-        let f = proto::read_header(&mut r).map_err(|e| SendError::Connect {
-            to: sh.opts.to.clone(),
-            err: e.to_string(),
-        })?;
+        let f = est
+            .open
+            .read_control(&mut r)
+            .map_err(|e| cerr(e.to_string()))?;
         if f.kind == kind::END_ACK {
             return match f.b {
                 0 if f.a == ours => Ok(f.a),
@@ -551,13 +586,15 @@ fn end_exchange(sh: &Arc<Shared>, ours: u64) -> Result<u64, SendError> {
     }
 }
 
-/// Reads ACK/NACK frames of one connection until it closes.
-fn ack_loop(sh: Arc<Shared>, conn: u64, s: TcpStream, dead: Arc<AtomicBool>) {
+/// Reads ACK/NACK frames of one connection until it closes or a frame fails its checks.
+fn ack_loop(sh: Arc<Shared>, conn: u64, s: TcpStream, mut open: Opener, dead: Arc<AtomicBool>) {
     let mut r = BufReader::new(s.try_clone().expect("socket clone"));
-    loop {
-        match proto::read_header(&mut r) {
-            Ok(h) if h.kind == kind::ACK => sh.ack(h.a, h.b),
-            Ok(h) if h.kind == kind::NACK => {
+    let total = sh.hello.total_chunks;
+    let why = loop {
+        match open.read_control(&mut r) {
+            // Ranges come from the receiver: a range outside the stream is a broken peer.
+            Ok(h) if h.kind == kind::ACK && h.a < h.b && h.b <= total => sh.ack(h.a, h.b),
+            Ok(h) if h.kind == kind::NACK && h.a < total => {
                 sh.nacks.fetch_add(1, Relaxed);
                 let mut u = sh.unacked.lock().unwrap();
                 if let Some(e) = u.get_mut(&h.a) {
@@ -565,37 +602,65 @@ fn ack_loop(sh: Arc<Shared>, conn: u64, s: TcpStream, dead: Arc<AtomicBool>) {
                     let _ = sh.resend_tx.send(h.a);
                 }
             }
-            _ => break,
+            Ok(h) => {
+                break format!(
+                    "frame type {} (a {}, b {}) outside the stream's {total} chunks or not \
+                     expected from a receiver",
+                    h.kind, h.a, h.b
+                )
+            }
+            Err(e) => break e.to_string(),
         }
+    };
+    if !sh.finished.load(Relaxed) {
+        log(&format!("connection {conn} ended: {why}"));
     }
     dead.store(true, Relaxed);
     let _ = s.shutdown(Shutdown::Both);
     sh.requeue(conn);
 }
 
-fn sender_loop(sh: &Arc<Shared>, j: usize, first: TcpStream, rx: Rx<u64>) {
+fn log(msg: &str) {
+    if std::env::var_os("LOCI_STREAM_DEBUG").is_some() {
+        eprintln!("loci-stream send: {msg}");
+    }
+}
+
+/// A live connection of a sending thread.
+struct Writer {
+    id: u64,
+    s: TcpStream,
+    seal: Sealer,
+    dead: Arc<AtomicBool>,
+}
+
+fn sender_loop(sh: &Arc<Shared>, j: usize, first: (TcpStream, Established), rx: Rx<u64>) {
     let stage = &sh.opts.config.send;
     if let Err(e) = pin("send", j, stage.cpus_of(j), stage.mem_of(j)) {
         return sh.fail(SendError::Fatal(e));
     }
     sh.send_stats.saw_affinity(j);
     let mut conn = Some(first);
-    let mut writer: Option<(u64, TcpStream, Arc<AtomicBool>)> = None;
+    let mut writer: Option<Writer> = None;
     let mut queue_open = true;
+    // Encrypted frames are sealed here: the frame itself stays plain for resends on other
+    // connections (other keys).
+    let mut scratch: Vec<u8> = Vec::new();
     loop {
         if sh.finished.load(Relaxed) {
             return;
         }
-        if writer.as_ref().is_some_and(|w| w.2.load(Relaxed)) {
+        if writer.as_ref().is_some_and(|w| w.dead.load(Relaxed)) {
             writer = None; // the ack reader saw the connection die
+            sh.lost();
         }
         if writer.is_none() {
-            let s = match conn.take() {
-                Some(s) => s,
+            let (s, est) = match conn.take() {
+                Some(c) => c,
                 None => {
                     sh.reconnects.fetch_add(1, Relaxed);
                     match sh.reconnect(j as u16) {
-                        Some(s) => s,
+                        Some(c) => c,
                         None => return,
                     }
                 }
@@ -603,13 +668,19 @@ fn sender_loop(sh: &Arc<Shared>, j: usize, first: TcpStream, rx: Rx<u64>) {
             let id = sh.next_conn.fetch_add(1, Relaxed);
             let dead = Arc::new(AtomicBool::new(false));
             let (sh2, s2, d2) = (sh.clone(), s.try_clone(), dead.clone());
+            let open = est.open;
             match s2 {
                 Ok(s2) => {
-                    std::thread::spawn(move || ack_loop(sh2, id, s2, d2));
+                    std::thread::spawn(move || ack_loop(sh2, id, s2, open, d2));
                 }
                 Err(_) => continue,
             }
-            writer = Some((id, s, dead));
+            writer = Some(Writer {
+                id,
+                s,
+                seal: est.seal,
+                dead,
+            });
         }
         // Next chunk: resends first.
         let seq = match sh.resend_rx.try_recv() {
@@ -625,12 +696,12 @@ fn sender_loop(sh: &Arc<Shared>, j: usize, first: TcpStream, rx: Rx<u64>) {
             Err(_) => sh.resend_rx.recv_timeout(Duration::from_millis(20)).ok(),
         };
         let Some(seq) = seq else { continue };
-        let (id, w, _) = writer.as_mut().expect("connected");
+        let w = writer.as_mut().expect("connected");
         let frame = {
             let mut u = sh.unacked.lock().unwrap();
             match u.get_mut(&seq) {
                 Some(e) => {
-                    e.conn = Some(*id);
+                    e.conn = Some(w.id);
                     e.frame.clone()
                 }
                 None => continue, // acknowledged meanwhile
@@ -644,20 +715,19 @@ fn sender_loop(sh: &Arc<Shared>, j: usize, first: TcpStream, rx: Rx<u64>) {
         if !first_time {
             sh.resent.fetch_add(1, Relaxed);
         }
-        let mut hdr = frame.hdr.encode();
+        let (mut hdr, p) = w.seal.seal(frame.hdr, &frame.payload, &mut scratch);
         let faults = &sh.opts.faults;
         let flip_payload = first_time && faults.corrupt.contains(&seq);
         if first_time && faults.corrupt_header.contains(&seq) {
             hdr[20] ^= 0x40;
         }
-        let p = &frame.payload[..];
         // Header and payload in one gathered write (no copy into a staging buffer, no separate
-        // 48-byte segment); the kernel copies the payload straight from the frame's buffer.
+        // header segment); the kernel copies the payload straight from the frame's buffer.
         let r = if flip_payload {
             let k = p.len() / 2;
-            write_all_vectored(w, &[&hdr, &p[..k], &[p[k] ^ 0x01], &p[k + 1..]])
+            write_all_vectored(&mut w.s, &[&hdr, &p[..k], &[p[k] ^ 0x01], &p[k + 1..]])
         } else {
-            write_all_vectored(w, &[&hdr, p])
+            write_all_vectored(&mut w.s, &[&hdr, p])
         };
         sh.send_stats.saw_cpu(j);
         sh.send_stats.busy_since(t0);
@@ -667,10 +737,11 @@ fn sender_loop(sh: &Arc<Shared>, j: usize, first: TcpStream, rx: Rx<u64>) {
                 sh.send_stats.chunks.fetch_add(1, Relaxed);
             }
             Err(_) => {
-                let (id, w, dead) = writer.take().expect("connected");
-                dead.store(true, Relaxed);
-                let _ = w.shutdown(Shutdown::Both);
-                sh.requeue(id);
+                let w = writer.take().expect("connected");
+                w.dead.store(true, Relaxed);
+                let _ = w.s.shutdown(Shutdown::Both);
+                sh.requeue(w.id);
+                sh.lost();
             }
         }
     }

@@ -6,7 +6,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use loci_stream::config::{ReceiverConfig, Sync};
-use loci_stream::proto::{self, kind, Header, Hello, FLAG_LZ4, HEADER};
+use loci_stream::proto::{self, kind, Header, Hello, Protection, FLAG_LZ4, HEADER};
 use loci_stream::recv::decode_payload;
 use loci_stream::{Codec, Receiver, RecvOptions, SinkSpec};
 use xxhash_rust::xxh3::xxh3_64;
@@ -29,7 +29,7 @@ fn short_stored_frame() -> (Header, Vec<u8>) {
 #[test]
 fn a_stored_payload_shorter_than_its_chunk_is_refused_by_the_header_check() {
     let (hdr, payload) = short_stored_frame();
-    let decoded = Header::decode(&hdr.encode()).unwrap();
+    let decoded = hdr;
     let e = decoded.check_data(100, 1).unwrap_err().to_string();
     assert!(
         e.contains("stored") && e.contains("50") && e.contains("100"),
@@ -73,7 +73,7 @@ fn a_stored_payload_shorter_than_its_chunk_is_refused_by_the_header_check() {
 /// refuses the frame and closes the connection.
 #[test]
 fn the_receiver_closes_a_connection_that_sends_a_short_stored_frame() {
-    let secret = b"frames-test";
+    let secret = b"frames-test-secret-0123";
     let r = Receiver::bind(
         "127.0.0.1:0",
         RecvOptions {
@@ -106,12 +106,16 @@ fn the_receiver_closes_a_connection_that_sends_a_short_stored_frame() {
         total_bytes: 100,
         resume: false,
         codec: Codec::Lz4C,
+        protection: Protection::Auth,
     };
-    let have = proto::client_handshake(&mut s, secret, &hello).unwrap();
-    assert!(have.is_empty());
+    let mut est = proto::client_handshake(&mut s, secret, &hello).unwrap();
+    assert!(est.have.is_empty());
+    // Sealed with the connection's key: the frame authenticates, and only its lengths are wrong.
     let (hdr, payload) = short_stored_frame();
-    s.write_all(&hdr.encode()).unwrap();
-    s.write_all(&payload).unwrap();
+    let mut scratch = Vec::new();
+    let (h, p) = est.seal.seal(hdr, &payload, &mut scratch);
+    s.write_all(&h).unwrap();
+    s.write_all(p).unwrap();
     // The receiver answers with nothing (no ACK, no NACK) and closes: EOF or a reset.
     let mut buf = [0u8; HEADER];
     match s.read(&mut buf) {
