@@ -1,6 +1,6 @@
 //! `loci stream recv|send|plan`: the NUMA-aware streaming runtime (seed 001) on the command line.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -40,6 +40,34 @@ pub struct RecvArgs {
     /// Print the final report as JSON on stdout (the text report goes to stderr).
     #[arg(long)]
     pub json: bool,
+    /// File holding the shared secret, the same on both sides (at least 16 bytes; one trailing
+    /// newline is ignored). It must be a regular file only its owner can read (chmod 600). Make
+    /// one with `head -c 32 /dev/urandom | base64 > FILE && chmod 600 FILE`. Overrides the
+    /// config's `secret_file` and `secret` and the environment variable LOCI_STREAM_SECRET.
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
+    /// Accept only senders that encrypt (`loci stream send --encrypt`); refuse the others at the
+    /// handshake. Without it, senders that only authenticate their frames are accepted too.
+    /// Overrides the config's `encrypt`.
+    #[arg(long, conflicts_with = "unauthenticated")]
+    pub encrypt: bool,
+    /// Also accept senders run with --unauthenticated, whose frames carry only a checksum that
+    /// anyone on the network path can forge (the handshake still checks the shared secret).
+    /// For measurements and isolated links only. Overrides the config's `unauthenticated`.
+    #[arg(long)]
+    pub unauthenticated: bool,
+    /// Before confirming a stream to its sender, flush the sink file to disk, drop its pages from
+    /// the page cache, read every chunk back and check the whole-stream checksum over what the
+    /// disk returns, not over what was written (catches storage that lost or changed data).
+    /// Costs one more read of the whole stream; needs a FILE or DIR/ sink (`memory` re-hashes
+    /// what it holds).
+    #[arg(long)]
+    pub verify_on_disk: bool,
+    /// Most TCP connections served at once, handshaking or streaming (each sender opens one per
+    /// sending thread); further ones are closed at once. Overrides the config's
+    /// `max_connections` (default 256).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub max_connections: Option<u32>,
 }
 
 #[derive(Args)]
@@ -69,6 +97,23 @@ pub struct SendArgs {
     /// Print the final report as JSON on stdout (the text report goes to stderr).
     #[arg(long)]
     pub json: bool,
+    /// File holding the shared secret, the same on both sides (at least 16 bytes; one trailing
+    /// newline is ignored). It must be a regular file only its owner can read (chmod 600). Make
+    /// one with `head -c 32 /dev/urandom | base64 > FILE && chmod 600 FILE`. Overrides the
+    /// config's `secret_file` and `secret` and the environment variable LOCI_STREAM_SECRET.
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
+    /// Encrypt every chunk on the wire (AES-256-GCM, key derived from the shared secret per
+    /// connection). Without it, frames are authenticated (tampering is detected) but readable
+    /// by anyone on the path. Overrides the config's `encrypt`.
+    #[arg(long, conflicts_with = "unauthenticated")]
+    pub encrypt: bool,
+    /// Frames carry only a checksum, which anyone on the network path can forge: altered data
+    /// would be accepted. Saves the authentication's CPU; for measurements and isolated links
+    /// only. The receiver must allow it (`loci stream recv --unauthenticated`). The handshake
+    /// still checks the shared secret. Overrides the config's `unauthenticated`.
+    #[arg(long)]
+    pub unauthenticated: bool,
     /// Fault injection for tests: flip a payload byte in the first transmission of these chunks
     /// (a cpu-list style list of sequence numbers, e.g. 3,7-9).
     #[arg(long, value_name = "SEQS", hide = true)]
@@ -173,12 +218,80 @@ fn print_reports(reps: &[loci_stream::StreamReport], json: bool) -> anyhow::Resu
     Ok(())
 }
 
+/// The secret file to read: `--secret-file` if given, else the config's `secret_file` (a relative
+/// one is taken relative to the config file's directory).
+fn secret_file_of(
+    flag: Option<&Path>,
+    config_file: Option<&Path>,
+    from_config: Option<&Path>,
+) -> Option<PathBuf> {
+    if let Some(f) = flag {
+        return Some(f.to_path_buf());
+    }
+    let f = from_config?;
+    Some(match config_file.and_then(Path::parent) {
+        Some(dir) if f.is_relative() => dir.join(f),
+        _ => f.to_path_buf(),
+    })
+}
+
+/// Applies `--encrypt` / `--unauthenticated` over the config's values: a flag given wins, and
+/// turns off the contradicting setting (with a note on stderr).
+fn protection_flags(
+    encrypt: &mut bool,
+    unauthenticated: &mut bool,
+    flag_encrypt: bool,
+    flag_unauthenticated: bool,
+) {
+    if flag_encrypt {
+        if *unauthenticated {
+            eprintln!("note: --encrypt overrides `unauthenticated = true` in the config");
+        }
+        *encrypt = true;
+        *unauthenticated = false;
+    }
+    if flag_unauthenticated {
+        if *encrypt {
+            eprintln!("note: --unauthenticated overrides `encrypt = true` in the config");
+        }
+        *unauthenticated = true;
+        *encrypt = false;
+    }
+}
+
 fn recv(a: RecvArgs) -> anyhow::Result<()> {
-    let config = match &a.config {
+    let mut config = match &a.config {
         Some(p) => ReceiverConfig::load(p)?,
         None => ReceiverConfig::default(),
     };
-    let secret = secret(config.secret.as_deref())?;
+    protection_flags(
+        &mut config.encrypt,
+        &mut config.unauthenticated,
+        a.encrypt,
+        a.unauthenticated,
+    );
+    if let Some(n) = a.max_connections {
+        config.max_connections = n as usize;
+    }
+    config.validate()?;
+    if a.verify_on_disk && matches!(a.sink, SinkSpec::Null) {
+        bail!(
+            "--verify-on-disk: the null sink stores nothing to read back; give --sink FILE or \
+             --sink DIR/"
+        );
+    }
+    let file = secret_file_of(
+        a.secret_file.as_deref(),
+        a.config.as_deref(),
+        config.secret_file.as_deref(),
+    );
+    let secret = secret(file.as_deref(), config.secret.as_deref())?;
+    if config.unauthenticated {
+        eprintln!(
+            "loci stream recv: WARNING: accepting senders whose frames carry only a checksum \
+             (--unauthenticated): anyone on the network path can alter their data undetected"
+        );
+    }
     let r = Receiver::bind(
         &a.listen,
         RecvOptions {
@@ -187,7 +300,7 @@ fn recv(a: RecvArgs) -> anyhow::Result<()> {
             sink: a.sink,
             progress: !a.json,
             streams: a.streams,
-            verify_on_disk: false,
+            verify_on_disk: a.verify_on_disk,
         },
     )?;
     eprintln!("loci stream recv: listening on {}", r.local_addr());
@@ -200,10 +313,17 @@ fn recv(a: RecvArgs) -> anyhow::Result<()> {
 }
 
 fn send(a: SendArgs) -> anyhow::Result<()> {
-    let config = match &a.config {
+    let mut config = match &a.config {
         Some(p) => SenderConfig::load(p)?,
         None => SenderConfig::default(),
     };
+    protection_flags(
+        &mut config.encrypt,
+        &mut config.unauthenticated,
+        a.encrypt,
+        a.unauthenticated,
+    );
+    config.validate()?;
     let source = match (&a.source, a.synthetic) {
         (Some(p), None) => SourceSpec::File(p.clone()),
         (None, Some(bytes)) => SourceSpec::Synthetic {
@@ -221,7 +341,18 @@ fn send(a: SendArgs) -> anyhow::Result<()> {
             .collect();
     }
     faults.delay = Duration::from_millis(a.fault_delay_ms);
-    let secret = secret(config.secret.as_deref())?;
+    let file = secret_file_of(
+        a.secret_file.as_deref(),
+        a.config.as_deref(),
+        config.secret_file.as_deref(),
+    );
+    let secret = secret(file.as_deref(), config.secret.as_deref())?;
+    if config.unauthenticated {
+        eprintln!(
+            "loci stream send: WARNING: frames carry only a checksum (--unauthenticated): anyone \
+             on the network path can alter the data undetected"
+        );
+    }
     let rep = loci_stream::send(SendOptions {
         to: a.to,
         config,
@@ -283,6 +414,128 @@ mod tests {
         let e = load_topology("bogus:x").unwrap_err().to_string();
         assert!(e.contains("preset:NAME"), "{e}");
         assert!(load_topology("preset:no-such-machine").is_err());
+    }
+
+    #[test]
+    fn secret_file_flag_wins_and_config_paths_are_relative_to_the_config() {
+        let flag = Path::new("/k/flag.key");
+        let cfg = Path::new("/etc/loci/recv.toml");
+        assert_eq!(
+            secret_file_of(Some(flag), Some(cfg), Some(Path::new("c.key"))),
+            Some(flag.to_path_buf())
+        );
+        assert_eq!(
+            secret_file_of(None, Some(cfg), Some(Path::new("c.key"))),
+            Some(PathBuf::from("/etc/loci/c.key"))
+        );
+        assert_eq!(
+            secret_file_of(None, Some(cfg), Some(Path::new("/abs/c.key"))),
+            Some(PathBuf::from("/abs/c.key"))
+        );
+        assert_eq!(
+            secret_file_of(None, Some(Path::new("recv.toml")), Some(Path::new("c.key"))),
+            Some(PathBuf::from("c.key"))
+        );
+        assert_eq!(secret_file_of(None, Some(cfg), None), None);
+    }
+
+    #[test]
+    fn protection_flags_override_the_config() {
+        // (config encrypt, config unauthenticated, --encrypt, --unauthenticated) -> result
+        for (ce, cu, fe, fu, want) in [
+            (false, false, false, false, (false, false)),
+            (true, false, false, false, (true, false)),
+            (false, true, false, false, (false, true)),
+            (false, false, true, false, (true, false)),
+            (false, true, true, false, (true, false)),
+            (false, false, false, true, (false, true)),
+            (true, false, false, true, (false, true)),
+        ] {
+            let (mut e, mut u) = (ce, cu);
+            protection_flags(&mut e, &mut u, fe, fu);
+            assert_eq!((e, u), want, "config ({ce}, {cu}) flags ({fe}, {fu})");
+        }
+    }
+
+    #[test]
+    fn stream_flags_parse() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            cmd: StreamCmd,
+        }
+        let c = Cli::try_parse_from([
+            "stream",
+            "recv",
+            "--listen",
+            "0:1",
+            "--encrypt",
+            "--secret-file",
+            "/k",
+            "--verify-on-disk",
+            "--max-connections",
+            "9",
+        ])
+        .unwrap();
+        let StreamCmd::Recv(r) = c.cmd else {
+            panic!("not recv")
+        };
+        assert!(r.encrypt && r.verify_on_disk && !r.unauthenticated);
+        assert_eq!(r.max_connections, Some(9));
+        assert_eq!(r.secret_file, Some(PathBuf::from("/k")));
+        for bad in ["0", "65537"] {
+            assert!(Cli::try_parse_from([
+                "stream",
+                "recv",
+                "--listen",
+                "0:1",
+                "--max-connections",
+                bad
+            ])
+            .is_err());
+        }
+        let c = Cli::try_parse_from([
+            "stream",
+            "send",
+            "--to",
+            "h:1",
+            "--synthetic",
+            "1M",
+            "--unauthenticated",
+            "--secret-file",
+            "k",
+        ])
+        .unwrap();
+        let StreamCmd::Send(s) = c.cmd else {
+            panic!("not send")
+        };
+        assert!(s.unauthenticated && !s.encrypt);
+        assert_eq!(s.secret_file, Some(PathBuf::from("k")));
+        for cmd in [
+            &[
+                "stream",
+                "send",
+                "--to",
+                "h:1",
+                "--encrypt",
+                "--unauthenticated",
+            ][..],
+            &[
+                "stream",
+                "recv",
+                "--listen",
+                "0:1",
+                "--encrypt",
+                "--unauthenticated",
+            ][..],
+        ] {
+            let e = Cli::try_parse_from(cmd).err().unwrap().to_string();
+            assert!(
+                e.contains("--encrypt") && e.contains("--unauthenticated"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ const SCRIPT: &str = r#"
 set -e
 L="$LOCI_BIN"
 D=$(mktemp -d)
-export LOCI_STREAM_SECRET=vm-test
+export LOCI_STREAM_SECRET=vm-test-secret-0123456
 ip link set lo up
 "$L" stream plan --sender local --receiver local --nic-node 1 --sender-nic-node 1 --chunk-bytes 1MiB -o "$D" >&2
 "$L" stream recv --listen 127.0.0.1:7799 --config "$D/recv.toml" --sink null --json > "$D/recv.json" &

@@ -480,11 +480,11 @@ pub fn check_secret(s: &[u8]) -> Result<(), ConfigError> {
 
 /// The shared secret, from the first of: the secret `file` (the CLI passes `--secret-file` if
 /// given, else the config's `secret_file`), the config's `secret` (`from_config`), the environment
-/// variable `LOCI_STREAM_SECRET`. Empty values count as absent. A secret file must be a regular
-/// file (symbolic links are followed) whose mode gives nothing to group or others (0600 or 0400);
-/// its bytes are the secret, less one trailing newline (`\n` or `\r\n`). The secret must have at
-/// least [`MIN_SECRET_BYTES`] bytes ([`check_secret`]). Errors say where the secret came from and
-/// how to fix it.
+/// variable `LOCI_STREAM_SECRET`. An empty `secret` or variable counts as absent. A secret file
+/// must be a regular file (symbolic links are followed) whose mode gives nothing to group or
+/// others (0600 or 0400); its bytes are the secret, less one trailing newline (`\n` or `\r\n`).
+/// The secret must have at least [`MIN_SECRET_BYTES`] bytes ([`check_secret`]). Errors say where
+/// the secret came from and how to fix it.
 pub fn secret(file: Option<&Path>, from_config: Option<&str>) -> Result<Vec<u8>, ConfigError> {
     let (s, from) = if let Some(path) = file {
         (
