@@ -1,6 +1,8 @@
 //! `loci bench stream` end to end at a tiny size: every default peer gives an end-to-end row
 //! (or says why it did not run), every row carries cpu-seconds per GB and its fraction of the
-//! machine limit, and the limit is printed with its parts.
+//! machine limit, and the limit is printed with its parts; the frame-protection comparison runs
+//! loci in all three modes (checksum, auth, encrypt), each with positive goodput and a verified
+//! stream, and states a verdict for each goal.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -83,4 +85,134 @@ fn tiny_run_reports_every_peer_the_limit_and_cpu_per_gb() {
     assert!(rows
         .iter()
         .any(|r| r["case"] == "machine-limit" && r["throughput"].as_f64().unwrap() > 0.0));
+    // The protection comparison runs by default, all three modes.
+    assert_eq!(
+        rows.iter().filter(|r| r["case"] == "protection").count(),
+        3,
+        "{rows:?}"
+    );
+}
+
+/// `--protection-only` at a tiny size: one `protection` row per mode, in the order checksum, auth,
+/// encrypt, each with positive goodput and CPU per GB and every run's stream verified; auth and
+/// encrypt carry their ratio to checksum, and both goals get a verdict (met or MISSED: this checks
+/// behaviour, not speed). Needs neither lz4 nor nc.
+#[test]
+fn protection_comparison_runs_all_three_modes_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("p.json");
+    let o = Command::new(PathBuf::from(env!("CARGO_BIN_EXE_loci")))
+        .args([
+            "bench",
+            "stream",
+            "--bytes",
+            "4M",
+            "--reps",
+            "2",
+            "--protection-only",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("frame protection: loci with the plan"),
+        "{out}"
+    );
+    for (mode, pct) in [("auth", 10), ("encrypt", 35)] {
+        let goal =
+            format!("goal protection {mode}: costs at most {pct}% of the checksum-only goodput: ");
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&goal))
+            .unwrap_or_else(|| panic!("no verdict for {mode}: {out}"));
+        let verdict = &line[goal.len()..];
+        assert!(
+            verdict.starts_with("met (") || verdict.starts_with("MISSED ("),
+            "{line}"
+        );
+    }
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = v["results"].as_array().unwrap();
+    // --protection-only: no plan-vs-OS rows and no peers.
+    assert!(!rows.iter().any(|r| r["case"] == "end-to-end"), "{rows:?}");
+    let prot: Vec<&Value> = rows.iter().filter(|r| r["case"] == "protection").collect();
+    let modes: Vec<&str> = prot
+        .iter()
+        .map(|r| r["config"]["protection"].as_str().unwrap())
+        .collect();
+    assert_eq!(modes, ["checksum", "auth", "encrypt"]);
+    for r in &prot {
+        assert_eq!(r["system"], "loci", "{r}");
+        assert_eq!(r["times_s"].as_array().unwrap().len(), 2, "{r}");
+        assert!(r["throughput"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["extra"]["verified"], true, "{r}");
+        assert!(r["extra"]["cpu_s_per_gb"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(
+            r["extra"]["fraction_of_limit"].as_f64().unwrap() > 0.0,
+            "{r}"
+        );
+        assert!(
+            r["extra"]["goodput_vs_checksum"].as_f64().unwrap() > 0.0,
+            "{r}"
+        );
+        assert!(r["extra"]["cpu_vs_checksum"].as_f64().unwrap() > 0.0, "{r}");
+        let per_round = r["extra"]["cpu_s_per_round"].as_array().unwrap();
+        assert_eq!(per_round.len(), 2, "{r}");
+    }
+    // Encrypted DATA frames carry 8 more bytes each (the raw chunk's hash, inside the ciphertext).
+    let wire = |i: usize| prot[i]["extra"]["wire_bytes"].as_u64().unwrap();
+    assert!(wire(2) > wire(1), "{} vs {}", wire(2), wire(1));
+    assert_eq!(prot[0]["extra"]["goodput_vs_checksum"].as_f64(), Some(1.0));
+    let goals = &v["params"]["protection_goals"];
+    for (mode, max) in [("auth", 0.10), ("encrypt", 0.35)] {
+        assert_eq!(goals[mode]["max_cost"].as_f64(), Some(max), "{goals}");
+        assert!(goals[mode]["met"].is_boolean(), "{goals}");
+    }
+}
+
+/// `--protection` takes a subset; an unknown mode is refused with the valid names.
+#[test]
+fn protection_flag_selects_modes_and_refuses_unknown_ones() {
+    let run = |modes: &str| {
+        Command::new(PathBuf::from(env!("CARGO_BIN_EXE_loci")))
+            .args([
+                "bench",
+                "stream",
+                "--bytes",
+                "2M",
+                "--reps",
+                "1",
+                "--protection-only",
+                "--protection",
+                modes,
+            ])
+            .output()
+            .unwrap()
+    };
+    let o = run("auth,checksum");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("goal protection auth: costs at most 10%"),
+        "{out}"
+    );
+    assert!(!out.contains("goal protection encrypt"), "{out}");
+    let o = run("auth,aes");
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("unknown protection \"aes\"") && err.contains("checksum, auth, encrypt"),
+        "{err}"
+    );
 }

@@ -18,6 +18,13 @@
 //! Everything else a system does (reading the file, checksums, framing, buffer memory, waiting)
 //! counts against it. Every end-to-end row carries its goodput as a fraction of the limit and its
 //! CPU time as cpu-seconds per GB of raw data (`cpu_s_per_gb`; 1 cpu-s/GB = 1 ns of CPU per byte).
+//!
+//! **Frame protection** (`--protection`, case `protection`): loci with the plan, on the same file
+//! and cores, once per protection mode of the wire protocol (`checksum`: xxh3 only, no
+//! authentication; `auth`: a BLAKE3 MAC per frame, the default; `encrypt`: AES-256-GCM), the
+//! modes' repetitions interleaved with the order rotated every round (so load drift hits every
+//! mode alike). Each mode's goodput and cpu-s/GB is set against `checksum`'s, and the goals are
+//! checked: authentication costs at most 10% of the checksum-only goodput, encryption at most 35%.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -34,6 +41,7 @@ use clap::Args;
 use loci_report::{Machine, Report, Row};
 use loci_stream::config::Sync;
 use loci_stream::plan::{plan, PlanOptions};
+use loci_stream::proto::Protection;
 use loci_stream::{Codec, Faults, SendOptions, SourceSpec};
 
 #[derive(Args, Debug)]
@@ -59,9 +67,54 @@ pub struct StreamArgs {
     /// Skip the OS-placement run of loci.
     #[arg(long)]
     pub no_os: bool,
+    /// Frame protection modes to compare, in a section of their own: loci with the plan on the
+    /// same data and cores in each mode, the modes' repetitions interleaved. checksum = xxh3 only
+    /// (no authentication: `--unauthenticated` on both sides), auth = a BLAKE3 MAC per frame (the
+    /// default), encrypt = AES-256-GCM (`--encrypt`). Prints each mode's goodput and cpu-s/GB
+    /// against checksum's and the goals (auth costs at most 10% of the checksum goodput, encrypt
+    /// at most 35%). Empty (`--protection ''`): skip the section.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "checksum,auth,encrypt",
+        value_name = "MODES"
+    )]
+    pub protection: Vec<String>,
+    /// Only the protection comparison (plus the machine limit its rows are set against): no
+    /// plan-vs-OS rows, no peers (so lz4 and nc are not needed).
+    #[arg(long, conflicts_with = "codec_only")]
+    pub protection_only: bool,
 }
 
 const PEERS: [&str; 4] = ["lz4-nc", "lz4-nc-par", "lz4-mt", "raw-tcp"];
+
+/// Every frame protection, weakest first (the order of the comparison's rows).
+const PROTECTIONS: [Protection; 3] = [Protection::Checksum, Protection::Auth, Protection::Encrypt];
+
+/// The protection goals: the most of the checksum-only goodput each mode may cost.
+const PROTECTION_GOALS: [(Protection, f64); 2] =
+    [(Protection::Auth, 0.10), (Protection::Encrypt, 0.35)];
+
+/// Bytes per run without `--bytes` or `--quick`: the size the goals are stated for.
+const FULL_CHUNKS: u64 = 60;
+
+/// The modes named in `--protection`, weakest first, each once; an unknown name is an error.
+fn protection_modes(names: &[String]) -> anyhow::Result<Vec<Protection>> {
+    let mut want = Vec::new();
+    for n in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+        match PROTECTIONS.iter().find(|p| p.name() == n) {
+            Some(p) => want.push(*p),
+            None => bail!(
+                "unknown protection {n:?} (valid: {})",
+                PROTECTIONS.map(Protection::name).join(", ")
+            ),
+        }
+    }
+    Ok(PROTECTIONS
+        .into_iter()
+        .filter(|p| want.contains(p))
+        .collect())
+}
 
 /// Slices of the file for `lz4-nc-par` start at multiples of this (whole pages for `splice`).
 const SLICE_ALIGN: u64 = 1 << 20;
@@ -73,10 +126,18 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
             bail!("unknown peer {p:?} (valid: {})", PEERS.join(", "));
         }
     }
+    let modes = protection_modes(&a.protection)?;
+    anyhow::ensure!(
+        !(a.protection_only && modes.is_empty()),
+        "--protection-only with no --protection modes: nothing to run"
+    );
     let chunk = loci_stream::phantom::CHUNK_BYTES;
-    let bytes = a
-        .bytes
-        .unwrap_or(if a.common.quick { 20 } else { 60 } * chunk as u64);
+    let full_bytes = FULL_CHUNKS * chunk as u64;
+    let bytes = a.bytes.unwrap_or(if a.common.quick {
+        20 * chunk as u64
+    } else {
+        full_bytes
+    });
     let reps = a.common.reps.unwrap_or(if a.common.quick { 1 } else { 3 });
     anyhow::ensure!(bytes > 0 && reps > 0, "--bytes and --reps must be positive");
     // Allowed cpus (affinity, cgroup quota): the parallel peer's pipeline count and the limit's cores.
@@ -139,6 +200,11 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
             .extra("compression_ratio", limit.ratio)
             .extra("formula", Limit::FORMULA),
     );
+    if a.protection_only {
+        protection_rows(&mut rep, &data, &p, &modes, reps, limit_bps)?;
+        print!("{}", summary(&rep, &[], full_bytes));
+        return Ok(rep);
+    }
 
     let mut not_run: Vec<(String, String)> = Vec::new();
     if a.peers.iter().any(|p| p == "lz4-mt") {
@@ -170,7 +236,7 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
             let c0 = cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN);
             let t = match sys.as_str() {
                 "loci plan" | "loci os" => {
-                    let (t, r) = loci_once(&data, &p, sys == "loci plan")?;
+                    let (t, r) = loci_once(&data, &p, sys == "loci plan", Protection::default())?;
                     last[i] = Some(r);
                     t
                 }
@@ -188,6 +254,7 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
                 let r = r.expect("loci ran");
                 Row::from_times("loci", t)
                     .config("placement", placement)
+                    .extra("protection", Protection::default().name())
                     .extra("compression_ratio", r.compression_ratio)
                     .extra("network_bytes_per_s", r.network_bytes_per_s)
                     .extra("bottleneck", &r.bottleneck)
@@ -220,8 +287,109 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
         );
         eprintln!("{sys}: {cpu_median:.2} cpu-s per run (median)");
     }
-    print!("{}", summary(&rep, &not_run));
+    protection_rows(&mut rep, &data, &p, &modes, reps, limit_bps)?;
+    print!("{}", summary(&rep, &not_run, full_bytes));
     Ok(rep)
+}
+
+/// The protection comparison: loci with the plan, once per mode per round, the order rotated
+/// every round (round r starts with mode r mod n), so drift over the run hits every mode alike.
+/// One `protection` row per mode (goodput, cpu-s/GB, ratios to checksum when it ran) and the
+/// goals' verdicts in `params.protection_goals`. Every run must end with the whole-stream
+/// checksum confirmed by the receiver.
+fn protection_rows(
+    rep: &mut Report,
+    data: &Path,
+    p: &loci_stream::plan::StreamPlan,
+    modes: &[Protection],
+    reps: usize,
+    limit_bps: f64,
+) -> anyhow::Result<()> {
+    if modes.is_empty() {
+        return Ok(());
+    }
+    let bytes = std::fs::metadata(data)?.len();
+    anyhow::ensure!(bytes > 0, "{}: empty", data.display());
+    let n = modes.len();
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut last: Vec<Option<loci_stream::StreamReport>> = vec![None; n];
+    for round in 0..reps {
+        for k in 0..n {
+            let m = (round + k) % n;
+            let c0 = cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN);
+            let (t, r) = loci_once(data, p, true, modes[m])?;
+            cpu[m].push(cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN) - c0);
+            anyhow::ensure!(
+                r.verified,
+                "protection {}: the receiver did not confirm the whole-stream checksum",
+                modes[m].name()
+            );
+            eprintln!(
+                "round {round}: loci plan/{} {:.1} MB/s",
+                modes[m].name(),
+                bytes as f64 / t / 1e6
+            );
+            times[m].push(t);
+            last[m] = Some(r);
+        }
+    }
+    let med = |v: &[f64]| loci_report::median(v).expect("at least one rep");
+    let base = modes.iter().position(|m| *m == Protection::Checksum);
+    let mut goals = serde_json::Map::new();
+    for (m, mode) in modes.iter().enumerate() {
+        let r = last[m].take().expect("every mode ran");
+        let cpu_s_per_gb = med(&cpu[m]) * 1e9 / bytes as f64;
+        let mut row = Row::from_times("loci", times[m].clone())
+            .case("protection")
+            .config("placement", "plan")
+            .config("protection", mode.name())
+            .work(bytes as f64, "B/s")
+            .extra("verified", true)
+            .extra("cpu_s", med(&cpu[m]))
+            .extra("cpu_s_per_round", &cpu[m])
+            .extra("cpu_ns_per_byte", cpu_s_per_gb)
+            .extra("cpu_s_per_gb", cpu_s_per_gb)
+            .extra(
+                "fraction_of_limit",
+                bytes as f64 / med(&times[m]) / limit_bps,
+            )
+            .extra("wire_bytes", r.wire_bytes)
+            .extra("compression_ratio", r.compression_ratio)
+            .extra("bottleneck", &r.bottleneck);
+        if let Some(b) = base {
+            // Goodput ratio: the checksum mode's time over this mode's (same bytes), of the
+            // medians and, to show the spread, round by round.
+            let goodput_ratio = med(&times[b]) / med(&times[m]);
+            let per_round: Vec<f64> = times[b]
+                .iter()
+                .zip(&times[m])
+                .map(|(tb, tm)| tb / tm)
+                .collect();
+            let cpu_ratio = med(&cpu[m]) / med(&cpu[b]);
+            row = row
+                .extra("goodput_vs_checksum", goodput_ratio)
+                .extra("goodput_vs_checksum_per_round", per_round)
+                .extra("cpu_vs_checksum", cpu_ratio);
+            if let Some((_, max_cost)) = PROTECTION_GOALS.iter().find(|(g, _)| g == mode) {
+                let cost = 1.0 - goodput_ratio;
+                goals.insert(
+                    mode.name().into(),
+                    serde_json::json!({
+                        "max_cost": max_cost,
+                        "cost": cost,
+                        "goodput_vs_checksum": goodput_ratio,
+                        "met": cost <= *max_cost,
+                    }),
+                );
+            }
+        }
+        rep.results.push(row);
+    }
+    rep.params["protection"] =
+        serde_json::json!(modes.iter().map(|m| m.name()).collect::<Vec<_>>());
+    rep.params["protection_goals"] = serde_json::Value::Object(goals);
+    Ok(())
 }
 
 /// The machine limit's inputs: cpu-seconds per GB of each unavoidable part, on one core.
@@ -405,7 +573,7 @@ fn tcp_once(payload: &[u8], wire: u64) -> anyhow::Result<(f64, f64)> {
 
 /// The end-to-end rows as a headline: goodput, fraction of the machine limit, cpu-s per GB, and
 /// the two goals (at least 0.9x the limit; faster than the same-core `lz4 | nc` peer).
-fn summary(rep: &Report, not_run: &[(String, String)]) -> String {
+fn summary(rep: &Report, not_run: &[(String, String)], full_bytes: u64) -> String {
     let f = |r: &Row, k: &str| r.extra.get(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
     let mut out = String::new();
     if let Some(l) = rep.rows_of(Some("machine-limit")).next() {
@@ -422,6 +590,9 @@ fn summary(rep: &Report, not_run: &[(String, String)]) -> String {
         );
     }
     let rows: Vec<&Row> = rep.rows_of(Some("end-to-end")).collect();
+    if rows.is_empty() {
+        return out + &protection_summary(rep, full_bytes);
+    }
     let par = rows.iter().find(|r| r.system == "lz4-nc-par").copied();
     let w = rows
         .iter()
@@ -468,6 +639,76 @@ fn summary(rep: &Report, not_run: &[(String, String)]) -> String {
             );
         }
     }
+    out + &protection_summary(rep, full_bytes)
+}
+
+/// The protection rows as a table (goodput and cpu-s/GB, each against checksum) and the goals'
+/// verdicts; empty when the comparison did not run.
+fn protection_summary(rep: &Report, full_bytes: u64) -> String {
+    let f = |r: &Row, k: &str| r.extra.get(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
+    let rows: Vec<&Row> = rep.rows_of(Some("protection")).collect();
+    let Some(first) = rows.first() else {
+        return String::new();
+    };
+    let bytes = rep.params["bytes"].as_f64().unwrap_or(f64::NAN);
+    let ratio = |r: &Row, k: &str| {
+        r.extra
+            .get(k)
+            .and_then(|v| v.as_f64())
+            .map_or("-".to_string(), |x| format!("{x:.3}x"))
+    };
+    let mut out = format!(
+        "\nframe protection: loci with the plan, {}B per run, same data and cores, {} rounds with the modes' order rotated\n",
+        loci_report::si(bytes),
+        first.times_s.len()
+    );
+    out += &format!(
+        "  {:<10}  {:>12}  {:>11}  {:>8}  {:>11}  {:>8}\n",
+        "protection", "goodput", "vs checksum", "cpu-s/GB", "vs checksum", "of limit"
+    );
+    for r in &rows {
+        out += &format!(
+            "  {:<10}  {:>12}  {:>11}  {:>8.3}  {:>11}  {:>8.2}\n",
+            r.config.get("protection").map_or("?", String::as_str),
+            format!("{}B/s", loci_report::si(r.throughput.unwrap_or(f64::NAN))),
+            ratio(r, "goodput_vs_checksum"),
+            f(r, "cpu_s_per_gb"),
+            ratio(r, "cpu_vs_checksum"),
+            f(r, "fraction_of_limit"),
+        );
+    }
+    out += "  (goodput vs checksum: below 1.000x is slower; cpu-s/GB vs checksum: above 1.000x costs more CPU; every run's stream verified)\n";
+    for (mode, max_cost) in PROTECTION_GOALS {
+        let Some(r) = rows
+            .iter()
+            .find(|r| r.config.get("protection").map(String::as_str) == Some(mode.name()))
+        else {
+            continue;
+        };
+        let goal = format!(
+            "goal protection {}: costs at most {:.0}% of the checksum-only goodput",
+            mode.name(),
+            max_cost * 100.0
+        );
+        let x = f(r, "goodput_vs_checksum");
+        out += &if x.is_nan() {
+            format!("{goal}: not measured (checksum was not in --protection)\n")
+        } else {
+            let cost = 1.0 - x;
+            format!(
+                "{goal}: {} (costs {:.1}%: {x:.3}x the checksum goodput)\n",
+                if cost <= max_cost { "met" } else { "MISSED" },
+                cost * 100.0
+            )
+        };
+    }
+    if bytes < full_bytes as f64 {
+        out += &format!(
+            "  (the goals are for the full size, {}B per run; this run streamed {}B, so its verdicts are indicative only)\n",
+            loci_report::si(full_bytes as f64),
+            loci_report::si(bytes)
+        );
+    }
     out
 }
 
@@ -480,19 +721,31 @@ fn loci_once(
     data: &Path,
     p: &loci_stream::plan::StreamPlan,
     pinned: bool,
+    protection: Protection,
 ) -> anyhow::Result<(f64, loci_stream::StreamReport)> {
-    let secret = "loci-bench";
+    let secret = "loci-bench-stream-secret";
     let mut rcfg = if pinned {
         p.receiver.clone()
     } else {
         p.receiver.unpinned()
     };
     rcfg.sync = Sync::None;
-    let scfg = if pinned {
+    let mut scfg = if pinned {
         p.senders[0].clone()
     } else {
         p.senders[0].unpinned()
     };
+    // The sender asks for the mode; the receiver requires exactly it (encrypt), or allows it
+    // (checksum frames are refused unless the receiver allows them).
+    let (encrypt, unauthenticated) = match protection {
+        Protection::Checksum => (false, true),
+        Protection::Auth => (false, false),
+        Protection::Encrypt => (true, false),
+    };
+    scfg.encrypt = encrypt;
+    scfg.unauthenticated = unauthenticated;
+    rcfg.encrypt = encrypt;
+    rcfg.unauthenticated = unauthenticated;
     let dir = data.parent().unwrap_or(Path::new("."));
     let rpath = dir.join(if pinned {
         "recv-plan.toml"
