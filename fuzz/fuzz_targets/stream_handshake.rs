@@ -108,17 +108,30 @@ fn sender_side(script: &[u8], valid_mac: bool, total_chunks: u64) {
         codec: Codec::Lz4Flex,
         protection: Protection::Auth,
     };
-    // ServerHello (44) and the status byte come from the script; then, when asked, the
-    // receiver's MAC over the sender's nonce (bytes 61..93 of what it wrote) and the challenge.
+    // ServerHello (44), the status byte and the resume list (count u32 and ranges) come from the
+    // script; then, when asked, the receiver's MAC over the sender's nonce (bytes 61..93 of what
+    // it wrote), the challenge and the list.
+    let listed_end = script
+        .get(45..49)
+        .map(|n| u32::from_le_bytes(n.try_into().unwrap()) as usize)
+        .filter(|&n| n <= 64)
+        .map(|n| 49 + 16 * n)
+        .filter(|&end| end <= script.len());
     let mut c = Conn {
         script,
         pos: 0,
-        hook_at: valid_mac.then_some(45),
+        hook_at: if valid_mac { listed_end } else { None },
         inject: |written, script| {
             if written.len() < CLIENT_HELLO || script.get(44) != Some(&0) {
                 return vec![];
             }
-            mac(&[b"loci-stream/1 server", &written[61..93], &script[12..44]])
+            let n = u32::from_le_bytes(script[45..49].try_into().unwrap()) as usize;
+            mac(&[
+                b"loci-stream/3 server",
+                &written[61..93],
+                &script[12..44],
+                &script[45..49 + 16 * n],
+            ])
         },
         pending: vec![],
         written: vec![],

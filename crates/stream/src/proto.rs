@@ -13,13 +13,14 @@
 //!    (0 = fresh, 1 = resume) | codec u8 | protection u8 ([`Protection`]: 0 checksum, 1 auth,
 //!    2 encrypt) | client nonce (32) | mac (32) where `mac = HMAC-SHA256(secret, "loci-stream/1
 //!    client" || challenge || every preceding byte of the ClientHello)`.
-//! 3. receiver -> sender: status u8. `0` = accepted, followed by `HMAC-SHA256(secret,
-//!    "loci-stream/1 server" || client nonce || challenge)` (32) so the sender knows it talks to
-//!    a receiver holding the secret, then the chunks the receiver's sink already has as ranges:
-//!    count u32 | count x (start u64, end u64 exclusive). Any other status = refused, followed by
-//!    a message (length u16 | UTF-8), e.g. a wrong secret, an unknown stream id, a version the
-//!    receiver does not speak, a protection below what the receiver requires, or chunk sizes
-//!    beyond its limits.
+//! 3. receiver -> sender: status u8. `0` = accepted, followed by the chunks the receiver's sink
+//!    already has as ranges, `count u32 | count x (start u64, end u64 exclusive)`, then
+//!    `HMAC-SHA256(secret, "loci-stream/3 server" || client nonce || challenge || the count and
+//!    ranges)` (32), so the sender knows it talks to a receiver holding the secret and that the
+//!    list is the receiver's. `1` = refused, `2` = refused for now (the stream is live with another
+//!    sender: retry), either followed by a message (length u16 | UTF-8), e.g. a wrong secret, an
+//!    unknown stream id, a version the receiver does not speak, a protection below what the
+//!    receiver requires, or chunk sizes beyond its limits.
 //!
 //! ## Frame keys
 //! `prk = HKDF-SHA256-Extract(salt = challenge || client nonce, ikm = secret)`, and one key per
@@ -136,6 +137,8 @@ pub enum ProtoError {
     Version { peer: u16, ours: u16 },
     #[error("the receiver refused the connection: {0}")]
     Refused(String),
+    #[error("the receiver refused the connection for now: {0}")]
+    Busy(String),
     #[error("authentication failed: {0}")]
     Auth(String),
     #[error("corrupt frame header (checksum mismatch); framing lost")]
@@ -271,27 +274,39 @@ pub fn client_handshake<S: Read + Write>(
         s.read_exact(&mut l)?;
         let mut msg = vec![0u8; u16::from_le_bytes(l) as usize];
         s.read_exact(&mut msg)?;
-        return Err(ProtoError::Refused(String::from_utf8_lossy(&msg).into()));
+        let msg = String::from_utf8_lossy(&msg).into();
+        return Err(if st[0] == STATUS_BUSY {
+            ProtoError::Busy(msg)
+        } else {
+            ProtoError::Refused(msg)
+        });
     }
+    // The chunks the receiver holds, then its MAC over them: nothing of it is believed before
+    // the MAC checks out.
+    let mut n = [0u8; 4];
+    s.read_exact(&mut n)?;
+    let count = u32::from_le_bytes(n) as usize;
+    if count > 1 << 20 {
+        return Err(ProtoError::Limit(format!("{count} resume ranges")));
+    }
+    let mut listed = n.to_vec();
+    listed.resize(4 + 16 * count, 0);
+    s.read_exact(&mut listed[4..])?;
     let mut smac = [0u8; 32];
     s.read_exact(&mut smac)?;
-    if !verify_mac(secret, &[b"loci-stream/1 server", &cn, &challenge], &smac) {
+    if !verify_mac(
+        secret,
+        &[b"loci-stream/3 server", &cn, &challenge, &listed],
+        &smac,
+    ) {
         return Err(ProtoError::Auth(
-            "the receiver does not hold the same shared secret (LOCI_STREAM_SECRET or `secret` in \
-             the config)"
+            "the receiver's answer does not carry the shared secret's MAC: a receiver with \
+             another secret, or the answer was altered on the way"
                 .into(),
         ));
     }
-    let mut n = [0u8; 4];
-    s.read_exact(&mut n)?;
-    let n = u32::from_le_bytes(n) as usize;
-    if n > 1 << 20 {
-        return Err(ProtoError::Limit(format!("{n} resume ranges")));
-    }
-    let mut ranges: Ranges = Vec::with_capacity(n);
-    for _ in 0..n {
-        let mut r = [0u8; 16];
-        s.read_exact(&mut r)?;
+    let mut ranges: Ranges = Vec::with_capacity(count);
+    for r in listed[4..].chunks_exact(16) {
         let a = u64::from_le_bytes(r[..8].try_into().unwrap());
         let b = u64::from_le_bytes(r[8..].try_into().unwrap());
         if a >= b || b > hello.total_chunks {
@@ -404,16 +419,17 @@ pub fn server_accept<W: Write>(
     client_nonce: &[u8; 32],
     have: &[(u64, u64)],
 ) -> io::Result<(Sealer, Opener)> {
+    let mut listed = (have.len() as u32).to_le_bytes().to_vec();
+    for &(a, b) in have {
+        listed.extend_from_slice(&a.to_le_bytes());
+        listed.extend_from_slice(&b.to_le_bytes());
+    }
     let mut out = vec![0u8];
+    out.extend_from_slice(&listed);
     out.extend_from_slice(&mac(
         secret,
-        &[b"loci-stream/1 server", client_nonce, challenge],
+        &[b"loci-stream/3 server", client_nonce, challenge, &listed],
     ));
-    out.extend_from_slice(&(have.len() as u32).to_le_bytes());
-    for &(a, b) in have {
-        out.extend_from_slice(&a.to_le_bytes());
-        out.extend_from_slice(&b.to_le_bytes());
-    }
     s.write_all(&out)?;
     s.flush()?;
     Ok(frame_keys(
@@ -425,10 +441,24 @@ pub fn server_accept<W: Write>(
     ))
 }
 
+/// Refusal status: for good (a wrong secret, an unknown stream, a bad hello).
+const STATUS_REFUSED: u8 = 1;
+/// Refusal status: for now (the stream is live with another sender); the sender may try again.
+const STATUS_BUSY: u8 = 2;
+
 /// Receiver side: refuse with a message the sender prints.
 pub fn refuse<W: Write>(s: &mut W, msg: &str) -> io::Result<()> {
+    refusal(s, STATUS_REFUSED, msg)
+}
+
+/// Receiver side: refuse for now (the sender retries until its reconnect timeout).
+pub fn refuse_busy<W: Write>(s: &mut W, msg: &str) -> io::Result<()> {
+    refusal(s, STATUS_BUSY, msg)
+}
+
+fn refusal<W: Write>(s: &mut W, status: u8, msg: &str) -> io::Result<()> {
     let m = &msg.as_bytes()[..msg.len().min(u16::MAX as usize)];
-    let mut out = vec![1u8];
+    let mut out = vec![status];
     out.extend_from_slice(&(m.len() as u16).to_le_bytes());
     out.extend_from_slice(m);
     s.write_all(&out)?;
@@ -886,6 +916,42 @@ mod tests {
         };
         srv.join().unwrap();
         assert!(e.to_string().contains("overlaps"), "{e}");
+    }
+
+    /// The resume list is covered by the receiver's MAC: a party on the path that rewrites it
+    /// (to make the sender skip chunks the receiver lacks) is caught.
+    #[test]
+    fn an_altered_resume_list_fails_the_receivers_mac() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let srv = std::thread::spawn(move || {
+            let (h, ch, cn) = server_hello(&mut b, b"k").unwrap();
+            let mut out = Vec::new();
+            server_accept(&mut out, b"k", &h, &ch, &cn, &[(0, 3)]).unwrap();
+            out[1 + 4 + 8] = 9; // the range's end: 0..3 becomes 0..9
+            b.write_all(&out).unwrap();
+        });
+        let Err(e) = client_handshake(&mut a, b"k", &hello()) else {
+            panic!("an altered resume list was believed")
+        };
+        srv.join().unwrap();
+        assert!(matches!(e, ProtoError::Auth(_)), "{e}");
+    }
+
+    #[test]
+    fn a_busy_refusal_is_told_apart() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let srv = std::thread::spawn(move || {
+            server_hello(&mut b, b"k").unwrap();
+            refuse_busy(&mut b, "stream 3 is live with another sender").unwrap();
+        });
+        let Err(e) = client_handshake(&mut a, b"k", &hello()) else {
+            panic!("accepted")
+        };
+        srv.join().unwrap();
+        assert!(
+            matches!(e, ProtoError::Busy(ref m) if m.contains("live")),
+            "{e}"
+        );
     }
 
     #[test]

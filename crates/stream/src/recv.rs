@@ -231,7 +231,9 @@ impl Conn {
 struct StreamState {
     id: u32,
     part: StreamPart,
-    session: u64,
+    /// The sender session the stream belongs to; a resuming sender takes it over once the old
+    /// one is gone.
+    session: AtomicU64,
     t: Transfer,
     codec: Codec,
     sink: Sink,
@@ -404,7 +406,12 @@ fn handle(sh: &Arc<Shared>, mut s: TcpStream) -> io::Result<()> {
     }
     let st = match stream_for(sh, &hello) {
         Ok(st) => st,
-        Err(msg) => return Err(refuse(d.s, &msg)),
+        Err(Refusal { busy: true, msg }) => {
+            let _ = proto::refuse_busy(d.s, &msg);
+            log(&msg);
+            return Err(io::Error::other(msg));
+        }
+        Err(Refusal { msg, .. }) => return Err(refuse(d.s, &msg)),
     };
     let have = proto::to_ranges(st.state.lock().unwrap().committed.iter().copied());
     let (seal, open) =
@@ -437,20 +444,34 @@ fn handle(sh: &Arc<Shared>, mut s: TcpStream) -> io::Result<()> {
     r
 }
 
-/// Finds or creates the state of the hello's stream; an error is the refusal message.
-fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, String> {
+/// Why a hello is refused: for good, or for now (`busy`: the sender may retry).
+struct Refusal {
+    busy: bool,
+    msg: String,
+}
+
+impl From<String> for Refusal {
+    fn from(msg: String) -> Self {
+        Refusal { busy: false, msg }
+    }
+}
+
+/// Finds or creates the state of the hello's stream.
+fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, Refusal> {
     let cfg = &sh.opts.config;
     if h.chunk_bytes == 0 || h.chunk_bytes > cfg.max_chunk_bytes {
         return Err(format!(
             "chunk size {} is outside this receiver's limit 1..={} (max_chunk_bytes)",
             h.chunk_bytes, cfg.max_chunk_bytes
-        ));
+        )
+        .into());
     }
     if h.total_chunks != h.total_bytes.div_ceil(h.chunk_bytes) || h.conns == 0 || h.conn > h.conns {
         return Err(format!(
             "inconsistent hello: {} bytes in {} chunks of {}, connection {} of {}",
             h.total_bytes, h.total_chunks, h.chunk_bytes, h.conn, h.conns
-        ));
+        )
+        .into());
     }
     let part = cfg.part(h.stream, h.conns as usize)?;
     let mut streams = sh.streams.lock().unwrap();
@@ -463,43 +484,58 @@ fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, String> {
                  refused (give the receiver a directory, DIR/, for one file per stream)",
                 path.display(),
                 h.stream
-            ));
+            )
+            .into());
         }
     }
     if let Some(st) = streams.get(&h.stream) {
         let same = st.t.transfer == h.transfer
             && st.t.chunk_bytes == h.chunk_bytes
             && st.t.total_bytes == h.total_bytes;
-        if st.session == h.session || (h.resume && same) {
+        if st.session.load(Relaxed) == h.session {
             if !same {
                 return Err(format!(
                     "stream {} is receiving another transfer in this session",
                     h.stream
-                ));
+                )
+                .into());
             }
-            // Another connection of the same sender, or a restarted sender resuming the same
-            // data (a finished stream answers from its final state).
+            return Ok(st.clone()); // another connection of the same sender
+        }
+        // Another sender. Acknowledgements go to any connection of a stream, so two senders must
+        // never share one: while the current one has connections or chunks on their way to the
+        // sink, the newcomer is asked to retry.
+        let active = !st.conns.lock().unwrap().is_empty()
+            || !st.state.lock().unwrap().inflight.is_empty()
+            || !st.jobs.is_empty();
+        let ended = st.ended.load(Relaxed);
+        let busy = |what: &str| Refusal {
+            busy: true,
+            msg: format!(
+                "stream {} is live with another sender (transfer {:016x}); {what} is refused \
+                 until that one ends or has had no connection for {} s",
+                h.stream, st.t.transfer, cfg.handshake_timeout_secs
+            ),
+        };
+        if h.resume && same {
+            if active && !ended {
+                return Err(busy("a resume from another sender session"));
+            }
+            // The old sender is gone (a restarted sender resumes the same data), or the stream
+            // finished and answers from its final state: this sender takes it over.
+            st.session.store(h.session, Relaxed);
             return Ok(st.clone());
         }
-        if !st.ended.load(Relaxed) {
+        if !ended {
             // A new transfer (or a fresh start) would truncate the sink while this one's threads
-            // still write: refused until it ends or its sender is gone.
+            // still write: refused until it ends or its sender is gone for a while.
             let idle = st.last_seen.lock().unwrap().elapsed();
-            let quiet = Duration::from_secs(cfg.handshake_timeout_secs);
-            let gone = st.conns.lock().unwrap().is_empty()
-                && st.state.lock().unwrap().inflight.is_empty()
-                && st.jobs.is_empty()
-                && idle >= quiet;
-            if !gone {
-                return Err(format!(
-                    "stream {} is live with another sender (transfer {:016x}); a {} of transfer \
-                     {:016x} is refused until that one ends or has had no connection for {} s",
-                    h.stream,
-                    st.t.transfer,
+            if active || idle < Duration::from_secs(cfg.handshake_timeout_secs) {
+                return Err(busy(&format!(
+                    "a {} of transfer {:016x}",
                     if h.resume { "resume" } else { "fresh start" },
-                    h.transfer,
-                    quiet.as_secs()
-                ));
+                    h.transfer
+                )));
             }
             st.ended.store(true, Relaxed);
         }
@@ -525,7 +561,7 @@ fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, String> {
     let (tx, rx) = crossbeam_channel::bounded(part.queue_depth);
     let st = Arc::new(StreamState {
         id: h.stream,
-        session: h.session,
+        session: AtomicU64::new(h.session),
         t,
         codec: h.codec,
         sink,
@@ -704,10 +740,14 @@ fn end_of_stream(
     w: &Arc<Mutex<Conn>>,
 ) -> io::Result<()> {
     // The sender sends END once every chunk is acknowledged, so everything is committed; wait
-    // briefly in case the last commit is still being recorded.
+    // briefly while chunks are still on their way to the sink (nothing in flight and chunks
+    // missing: answer at once).
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut p = st.state.lock().unwrap();
-    while (p.committed.len() as u64) < st.t.total_chunks && Instant::now() < deadline {
+    while (p.committed.len() as u64) < st.t.total_chunks
+        && (!p.inflight.is_empty() || !st.jobs.is_empty())
+        && Instant::now() < deadline
+    {
         p = st
             .changed
             .wait_timeout(p, Duration::from_millis(100))

@@ -64,6 +64,14 @@ pub enum SendError {
     Checksum { ours: u64, theirs: u64 },
     #[error("{0}")]
     Fatal(String),
+    /// The receiver lost acknowledged chunks (a restart after a power loss, a damaged file): they
+    /// are read from the source and sent again by a resume pass.
+    #[error(
+        "the receiver holds {held} of {total} chunks after acknowledging all of them (a sink \
+         that does not survive a restart, e.g. memory, cannot be resumed; a file sink that lost \
+         or damaged chunks is repaired by a resume pass)"
+    )]
+    Lost { held: u64, total: u64 },
 }
 
 struct Frame {
@@ -181,6 +189,8 @@ impl Shared {
         h.resume = resume;
         let est = proto::client_handshake(&mut s, &self.opts.secret, &h).map_err(|e| match e {
             ProtoError::Io(e) => cerr(format!("during the handshake: {e}")),
+            // The stream is live with another sender: retried until the reconnect timeout.
+            e @ ProtoError::Busy(_) => cerr(format!("during the handshake: {e}")),
             e => SendError::Protocol(e.to_string()),
         })?;
         s.set_read_timeout(None).map_err(|e| cerr(e.to_string()))?;
@@ -220,7 +230,26 @@ impl Shared {
 
 /// Streams the source to the receiver; returns the sender's report once the receiver confirmed
 /// the whole-stream checksum.
-pub fn send(opts: SendOptions) -> Result<StreamReport, SendError> {
+pub fn send(mut opts: SendOptions) -> Result<StreamReport, SendError> {
+    // A receiver that lost acknowledged chunks (restarted after a power loss: its resume found
+    // them missing or damaged on disk) is repaired by running the transfer again as a resume,
+    // which reads just those chunks from the source again. Bounded: a sink that keeps losing
+    // chunks fails.
+    let mut passes = 0;
+    // One session for the whole process: the receiver takes the resume pass as the same sender.
+    let session = u64::from_le_bytes(proto::nonce()[..8].try_into().unwrap());
+    loop {
+        match send_pass(opts.clone(), session) {
+            Err(SendError::Lost { .. }) if passes < 3 => {
+                passes += 1;
+                opts.resume = true;
+            }
+            r => return r,
+        }
+    }
+}
+
+fn send_pass(opts: SendOptions, session: u64) -> Result<StreamReport, SendError> {
     let cfg = opts.config.clone();
     cfg.validate()
         .map_err(|e| SendError::Fatal(e.to_string()))?;
@@ -239,7 +268,7 @@ pub fn send(opts: SendOptions) -> Result<StreamReport, SendError> {
         stream: cfg.stream,
         conn: 0,
         conns: cfg.send.count as u16,
-        session: u64::from_le_bytes(proto::nonce()[..8].try_into().unwrap()),
+        session,
         transfer,
         chunk_bytes: chunk,
         total_chunks,
@@ -487,10 +516,24 @@ pub fn send(opts: SendOptions) -> Result<StreamReport, SendError> {
     };
     // End of stream on a control connection, retried across receiver restarts.
     let deadline = Instant::now() + sh.opts.reconnect_timeout;
+    // A forged or damaged END_ACK fails its tag and ends that connection: retried, but not for
+    // ever.
+    let mut auth_failures = 0;
     let theirs = loop {
         match end_exchange(&sh, ours) {
             Ok(v) => break v,
-            Err(e @ (SendError::Protocol(_) | SendError::Checksum { .. })) => return Err(e),
+            Err(
+                e @ (SendError::Protocol(_) | SendError::Checksum { .. } | SendError::Lost { .. }),
+            ) => return Err(e),
+            Err(SendError::Connect { err, .. }) if err.contains("failed authentication") => {
+                auth_failures += 1;
+                if auth_failures >= 3 {
+                    return Err(SendError::Protocol(format!(
+                        "the receiver's answer to END failed authentication {auth_failures} times \
+                         (something on the path alters frames): {err}"
+                    )));
+                }
+            }
             Err(e) if Instant::now() >= deadline => return Err(e),
             Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
@@ -549,11 +592,10 @@ fn end_exchange(sh: &Arc<Shared>, ours: u64) -> Result<u64, SendError> {
     let (mut s, mut est) = sh.connect(sh.hello.conns, true)?;
     let n: u64 = est.have.iter().map(|(a, b)| b - a).sum();
     if n < sh.hello.total_chunks {
-        return Err(SendError::Protocol(format!(
-            "the receiver holds {n} of {} chunks after acknowledging all of them (its sink does \
-             not survive a restart: use a file sink to resume)",
-            sh.hello.total_chunks
-        )));
+        return Err(SendError::Lost {
+            held: n,
+            total: sh.hello.total_chunks,
+        });
     }
     let cerr = |e: String| SendError::Connect {
         to: sh.opts.to.clone(),
@@ -648,6 +690,11 @@ fn sender_loop(sh: &Arc<Shared>, j: usize, first: (TcpStream, Established), rx: 
     let mut scratch: Vec<u8> = Vec::new();
     loop {
         if sh.finished.load(Relaxed) {
+            // Close the connection both ways: its ack reader (which holds a clone of the socket)
+            // returns, and the receiver sees the connection end now, not when the process exits.
+            if let Some(w) = writer {
+                let _ = w.s.shutdown(Shutdown::Both);
+            }
             return;
         }
         if writer.as_ref().is_some_and(|w| w.dead.load(Relaxed)) {

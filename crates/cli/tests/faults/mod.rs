@@ -1,10 +1,24 @@
 //! The fault scenarios of `loci stream`, shared by `stream_faults.rs` (loopback and namespaces on
 //! the host) and `vm.rs` (namespaces with `tc netem` inside a VM whose kernel has sch_netem).
-//! Every wait is bounded; every child process is killed on drop.
+//! Every wait is bounded; every child process is killed on drop; nothing asserts a duration.
+//!
+//! Every scenario measures what matters to a user before it asserts anything else, and adds it to
+//! a per-thread [`Tally`] (read by the `fault_table` test): source bytes missing from the sink
+//! where the stream had to complete, bytes in the sink that differ from the source, and reports
+//! claiming `verified` that are not true.
 #![allow(dead_code)] // each test target uses its own subset
 
+pub mod mitm;
+
+use std::cell::Cell;
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How much data one fault scenario streams: `chunks` chunks of `chunk` bytes (the last one short).
@@ -28,6 +42,13 @@ pub const VM: Scale = Scale {
     chunk: 256 << 10,
     chunks: 48,
     patience: 5,
+};
+
+/// The man-in-the-middle scenarios (many short streams): 48 chunks of 256 KiB.
+pub const SMALL: Scale = Scale {
+    chunk: 256 << 10,
+    chunks: 48,
+    patience: 1,
 };
 
 const SECRET: &str = "fault-test-secret";
@@ -63,6 +84,30 @@ impl Guard {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+impl Guard {
+    /// Whether the process is still running.
+    fn running(&mut self) -> bool {
+        self.0
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+    /// Waits (bounded) for exit; a process still running at the limit is killed. Returns the
+    /// output and whether it had to be killed.
+    fn finish_or_kill(&mut self, limit: Duration) -> (Output, bool) {
+        let deadline = Instant::now() + limit;
+        while self.running() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let killed = self.running();
+        (self.kill_output(), killed)
+    }
+    /// Kills the process if it still runs (SIGKILL) and returns what it printed.
+    fn kill_output(&mut self) -> Output {
+        let mut c = self.0.take().expect("running");
+        let _ = c.kill();
+        c.wait_with_output().unwrap()
     }
 }
 impl Drop for Guard {
@@ -245,6 +290,51 @@ pub fn namespaces(tag: &str) -> Result<(Namespaces, Net), String> {
     ))
 }
 
+/// What a fault did to the data, summed over scenarios (per thread; see [`take_tally`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    /// Source bytes missing from the sink at the end of a scenario whose stream had to complete.
+    pub bytes_lost: u64,
+    /// Sink bytes that differ from the source's: anywhere, for a completed stream; in a chunk the
+    /// journal records, or a non-zero byte anywhere else, for a stream that had to fail closed.
+    pub bytes_corrupted: u64,
+    /// Reports that say `verified` when the sink is not byte-identical to the source, the two
+    /// sides' checksums differ, or the stream had to fail.
+    pub false_verified: u64,
+}
+
+impl Tally {
+    pub fn add(&mut self, o: Tally) {
+        self.bytes_lost += o.bytes_lost;
+        self.bytes_corrupted += o.bytes_corrupted;
+        self.false_verified += o.false_verified;
+    }
+    pub fn is_clean(&self) -> bool {
+        *self == Tally::default()
+    }
+}
+
+thread_local! {
+    static TALLY: Cell<Tally> = const { Cell::new(Tally { bytes_lost: 0, bytes_corrupted: 0, false_verified: 0 }) };
+}
+
+/// Adds to this thread's tally (done before a scenario asserts, so a failing run is counted too).
+fn note(t: Tally) {
+    TALLY.with(|c| {
+        let mut x = c.get();
+        x.add(t);
+        c.set(x);
+    });
+    if !t.is_clean() {
+        eprintln!("FAULT TALLY: {t:?}");
+    }
+}
+
+/// This thread's tally since the last call.
+pub fn take_tally() -> Tally {
+    TALLY.with(|c| c.replace(Tally::default()))
+}
+
 struct Setup {
     _dir: tempfile::TempDir,
     scale: Scale,
@@ -252,6 +342,14 @@ struct Setup {
     src: PathBuf,
     out: PathBuf,
     port: u16,
+    /// The sender's `--reconnect-timeout` (seconds).
+    reconnect_timeout: u64,
+}
+
+impl Setup {
+    fn source_bytes(&self) -> u64 {
+        self.scale.chunks * self.scale.chunk as u64 - 999
+    }
 }
 
 fn setup(port: u16, scale: Scale) -> Setup {
@@ -260,14 +358,7 @@ fn setup(port: u16, scale: Scale) -> Setup {
     let dir = d.path().to_path_buf();
     let src = dir.join("src.raw");
     loci_stream::source::write_synthetic_file(&src, chunks * chunk as u64 - 999, 7, chunk).unwrap();
-    std::fs::write(
-        dir.join("send.toml"),
-        format!(
-            "stream = 0\nchunk_bytes = {chunk}\nwindow = 8\nqueue_depth = 4\nread_queue_depth = 2\n\
-             [read]\ncount = 1\n[compress]\ncount = 2\n[send]\ncount = 2\n"
-        ),
-    )
-    .unwrap();
+    std::fs::write(dir.join("send.toml"), send_toml(scale, 0)).unwrap();
     std::fs::write(dir.join("recv.toml"), "sync = \"data\"\n").unwrap();
     Setup {
         scale,
@@ -276,7 +367,16 @@ fn setup(port: u16, scale: Scale) -> Setup {
         dir,
         _dir: d,
         port,
+        reconnect_timeout: 60 * scale.patience as u64,
     }
+}
+
+fn send_toml(scale: Scale, stream: u32) -> String {
+    let chunk = scale.chunk;
+    format!(
+        "stream = {stream}\nchunk_bytes = {chunk}\nwindow = 8\nqueue_depth = 4\nread_queue_depth = 2\n\
+         [read]\ncount = 1\n[compress]\ncount = 2\n[send]\ncount = 2\n"
+    )
 }
 
 fn free_port() -> u16 {
@@ -288,6 +388,10 @@ fn free_port() -> u16 {
 }
 
 fn start_recv(net: &Net, s: &Setup) -> Guard {
+    start_recv_with(net, s, &[])
+}
+
+fn start_recv_with(net: &Net, s: &Setup, extra: &[&str]) -> Guard {
     let child = net
         .cmd(true)
         .args(["stream", "recv", "--json", "--listen"])
@@ -296,30 +400,6 @@ fn start_recv(net: &Net, s: &Setup) -> Guard {
         .arg(s.dir.join("recv.toml"))
         .arg("--sink")
         .arg(&s.out)
-        .env("LOCI_STREAM_SECRET", SECRET)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    Guard(Some(child))
-}
-
-fn start_send(net: &Net, s: &Setup, extra: &[&str]) -> Guard {
-    let child = net
-        .cmd(false)
-        .args([
-            "stream",
-            "send",
-            "--json",
-            "--reconnect-timeout",
-            &(60 * s.scale.patience).to_string(),
-            "--to",
-        ])
-        .arg(format!("{}:{}", net.recv_ip, s.port))
-        .arg("--source")
-        .arg(&s.src)
-        .arg("--config")
-        .arg(s.dir.join("send.toml"))
         .args(extra)
         .env("LOCI_STREAM_SECRET", SECRET)
         .stdout(Stdio::piped())
@@ -329,13 +409,73 @@ fn start_send(net: &Net, s: &Setup, extra: &[&str]) -> Guard {
     Guard(Some(child))
 }
 
-/// Chunks the receiver's journal records as durable.
-fn journaled(out: &Path) -> u64 {
+fn start_send(net: &Net, s: &Setup, extra: &[&str]) -> Guard {
+    let to = format!("{}:{}", net.recv_ip, s.port);
+    start_send_with(net, s, &to, &s.dir.join("send.toml"), &s.src, extra)
+}
+
+fn start_send_with(
+    net: &Net,
+    s: &Setup,
+    to: &str,
+    config: &Path,
+    src: &Path,
+    extra: &[&str],
+) -> Guard {
+    let child = net
+        .cmd(false)
+        .args([
+            "stream",
+            "send",
+            "--json",
+            "--reconnect-timeout",
+            &s.reconnect_timeout.to_string(),
+            "--to",
+            to,
+        ])
+        .arg("--source")
+        .arg(src)
+        .arg("--config")
+        .arg(config)
+        .args(extra)
+        .env("LOCI_STREAM_SECRET", SECRET)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    Guard(Some(child))
+}
+
+/// The distinct chunks the receiver's journal (`FILE.loci-journal`) records, sorted: the records
+/// after the 48-byte header (24 bytes each in journal version 2: seq, chunk hash, check; 16 in
+/// version 1), up to the first short record or one naming a chunk beyond the stream.
+fn journal(out: &Path) -> Vec<u64> {
     let mut j = out.as_os_str().to_owned();
     j.push(".loci-journal");
-    std::fs::metadata(PathBuf::from(j))
-        .map(|m| m.len().saturating_sub(48) / 16)
-        .unwrap_or(0)
+    let Ok(data) = std::fs::read(PathBuf::from(j)) else {
+        return vec![];
+    };
+    if data.len() < 48 || &data[..8] != b"LOCIJRNL" {
+        return vec![];
+    }
+    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+    let version = u32::from_le_bytes(data[8..12].try_into().unwrap());
+    let total = u64_at(&data, 32);
+    let rec = if version >= 2 { 24 } else { 16 };
+    let mut seqs = BTreeSet::new();
+    for r in data[48..].chunks_exact(rec) {
+        let seq = u64_at(r, 0);
+        if seq >= total {
+            break;
+        }
+        seqs.insert(seq);
+    }
+    seqs.into_iter().collect()
+}
+
+/// Chunks the receiver's journal records as durable.
+fn journaled(out: &Path) -> u64 {
+    journal(out).len() as u64
 }
 
 fn wait_journaled(out: &Path, n: u64, patience: u32) {
@@ -365,6 +505,96 @@ fn report(o: &Output, who: &str) -> serde_json::Value {
     v[0].clone()
 }
 
+/// Every report a process printed (none when it printed no JSON, e.g. killed or failed).
+fn reports(o: &Output) -> Vec<serde_json::Value> {
+    match serde_json::from_slice::<serde_json::Value>(&o.stdout) {
+        Ok(serde_json::Value::Array(v)) => v,
+        _ => vec![],
+    }
+}
+
+fn says_verified(o: &Output) -> usize {
+    reports(o)
+        .iter()
+        .filter(|r| r["verified"] == serde_json::Value::Bool(true))
+        .count()
+}
+
+/// The last line of a process's stderr (its error, for a failed `loci`).
+fn last_line(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr)
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// (source bytes missing from the end of the sink, bytes that differ or lie past the source's end).
+fn compare(src: &[u8], out: &[u8]) -> (u64, u64) {
+    let common = src.len().min(out.len());
+    let differ = src[..common]
+        .iter()
+        .zip(&out[..common])
+        .filter(|(a, b)| a != b)
+        .count() as u64;
+    let lost = src.len().saturating_sub(out.len()) as u64;
+    let extra = out.len().saturating_sub(src.len()) as u64;
+    (lost, differ + extra)
+}
+
+/// Measures a stream that had to complete, and notes it: what the sink lacks or has wrong, and
+/// reports claiming `verified` over a sink that is not the source (or with checksums that differ).
+fn tally_complete(src: &Path, out: &Path, outputs: &[&Output]) -> Tally {
+    let a = std::fs::read(src).unwrap();
+    let b = std::fs::read(out).unwrap_or_default();
+    let (lost, corrupted) = compare(&a, &b);
+    let reps: Vec<serde_json::Value> = outputs.iter().flat_map(|o| reports(o)).collect();
+    let sums: BTreeSet<String> = reps.iter().map(|r| r["stream_xxh3"].to_string()).collect();
+    let wrong = lost + corrupted > 0 || sums.len() > 1;
+    let t = Tally {
+        bytes_lost: lost,
+        bytes_corrupted: corrupted,
+        false_verified: if wrong {
+            reps.iter().filter(|r| r["verified"] == true).count() as u64
+        } else {
+            0
+        },
+    };
+    note(t);
+    t
+}
+
+/// Measures a stream that had to fail closed, and notes it: every chunk the journal records must
+/// hold the source's bytes (a missing one counts as lost, a differing byte as corrupted), every
+/// other chunk the source's bytes or none (zeros: never written); every `verified` report is false.
+fn tally_fail_closed(s: &Setup, outputs: &[&Output]) -> Tally {
+    let a = std::fs::read(&s.src).unwrap();
+    let b = std::fs::read(&s.out).unwrap_or_default();
+    let rec: BTreeSet<u64> = journal(&s.out).into_iter().collect();
+    let chunk = s.scale.chunk;
+    let mut t = Tally::default();
+    for (seq, want) in a.chunks(chunk).enumerate() {
+        let off = seq * chunk;
+        let have = b.get(off..(off + want.len()).min(b.len())).unwrap_or(&[]);
+        if rec.contains(&(seq as u64)) {
+            let (lost, corrupted) = compare(want, have);
+            t.bytes_lost += lost;
+            t.bytes_corrupted += corrupted;
+        } else {
+            t.bytes_corrupted += want
+                .iter()
+                .zip(have)
+                .filter(|&(x, y)| x != y && *y != 0)
+                .count() as u64;
+        }
+    }
+    t.bytes_corrupted += b.len().saturating_sub(a.len()) as u64;
+    t.false_verified = outputs.iter().map(|o| says_verified(o) as u64).sum();
+    note(t);
+    t
+}
+
 /// Same bytes in the sink as in the source, and both sides agree on the whole-stream checksum.
 fn check_exact(s: &Setup, send: &serde_json::Value, recv: &serde_json::Value) {
     assert_eq!(send["verified"], true);
@@ -376,21 +606,28 @@ fn check_exact(s: &Setup, send: &serde_json::Value, recv: &serde_json::Value) {
     assert!(a == b, "sink content differs from the source");
 }
 
-/// Waits for the sender, then the receiver (bounded, scaled by the patience), checks the sink is
-/// exact and returns both reports.
-fn finish_exact(
+/// Waits for the sender, then the receiver (bounded, scaled by the patience; a receiver whose
+/// sender failed is killed instead of waited for), notes the tally, checks the sink is exact and
+/// returns both reports.
+fn finish_exact(s: &Setup, mut send: Guard, recv: Guard) -> (serde_json::Value, serde_json::Value) {
+    let so = send.finish(Duration::from_secs(120) * s.scale.patience);
+    finish_exact_after(s, so, recv)
+}
+
+/// [`finish_exact`] for a sender that already exited with `so`.
+fn finish_exact_after(
     s: &Setup,
-    mut send: Guard,
+    so: Output,
     mut recv: Guard,
 ) -> (serde_json::Value, serde_json::Value) {
-    let sr = report(
-        &send.finish(Duration::from_secs(120) * s.scale.patience),
-        "sender",
-    );
-    let rr = report(
-        &recv.finish(Duration::from_secs(30) * s.scale.patience),
-        "receiver",
-    );
+    let ro = if so.status.success() {
+        recv.finish(Duration::from_secs(30) * s.scale.patience)
+    } else {
+        recv.kill_output()
+    };
+    tally_complete(&s.src, &s.out, &[&so, &ro]);
+    let sr = report(&so, "sender");
+    let rr = report(&ro, "receiver");
     check_exact(s, &sr, &rr);
     (sr, rr)
 }
@@ -428,6 +665,9 @@ pub fn sender_killed_and_resumed(net: &Net, scale: Scale) {
     );
 }
 
+/// The sender flips a payload byte in the first transmission of 6 chunks (`--fault-corrupt`).
+/// With authenticated frames (the default) each fails its tag: the receiver ends that connection
+/// and the sender resends the chunk on a new one.
 pub fn corrupt_frames_are_resent(net: &Net, scale: Scale) {
     let s = setup(free_port(), scale);
     let recv = start_recv(net, &s);
@@ -439,10 +679,380 @@ pub fn corrupt_frames_are_resent(net: &Net, scale: Scale) {
             &format!("0,5,17-19,{}", s.scale.chunks - 1),
         ],
     );
+    let (sr, _) = finish_exact(&s, send, recv);
+    // Every corrupted chunk was refused and sent again.
+    assert!(sr["resent_chunks"].as_u64().unwrap() >= 6, "{sr}");
+}
+
+/// The same with `--unauthenticated` on both sides (checksum-only frames): the receiver finds
+/// each corrupt payload by its xxh3 and NACKs it; the sender resends it.
+pub fn corrupt_frames_are_nacked_unauthenticated(net: &Net, scale: Scale) {
+    let s = setup(free_port(), scale);
+    let recv = start_recv_with(net, &s, &["--unauthenticated"]);
+    let send = start_send(
+        net,
+        &s,
+        &[
+            "--unauthenticated",
+            "--fault-corrupt",
+            &format!("0,5,17-19,{}", s.scale.chunks - 1),
+        ],
+    );
     let (sr, rr) = finish_exact(&s, send, recv);
     assert!(
         rr["nacks"].as_u64().unwrap() >= 6,
         "receiver detected every corrupt frame: {rr}"
     );
     assert!(sr["resent_chunks"].as_u64().unwrap() >= 6, "{sr}");
+}
+
+/// Simulated power loss on a receiver with `sync = "none"` and a FILE sink: killed -9 in
+/// mid-stream, then the data file loses its tail (cut inside the third-last journaled chunk),
+/// 4 KiB of a journaled chunk in the middle are overwritten and the journal's last record is
+/// torn. The receiver restarts; the sender either survived and reconnects
+/// (`sender_survives`), or was killed too and restarts with `--resume`. The resumed receiver
+/// must find the damaged chunks by re-hashing what its journal records, and have them sent
+/// again: the file ends byte-identical to the source and both sides verified.
+pub fn power_loss(scale: Scale, sender_survives: bool) {
+    let net = Net::loopback();
+    let s = setup(free_port(), scale);
+    std::fs::write(s.dir.join("recv.toml"), "sync = \"none\"\n").unwrap();
+    let chunk = s.scale.chunk as u64;
+    let mut recv = start_recv(&net, &s);
+    let mut send = start_send(&net, &s, &["--fault-delay-ms", "25"]);
+    wait_journaled(&s.out, 16, s.scale.patience);
+    recv.kill9();
+    if !sender_survives {
+        send.kill9();
+    }
+    let rec = journal(&s.out);
+    assert!(
+        rec.len() >= 16 && (rec.len() as u64) < s.scale.chunks,
+        "killed mid-stream: {} chunks journaled",
+        rec.len()
+    );
+    // Power loss: the tail of the data file never reached the disk...
+    let tail = rec[rec.len() - 3];
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&s.out)
+        .unwrap();
+    let len = f.metadata().unwrap().len();
+    f.set_len((tail * chunk + chunk / 3).min(len)).unwrap();
+    // ...a journaled chunk in the middle came back with other bytes...
+    let victim = rec[rec.len() / 3];
+    assert!(victim < tail);
+    let garbage = vec![0x5au8; 4096];
+    let at = victim * chunk + 512;
+    let mut was = vec![0u8; garbage.len()];
+    std::fs::File::open(&s.src)
+        .unwrap()
+        .read_exact_at(&mut was, at)
+        .unwrap();
+    assert_ne!(was, garbage);
+    f.write_all_at(&garbage, at).unwrap();
+    drop(f);
+    // ...and the journal's last record is torn.
+    let mut jp = s.out.as_os_str().to_owned();
+    jp.push(".loci-journal");
+    let j = std::fs::OpenOptions::new().write(true).open(&jp).unwrap();
+    let jl = j.metadata().unwrap().len();
+    j.set_len(jl - 7).unwrap();
+    drop(j);
+    eprintln!(
+        "power loss: {} chunks journaled; file cut inside chunk {tail}, chunk {victim} \
+         overwritten, journal torn; sender {}",
+        rec.len(),
+        if sender_survives {
+            "reconnects"
+        } else {
+            "killed, restarted with --resume"
+        }
+    );
+    let recv = start_recv(&net, &s);
+    let send = if sender_survives {
+        send
+    } else {
+        start_send(&net, &s, &["--resume"])
+    };
+    let (sr, rr) = finish_exact(&s, send, recv);
+    eprintln!(
+        "power loss: receiver skipped {} chunks, resent by the sender {}, sender skipped {}",
+        rr["skipped_chunks"], sr["resent_chunks"], sr["skipped_chunks"]
+    );
+    // The damaged chunks were not taken as held (the victim and the three at the tail; the last
+    // journal record may name one of them).
+    assert!(
+        rr["skipped_chunks"].as_u64().unwrap() <= rec.len() as u64 - 4,
+        "the resumed receiver kept damaged chunks: {rr}"
+    );
+}
+
+/// Two streams into one FILE sink: stream 1 runs (slowed down); meanwhile a sender of stream 2
+/// (another source) must be refused with an error naming the file, and two more senders of
+/// stream 1 from other sessions (fresh, and `--resume`) must be refused while stream 1 is live.
+/// Stream 1 then completes byte-identical and verified.
+pub fn two_streams_one_file(scale: Scale) {
+    let net = Net::loopback();
+    let mut s = setup(free_port(), scale);
+    let to = format!("{}:{}", net.recv_ip, s.port);
+    let src2 = s.dir.join("src2.raw");
+    loci_stream::source::write_synthetic_file(&src2, s.source_bytes(), 8, s.scale.chunk).unwrap();
+    let c1 = s.dir.join("send-1.toml");
+    let c2 = s.dir.join("send-2.toml");
+    std::fs::write(&c1, send_toml(s.scale, 1)).unwrap();
+    std::fs::write(&c2, send_toml(s.scale, 2)).unwrap();
+    let recv = start_recv(&net, &s);
+    // Slow enough to outlast the three other senders (each retries for its 2 s reconnect
+    // timeout): 48 chunks at 400 ms over 2 connections, about 10 s.
+    let mut first = start_send_with(&net, &s, &to, &c1, &s.src, &["--fault-delay-ms", "400"]);
+    wait_journaled(&s.out, 4, s.scale.patience);
+    let limit = Duration::from_secs(15) * s.scale.patience;
+    // A sender refused "for now" (the stream is live with another sender) retries until its
+    // reconnect timeout: short here, so the refusal shows within the limit.
+    let first_timeout = std::mem::replace(&mut s.reconnect_timeout, 2 * s.scale.patience as u64);
+    let other = start_send_with(&net, &s, &to, &c2, &src2, &[]).finish_or_kill(limit);
+    let same_fresh = start_send_with(&net, &s, &to, &c1, &s.src, &[]).finish_or_kill(limit);
+    let same_resume =
+        start_send_with(&net, &s, &to, &c1, &s.src, &["--resume"]).finish_or_kill(limit);
+    s.reconnect_timeout = first_timeout;
+    let first_still_running = first.running();
+    for (o, _) in [&other, &same_fresh, &same_resume] {
+        // A second sender that "verified" would have written into stream 1's file.
+        note(Tally {
+            false_verified: says_verified(o) as u64,
+            ..Tally::default()
+        });
+    }
+    let path = s.out.display().to_string();
+    let outcome = |(o, killed): &(Output, bool)| {
+        if *killed {
+            "still running after 15 s, killed".to_string()
+        } else {
+            format!("{}: {:?}", o.status, last_line(o))
+        }
+    };
+    eprintln!(
+        "two streams, one FILE: stream 2 -> {}; stream 1 from another session -> {}; the same \
+         with --resume -> {}",
+        outcome(&other),
+        outcome(&same_fresh),
+        outcome(&same_resume)
+    );
+    // Stream 1 itself (bounded; 48 chunks at 400 ms each over 2 connections take about 10 s).
+    let (so, killed) = first.finish_or_kill(Duration::from_secs(30) * s.scale.patience);
+    let mut recv = recv;
+    let ro = if so.status.success() {
+        recv.finish(Duration::from_secs(30) * s.scale.patience)
+    } else {
+        recv.kill_output()
+    };
+    tally_complete(&s.src, &s.out, &[&so, &ro]);
+    assert!(
+        first_still_running,
+        "stream 1 ended before the other senders were tried; slow it down more"
+    );
+    let (o, k) = &other;
+    assert!(
+        !k && !o.status.success() && String::from_utf8_lossy(&o.stderr).contains(&path),
+        "a second stream into {path} must be refused with an error naming the file: {}",
+        outcome(&other)
+    );
+    for (what, r) in [("fresh", &same_fresh), ("--resume", &same_resume)] {
+        let (o, k) = r;
+        assert!(
+            !k && !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("refused"),
+            "a {what} sender of live stream 1 from another session must be refused: {}",
+            outcome(r)
+        );
+    }
+    assert!(!killed, "stream 1 did not complete within 30 s");
+    let sr = report(&so, "sender of stream 1");
+    let rr = report(&ro, "receiver");
+    check_exact(&s, &sr, &rr);
+    assert_eq!(sr["stream"], 1);
+}
+
+/// Holds `n` half-open connections to a receiver: even ones send nothing, odd ones the first
+/// 10 bytes of a ClientHello (magic, version 3) and stall. One that the receiver closes (its
+/// handshake deadline) is opened again, so the pressure lasts. Stopped and joined on drop.
+pub struct Flood {
+    stop: Arc<AtomicBool>,
+    /// Connections the receiver closed (and the flood reopened).
+    pub reopened: Arc<AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Flood {
+    pub fn start(to: SocketAddr, n: usize) -> Flood {
+        let open = move |i: usize| -> Option<TcpStream> {
+            let mut c = TcpStream::connect_timeout(&to, Duration::from_secs(2)).ok()?;
+            if i % 2 == 1 {
+                let mut partial = b"LOCISTRM".to_vec();
+                partial.extend_from_slice(&3u16.to_le_bytes());
+                c.write_all(&partial).ok()?;
+            }
+            c.set_nonblocking(true).ok()?;
+            Some(c)
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut conns: Vec<Option<TcpStream>> = Vec::with_capacity(n);
+        for i in 0..n {
+            loop {
+                if let Some(c) = open(i) {
+                    conns.push(Some(c));
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "flood: connection {i} of {n} not established"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let reopened = Arc::new(AtomicU64::new(0));
+        let (st, re) = (stop.clone(), reopened.clone());
+        let thread = std::thread::spawn(move || {
+            let mut scratch = [0u8; 512];
+            while !st.load(Relaxed) {
+                for (i, slot) in conns.iter_mut().enumerate() {
+                    let closed = match slot {
+                        Some(c) => match c.read(&mut scratch) {
+                            Ok(0) => true,
+                            Ok(_) => false, // the ServerHello or a refusal: ignored
+                            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                        },
+                        None => true,
+                    };
+                    if closed {
+                        if slot.is_some() {
+                            re.fetch_add(1, Relaxed);
+                        }
+                        *slot = open(i);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        Flood {
+            stop,
+            reopened,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Goodput of a finished stream: raw bytes over the sender's wall time, MB/s.
+fn goodput(bytes: u64, t: Duration) -> f64 {
+    bytes as f64 / t.as_secs_f64() / 1e6
+}
+
+/// 200 half-open connections held while a real stream runs: the stream completes byte-identical
+/// and verified. Prints the goodput without and with the flood (not asserted).
+pub fn half_open_flood(scale: Scale) {
+    let net = Net::loopback();
+    let mut rates = vec![];
+    for flood in [false, true] {
+        let s = setup(free_port(), scale);
+        let recv = start_recv(&net, &s);
+        let f = flood.then(|| Flood::start(SocketAddr::from(([127, 0, 0, 1], s.port)), 200));
+        let t0 = Instant::now();
+        let mut send = start_send(&net, &s, &[]);
+        let so = send.finish(Duration::from_secs(120) * s.scale.patience);
+        let wall = t0.elapsed();
+        // Closed by the receiver while the stream ran (its exit closes the rest).
+        let reopened = f.as_ref().map(|f| f.reopened.load(Relaxed)).unwrap_or(0);
+        let (sr, _) = finish_exact_after(&s, so, recv);
+        drop(f);
+        rates.push((
+            goodput(s.source_bytes(), wall),
+            sr["end_to_end_bytes_per_s"].as_f64().unwrap_or(0.0) / 1e6,
+            reopened,
+        ));
+    }
+    eprintln!(
+        "half-open flood: goodput without {:.0} MB/s (sender's report {:.0} MB/s), with 200 \
+         half-open connections {:.0} MB/s (report {:.0} MB/s; {} of them closed by the receiver \
+         and reopened)",
+        rates[0].0, rates[0].1, rates[1].0, rates[1].1, rates[1].2
+    );
+}
+
+/// One named fault scenario on loopback at the host's scale (the `fault_table` runs each many
+/// times).
+pub struct Scenario {
+    pub name: String,
+    pub run: Box<dyn Fn() + Send + Sync>,
+}
+
+/// Every fault scenario on loopback, in the order of the table.
+pub fn scenarios() -> Vec<Scenario> {
+    use mitm::{Attack, Mode, Persist};
+    let lo = Net::loopback;
+    let mut v: Vec<Scenario> = vec![];
+    let mut add = |name: &str, run: Box<dyn Fn() + Send + Sync>| {
+        v.push(Scenario {
+            name: name.to_string(),
+            run,
+        })
+    };
+    add(
+        "receiver kill -9, restart",
+        Box::new(move || receiver_killed_and_restarted(&lo(), HOST)),
+    );
+    add(
+        "sender kill -9, --resume",
+        Box::new(move || sender_killed_and_resumed(&lo(), HOST)),
+    );
+    add(
+        "corrupt frames (auth)",
+        Box::new(move || corrupt_frames_are_resent(&lo(), HOST)),
+    );
+    add(
+        "corrupt frames (checksum, NACK)",
+        Box::new(move || corrupt_frames_are_nacked_unauthenticated(&lo(), HOST)),
+    );
+    add(
+        "power loss, sender reconnects",
+        Box::new(|| power_loss(HOST, true)),
+    );
+    add(
+        "power loss, sender --resume",
+        Box::new(|| power_loss(HOST, false)),
+    );
+    add(
+        "two streams into one FILE",
+        Box::new(|| two_streams_one_file(HOST)),
+    );
+    add(
+        "200 half-open connections",
+        Box::new(|| half_open_flood(HOST)),
+    );
+    for attack in Attack::ALL {
+        for persist in [Persist::Always, Persist::Once] {
+            for mode in Mode::ALL {
+                let name = format!(
+                    "mitm {} {} ({})",
+                    attack.name(),
+                    match persist {
+                        Persist::Always => "always",
+                        Persist::Once => "once",
+                    },
+                    mode.name()
+                );
+                add(&name, Box::new(move || mitm::mitm(attack, persist, mode)));
+            }
+        }
+    }
+    v
 }
