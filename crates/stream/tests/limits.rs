@@ -19,6 +19,14 @@ const SECRET: &str = "limits-test-secret-0123";
 type Reports = std::thread::JoinHandle<Result<Vec<StreamReport>, String>>;
 
 fn receiver(config: ReceiverConfig, sink: SinkSpec) -> (String, Arc<AtomicBool>, Reports) {
+    receiver_with(config, sink, false)
+}
+
+fn receiver_with(
+    config: ReceiverConfig,
+    sink: SinkSpec,
+    verify_on_disk: bool,
+) -> (String, Arc<AtomicBool>, Reports) {
     let r = Receiver::bind(
         "127.0.0.1:0",
         RecvOptions {
@@ -30,7 +38,7 @@ fn receiver(config: ReceiverConfig, sink: SinkSpec) -> (String, Arc<AtomicBool>,
             sink,
             progress: false,
             streams: Some(1),
-            verify_on_disk: false,
+            verify_on_disk,
         },
     )
     .unwrap();
@@ -267,4 +275,27 @@ fn a_file_sink_refuses_a_second_stream() {
     );
     assert!(t.join().unwrap().unwrap().verified);
     assert!(rx.join().unwrap().unwrap()[0].verified);
+}
+
+/// `verify_on_disk`: the stream is confirmed from the file read back (page cache dropped), and
+/// the file is the source, byte for byte.
+#[test]
+fn verify_on_disk_confirms_from_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("v.raw");
+    let (addr, _stop, rx) = receiver_with(
+        ReceiverConfig {
+            sync: Sync::Data,
+            ..ReceiverConfig::default()
+        },
+        SinkSpec::File(out.clone()),
+        true,
+    );
+    let bytes = 9 * (64 << 10) + 123;
+    let rep = loci_stream::send(sender(&addr, 0, bytes)).unwrap();
+    let recv = rx.join().unwrap().unwrap();
+    assert!(rep.verified && recv[0].verified);
+    let src = dir.path().join("src.raw");
+    loci_stream::source::write_synthetic_file(&src, bytes, 5, 64 << 10).unwrap();
+    assert!(std::fs::read(&out).unwrap() == std::fs::read(&src).unwrap());
 }
