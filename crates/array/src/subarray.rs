@@ -12,7 +12,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use loci_topo::{CpuSet, Topology};
+use loci_topo::{CacheKind, CpuSet, Topology};
 use serde::{Deserialize, Serialize};
 
 use crate::array::{Array, Chunk};
@@ -81,7 +81,8 @@ pub struct SubarrayOptions {
     pub inline_bytes_pooled: usize,
     /// Results of at least this many bytes are written with non-temporal (streaming) stores,
     /// which skip reading each destination line first and leave the caches to the source (default
-    /// [`default_stream_bytes`], a quarter of the largest cache; `usize::MAX` never streams).
+    /// [`STREAM_BYTES_AUTO`]: a quarter of the largest cache of the topology the run is given, see
+    /// [`stream_bytes_for`]; `usize::MAX` never streams).
     pub stream_bytes: usize,
     /// The result-buffer pool the result's memory comes from and goes back to when the result is
     /// dropped (default: [`BufferPool::global`]); `None` maps fresh memory for every result and
@@ -101,7 +102,7 @@ impl Default for SubarrayOptions {
             huge_pages: false,
             inline_bytes: INLINE_BYTES,
             inline_bytes_pooled: INLINE_POOLED_BYTES,
-            stream_bytes: default_stream_bytes(),
+            stream_bytes: STREAM_BYTES_AUTO,
             pool: Some(BufferPool::global().clone()),
         }
     }
@@ -577,44 +578,70 @@ pub const INLINE_BYTES: usize = 1 << 20;
 /// (15.8 alone), 1.05 MB 25 us (37 alone), and 3.67 MB 143 us against 219 us on the workers.
 pub const INLINE_POOLED_BYTES: usize = 2 << 20;
 
-/// Default of [`SubarrayOptions::stream_bytes`] where the cache sizes cannot be read: 8 MiB.
+/// The streaming threshold where the topology reports no cache (or no cache size), for example
+/// [`Topology::flat`] or a source without cache data: 8 MiB, a quarter of the 32 MiB L3 of the
+/// development machine the threshold was measured on (see [`stream_bytes_for`]).
 pub const STREAM_BYTES: usize = 8 << 20;
 
-/// Default of [`SubarrayOptions::stream_bytes`]: a quarter of cpu 0's largest cache (sysfs
-/// `cpu0/cache/index*/size`; [`STREAM_BYTES`] when unreadable). The cache also holds the source
-/// lines being read and the previous results of a query stream (the pool hands back recently
-/// written buffers), so a result of a quarter of the cache already pushes its own lines out
-/// before anyone reads them: they are better written straight to memory. A smaller result is
-/// better left in the cache. Measured on the development machine (32 MiB L3, pooled result
-/// memory, 2 threads, streamed and regular queries alternating in one process, medians of 60,
-/// quiet machine, `StreamWriter`): 3.7 MB 0.18 ms streamed against 0.12 ms regular; 5.4 MB 0.74
-/// against 0.98; 8.3 MB 0.37 against 0.36; 10.7 MB 0.96 against 1.14; 22 MB 3.5 against 4.2;
-/// 107 MB 8.5 against 8.8-11; 376 MB 19.0 against 27.
-pub fn default_stream_bytes() -> usize {
-    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *BYTES.get_or_init(|| {
-        let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
-        let sizes = std::fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| {
-                let s = std::fs::read_to_string(e.path().join("size")).ok()?;
-                let s = s.trim();
-                let (num, mul) = match s.strip_suffix('K') {
-                    Some(n) => (n, 1 << 10),
-                    None => match s.strip_suffix('M') {
-                        Some(n) => (n, 1 << 20),
-                        None => (s, 1),
-                    },
-                };
-                num.parse::<usize>().ok().map(|n| n * mul)
-            });
-        sizes
-            .max()
-            .filter(|&b| b > 0)
-            .map_or(STREAM_BYTES, |b| (b / 4).max(64 << 10))
-    })
+/// The smallest threshold [`stream_bytes_for`] gives, however small the cache.
+pub const MIN_STREAM_BYTES: usize = 64 << 10;
+
+/// The default of [`SubarrayOptions::stream_bytes`]: not a byte count but "a quarter of the largest
+/// cache of the topology given to [`subarray`]" ([`stream_bytes_for`]), resolved per call by
+/// [`SubarrayOptions::stream_bytes_on`]. No real threshold is lost to it: a result of
+/// `usize::MAX - 1` bytes cannot exist, so it would never stream either way.
+pub const STREAM_BYTES_AUTO: usize = usize::MAX - 1;
+
+/// Default of [`SubarrayOptions::stream_bytes`]: [`STREAM_BYTES_AUTO`] (a quarter of the largest
+/// cache of the topology each [`subarray`] call is given, see [`stream_bytes_for`]).
+pub const fn default_stream_bytes() -> usize {
+    STREAM_BYTES_AUTO
+}
+
+/// The streaming threshold for `topo`: a quarter of the largest data or unified cache that holds
+/// the topology's first cpu (cpu 0 on a live machine, the cache the threshold was measured
+/// against), at least [`MIN_STREAM_BYTES`]; [`STREAM_BYTES`] when the topology reports no such
+/// cache or no size for it. The cache also holds the source lines being read and the previous
+/// results of a query stream (the pool hands back recently written buffers), so a result of a
+/// quarter of the cache already pushes its own lines out before anyone reads them: they are
+/// better written straight to memory. A smaller result is better left in the cache. Measured on
+/// the development machine (32 MiB L3, pooled result memory, 2 threads, streamed and regular
+/// queries alternating in one process, medians of 60, quiet machine, `StreamWriter`): 3.7 MB
+/// 0.18 ms streamed against 0.12 ms regular; 5.4 MB 0.74 against 0.98; 8.3 MB 0.37 against 0.36;
+/// 10.7 MB 0.96 against 1.14; 22 MB 3.5 against 4.2; 107 MB 8.5 against 8.8-11; 376 MB 19.0
+/// against 27.
+pub fn stream_bytes_for(topo: &Topology) -> usize {
+    let Some(first) = topo.cpus.first().map(|c| c.id) else {
+        return STREAM_BYTES;
+    };
+    topo.caches
+        .iter()
+        .filter(|c| c.kind != CacheKind::Instruction && c.cpus.contains(first))
+        .map(|c| usize::try_from(c.size_bytes).unwrap_or(usize::MAX))
+        .max()
+        .filter(|&b| b > 0)
+        .map_or(STREAM_BYTES, |b| (b / 4).max(MIN_STREAM_BYTES))
+}
+
+impl SubarrayOptions {
+    /// The streaming threshold of a run on `topo`: [`Self::stream_bytes`], or with
+    /// [`STREAM_BYTES_AUTO`] the one [`stream_bytes_for`] derives from `topo`'s caches.
+    pub fn stream_bytes_on(&self, topo: &Topology) -> usize {
+        if self.stream_bytes == STREAM_BYTES_AUTO {
+            stream_bytes_for(topo)
+        } else {
+            self.stream_bytes
+        }
+    }
+
+    /// Whether a result of `bytes` bytes on `topo` is written with streaming stores.
+    fn streams(&self, bytes: usize, topo: &Topology) -> bool {
+        // Below the smallest automatic threshold the topology's caches need not be looked at.
+        if self.stream_bytes == STREAM_BYTES_AUTO && bytes < MIN_STREAM_BYTES {
+            return false;
+        }
+        bytes >= self.stream_bytes_on(topo)
+    }
 }
 
 /// Copies the box `b` of `src` into a new array, with the worker threads of `pinning` (results
@@ -668,7 +695,7 @@ pub fn subarray(
     let next = AtomicUsize::new(0);
     let parts_ref = &parts;
     let dst_ref = &dst;
-    let stream = result_bytes >= opts.stream_bytes;
+    let stream = opts.streams(result_bytes, topo);
     // Thread `t`'s parts under `schedule`: the bytes it copied, and each part with the cpu it
     // started on.
     let work = |t: usize, schedule: Schedule| {
@@ -926,6 +953,56 @@ fn local_access_ratio(
 mod tests {
     use super::*;
 
+    /// The streaming threshold comes from the topology's caches: a quarter of the largest data or
+    /// unified cache of the first cpu, at least 64 KiB, 8 MiB with no cache; an explicit
+    /// threshold is kept as given.
+    #[test]
+    fn stream_threshold_follows_the_topology_caches() {
+        let cpus = CpuSet::parse("0-3").unwrap();
+        let mut topo = Topology::flat(cpus.clone(), "test");
+        assert_eq!(stream_bytes_for(&topo), STREAM_BYTES);
+        let cache = |level, kind, size_bytes, cpus: &str| loci_topo::Cache {
+            level,
+            kind,
+            size_bytes,
+            cpus: CpuSet::parse(cpus).unwrap(),
+        };
+        // No size known: the fallback.
+        topo.caches.push(cache(3, CacheKind::Unified, 0, "0-3"));
+        assert_eq!(stream_bytes_for(&topo), STREAM_BYTES);
+        topo.caches.push(cache(1, CacheKind::Data, 48 << 10, "0"));
+        assert_eq!(stream_bytes_for(&topo), MIN_STREAM_BYTES);
+        topo.caches.push(cache(2, CacheKind::Unified, 2 << 20, "0"));
+        assert_eq!(stream_bytes_for(&topo), 512 << 10);
+        // Instruction caches and caches of other cpus do not count.
+        topo.caches
+            .push(cache(1, CacheKind::Instruction, 64 << 20, "0"));
+        topo.caches
+            .push(cache(3, CacheKind::Unified, 64 << 20, "2-3"));
+        assert_eq!(stream_bytes_for(&topo), 512 << 10);
+        topo.caches
+            .push(cache(3, CacheKind::Unified, 32 << 20, "0-1"));
+        assert_eq!(stream_bytes_for(&topo), 8 << 20);
+
+        let auto = SubarrayOptions::default();
+        assert_eq!(auto.stream_bytes, STREAM_BYTES_AUTO);
+        assert_eq!(auto.stream_bytes_on(&topo), 8 << 20);
+        assert!(!auto.streams((8 << 20) - 1, &topo) && auto.streams(8 << 20, &topo));
+        assert!(!auto.streams(MIN_STREAM_BYTES - 1, &Topology::flat(cpus, "t")));
+        for fixed in [0, 1 << 20, usize::MAX] {
+            let o = SubarrayOptions {
+                stream_bytes: fixed,
+                ..SubarrayOptions::default()
+            };
+            assert_eq!(o.stream_bytes_on(&topo), fixed);
+        }
+        assert!(SubarrayOptions {
+            stream_bytes: 0,
+            ..SubarrayOptions::default()
+        }
+        .streams(1, &topo));
+    }
+
     #[test]
     fn runs_merge_complete_trailing_dimensions() {
         let chunk = vec![0..4, 0..5, 0..6];
@@ -1023,7 +1100,6 @@ mod tests {
                 );
             }
         }
-        assert!(default_stream_bytes() >= 64 << 10);
     }
 
     /// With parts written on different nodes, every page is bound to the node of the part that

@@ -191,7 +191,7 @@ fn stress_concurrent_subarrays_share_one_pool() {
         for t in 0..4u64 {
             let (src, topo, pool) = (&src, &topo, &pool);
             s.spawn(move || {
-                let mut rng = t * 0x9e37_79b9_7f4a_7c15 + 1;
+                let mut rng = t.wrapping_mul(0x9e37_79b9_7f4a_7c15) + 1;
                 let mut next = move |n: usize| {
                     rng ^= rng << 13;
                     rng ^= rng >> 7;

@@ -9,8 +9,8 @@
 //! Intel QPI/UPI machines). Cpu numbering follows Linux on these machines: hyper-thread siblings
 //! are cpu `i` and `i + N` (N = physical cores), cores of a node are consecutive.
 
+use crate::error::TopoError;
 use crate::model::{CacheKind, Device, DeviceKind, Topology};
-use crate::source::TopoError;
 use crate::synthetic::{uniform_distances, CacheSpec, Shape, Share};
 
 /// The preset names, in the order `loci topo --help` lists them.

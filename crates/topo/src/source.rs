@@ -10,9 +10,12 @@
 //! | [`Source::Synthetic`] | a spec such as `nodes=4,cores=8,smt=2`, see [`crate::synthetic`] | everything present |
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use crate::model::{ModelError, Topology};
+use crate::model::Topology;
+// The error type lives in crate::error; re-exported here so `loci_topo::source::TopoError`
+// still names it.
+pub use crate::error::TopoError;
 
 /// A topology source.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,47 +84,6 @@ impl std::str::FromStr for Source {
     "unknown topology source `{0}` (valid: local, sysfs:DIR, xml:FILE, json:FILE, preset:NAME, synthetic:SPEC)"
 )]
 pub struct SourceSyntaxError(pub String);
-
-/// Why a topology could not be loaded. Every variant names the bad part (file, key, name) and,
-/// where there is a fixed set, the valid choices.
-#[derive(Debug, thiserror::Error)]
-pub enum TopoError {
-    #[error("cannot read {}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{}: {msg}", path.display())]
-    Parse { path: PathBuf, msg: String },
-    #[error("hwloc XML {}: {msg}", path.display())]
-    Xml { path: PathBuf, msg: String },
-    #[error("unknown preset `{name}`; valid presets: {valid}")]
-    UnknownPreset { name: String, valid: String },
-    #[error("synthetic spec `{spec}`: {msg}")]
-    Synthetic { spec: String, msg: String },
-    #[error("topology from {source_name} is inconsistent: {err}")]
-    Model {
-        source_name: String,
-        #[source]
-        err: ModelError,
-    },
-}
-
-impl TopoError {
-    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
-        TopoError::Io {
-            path: path.to_path_buf(),
-            source,
-        }
-    }
-    pub(crate) fn parse(path: &Path, msg: impl Into<String>) -> Self {
-        TopoError::Parse {
-            path: path.to_path_buf(),
-            msg: msg.into(),
-        }
-    }
-}
 
 /// Loads a topology from `source` and checks it with [`Topology::validate`].
 pub fn load(source: &Source) -> Result<Topology, TopoError> {

@@ -19,9 +19,9 @@
 //! Caches: L1d and L1i 32 KiB per core, L2 1 MiB per `l2` group, L3 1.5 MiB per sharing core.
 //! Example: `nodes=4,cores=8,smt=2,llc=node,dist=10:21`.
 
+use crate::error::TopoError;
 use crate::idset::{CpuSet, NodeSet};
 use crate::model::{Cache, CacheKind, Cpu, Device, Node, Topology};
-use crate::source::TopoError;
 
 /// The keys a spec may use.
 pub const KEYS: &[&str] = &[

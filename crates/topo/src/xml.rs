@@ -29,9 +29,9 @@ use std::path::Path;
 
 use roxmltree::{Document, Node as XNode};
 
+use crate::error::TopoError;
 use crate::idset::{CpuSet, NodeSet};
 use crate::model::{Cache, CacheKind, Cpu, Device, DeviceKind, Node, NodeKind, Topology};
-use crate::source::TopoError;
 
 /// Reads an hwloc XML file.
 pub fn read_file(path: &Path) -> Result<Topology, TopoError> {

@@ -17,7 +17,7 @@
 //!   one that allocated it.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::mpsc;
 use std::time::Instant;
@@ -26,6 +26,11 @@ use anyhow::{bail, Context};
 use clap::Args;
 use loci_report::{median, Machine, Report, Row};
 use serde::{Deserialize, Serialize};
+
+use super::common::{
+    cpu_seconds, find_system_lib, loci_alloc_stats, max_rss_bytes, Allocator, ALLOCATORS,
+    MEMORYLESS_FALLBACKS,
+};
 
 #[derive(Args, Debug)]
 pub struct AllocArgs {
@@ -66,74 +71,6 @@ pub struct AllocArgs {
 
 const CASES: [&str; 2] = ["general", "buffer-passing"];
 
-/// One allocator: name, library file, Debian package, extra environment.
-struct Allocator {
-    name: &'static str,
-    lib: Option<&'static str>,
-    package: &'static str,
-    env: &'static [(&'static str, &'static str)],
-}
-
-const ALLOCATORS: [Allocator; 7] = [
-    Allocator {
-        name: "glibc",
-        lib: None,
-        package: "libc6",
-        env: &[],
-    },
-    Allocator {
-        name: "jemalloc",
-        lib: Some("libjemalloc.so.2"),
-        package: "libjemalloc2",
-        env: &[],
-    },
-    Allocator {
-        name: "tcmalloc",
-        lib: Some("libtcmalloc_minimal.so.4"),
-        package: "libtcmalloc-minimal4",
-        env: &[],
-    },
-    Allocator {
-        name: "tbbmalloc",
-        lib: Some("libtbbmalloc_proxy.so.2"),
-        package: "libtbbmalloc2",
-        env: &[],
-    },
-    Allocator {
-        name: "mimalloc",
-        lib: Some("libmimalloc.so.2"),
-        package: "libmimalloc2.0",
-        env: &[],
-    },
-    Allocator {
-        name: "loci",
-        lib: None,
-        package: "",
-        env: &[],
-    },
-    Allocator {
-        name: "loci-small-system",
-        lib: None,
-        package: "",
-        env: &[("LOCI_ALLOC_SMALL", "system")],
-    },
-];
-
-fn find_system_lib(file: &str) -> Option<PathBuf> {
-    let dirs = [
-        "/usr/lib/x86_64-linux-gnu",
-        "/lib/x86_64-linux-gnu",
-        "/usr/lib/aarch64-linux-gnu",
-        "/lib/aarch64-linux-gnu",
-        "/usr/lib64",
-        "/usr/lib",
-        "/usr/local/lib",
-    ];
-    dirs.iter()
-        .map(|d| Path::new(d).join(file))
-        .find(|p| p.exists())
-}
-
 /// What a child measured.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ChildResult {
@@ -153,42 +90,6 @@ pub struct ChildResult {
     /// libloci_malloc.so), by name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loci_stats: Option<std::collections::BTreeMap<String, u64>>,
-}
-
-/// The counters of libloci_malloc.so when this process runs on it.
-fn loci_stats() -> Option<std::collections::BTreeMap<String, u64>> {
-    const NAMES: [&str; 13] = [
-        "allocs",
-        "frees",
-        "bytes_requested",
-        "live_block_bytes",
-        "cross_thread_frees",
-        "recollected",
-        "heaps",
-        "os_bytes",
-        "superblocks_in_use",
-        "superblocks_cached",
-        "large_bytes",
-        "mbind_failures",
-        "memoryless_fallbacks",
-    ];
-    // SAFETY: dlsym with a NUL-terminated name; the symbol, when present, has this signature.
-    unsafe {
-        let f = libc::dlsym(libc::RTLD_DEFAULT, c"loci_alloc_stats".as_ptr());
-        if f.is_null() {
-            return None;
-        }
-        let f: unsafe extern "C" fn(*mut u64, usize) -> usize = std::mem::transmute(f);
-        let mut v = [0u64; NAMES.len()];
-        let n = f(v.as_mut_ptr(), v.len());
-        Some(
-            NAMES
-                .iter()
-                .zip(&v[..n])
-                .map(|(k, x)| (k.to_string(), *x))
-                .collect(),
-        )
-    }
 }
 
 pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
@@ -213,7 +114,7 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
             }
             other => bail!("unknown case {other:?}; valid: {}", CASES.join(", ")),
         };
-        r.loci_stats = loci_stats();
+        r.loci_stats = loci_alloc_stats();
         println!("{}", serde_json::to_string(&r)?);
         std::process::exit(0);
     }
@@ -310,9 +211,9 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
                 }
                 eprint!("alloc: {case} {} rep {}/{reps} ... ", al.name, r + 1);
                 std::io::stderr().flush().ok();
-                let cpu0 = children_cpu();
+                let cpu0 = cpu_seconds(libc::RUSAGE_CHILDREN);
                 let out = cmd.output().context("cannot start the benchmark child")?;
-                cpus[i].push(children_cpu() - cpu0);
+                cpus[i].push(cpu_seconds(libc::RUSAGE_CHILDREN) - cpu0);
                 if !out.status.success() {
                     eprintln!("failed");
                     bail!(
@@ -410,7 +311,7 @@ pub fn goals(rep: &Report) -> String {
         let n = r
             .extra
             .get("loci_stats")
-            .and_then(|s| s.get("memoryless_fallbacks"))
+            .and_then(|s| s.get(MEMORYLESS_FALLBACKS))
             .and_then(|v| v.as_u64())
             .unwrap_or(0);
         if n > 0 {
@@ -468,17 +369,6 @@ impl Rng {
     }
 }
 
-/// User + system seconds of all waited-for children so far (the bench waits for one child at a
-/// time, so a difference is one child's CPU time: steadier than wall time on a shared machine).
-fn children_cpu() -> f64 {
-    // SAFETY: getrusage fills the struct it is given.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid out pointer.
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
-    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 * 1e-6;
-    t(ru.ru_utime) + t(ru.ru_stime)
-}
-
 fn rss_now() -> u64 {
     let s = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     let pages: u64 = s
@@ -487,14 +377,6 @@ fn rss_now() -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     pages * loci_place::sys::page_size() as u64
-}
-
-fn max_rss() -> u64 {
-    // SAFETY: getrusage fills the struct it is given.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid out pointer.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    ru.ru_maxrss as u64 * 1024
 }
 
 fn fill_byte(size: usize) -> u8 {
@@ -567,7 +449,7 @@ fn general(threads: usize, ops: u64) -> ChildResult {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let seconds = t0.elapsed().as_secs_f64();
-    let max = max_rss();
+    let max = max_rss_bytes();
     let mut r = ChildResult {
         seconds,
         rss_bytes: max.saturating_sub(base),
@@ -659,7 +541,7 @@ fn buffer_passing(threads: usize, blocks: u64, batch: usize) -> ChildResult {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let seconds = t0.elapsed().as_secs_f64();
-    let max = max_rss();
+    let max = max_rss_bytes();
     ChildResult {
         seconds,
         rss_bytes: max.saturating_sub(base),

@@ -9,6 +9,7 @@ use clap::{Args, Subcommand};
 use loci_report::Report;
 
 mod alloc;
+mod common;
 mod engine;
 mod memcpy;
 mod sched;

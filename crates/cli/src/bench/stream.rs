@@ -44,6 +44,8 @@ use loci_stream::plan::{plan, PlanOptions};
 use loci_stream::proto::Protection;
 use loci_stream::{Codec, Faults, SendOptions, SourceSpec};
 
+use super::common::cpu_seconds;
+
 #[derive(Args, Debug)]
 pub struct StreamArgs {
     #[command(flatten)]
@@ -808,19 +810,6 @@ fn loci_once(
         );
     }
     Ok((secs, rep))
-}
-
-/// User + system CPU seconds of this process (`RUSAGE_SELF`), of its waited-for children
-/// (`RUSAGE_CHILDREN`) or of the calling thread (`RUSAGE_THREAD`).
-fn cpu_seconds(who: i32) -> f64 {
-    // SAFETY: rusage is plain data and getrusage only writes it.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer to a rusage.
-    if unsafe { libc::getrusage(who, &mut u) } != 0 {
-        return 0.0;
-    }
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 fn free_port() -> anyhow::Result<u16> {

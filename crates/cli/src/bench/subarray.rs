@@ -214,13 +214,14 @@ fn sum32(b: &[u8]) -> u64 {
         .fold(0u64, u64::wrapping_add)
 }
 
-fn repo_root() -> PathBuf {
-    // The binary lives in target/<profile>/; the peers live in the source tree.
-    let exe = std::env::current_exe().unwrap_or_default();
-    exe.ancestors()
-        .find(|p| p.join("bench/peers/subarray.py").exists())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| std::env::current_dir().unwrap_or_default())
+/// The bench/peers directory holding subarray.py (else bench/peers under the current directory,
+/// for the error that names the missing interpreter).
+fn peers_dir() -> PathBuf {
+    super::common::peers_dir("subarray.py").unwrap_or_else(|| {
+        std::env::current_dir()
+            .unwrap_or_default()
+            .join("bench/peers")
+    })
 }
 
 /// Bytes of result each system copies per case at least: a case with a small result gets more
@@ -276,7 +277,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
     let python = a
         .python
         .clone()
-        .unwrap_or_else(|| repo_root().join("bench/peers/.venv/bin/python"));
+        .unwrap_or_else(|| peers_dir().join(".venv/bin/python"));
     if has_py_peers && !python.is_file() {
         bail!(
             "the Python peers need {} (create it with bench/peers/setup --subarray, or pass --python)",
@@ -325,7 +326,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
             "chunks": a.chunks, "selectivity": a.selectivity, "span": a.span,
             "threads": nthreads, "mem": mem.to_string(), "huge_pages": huge, "reps": reps,
             "seed": Seismic::default().seed, "layers": Seismic::default().layers,
-            "pool": a.pool, "pool_cap": pool_cap, "stream_bytes": opts.stream_bytes,
+            "pool": a.pool, "pool_cap": pool_cap, "stream_bytes": opts.stream_bytes_on(&topo),
             "inline_bytes": opts.inline_bytes, "inline_bytes_pooled": opts.inline_bytes_pooled,
         }),
         Machine::of(&topo),
@@ -563,7 +564,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
     }
     let py_peers: Vec<&String> = a.peers.iter().filter(|p| is_python_peer(p)).collect();
     if let (false, Some((path, vsum))) = (py_peers.is_empty(), &volume_file) {
-        let root = repo_root();
+        let pdir = peers_dir();
         let tdb = std::env::temp_dir().join(format!("loci-subarray-tiledb-{}", std::process::id()));
         let job = serde_json::json!({
             "file": path, "shape": shape, "dtype": "<f4", "sum32": vsum, "reps": reps,
@@ -576,7 +577,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
             python.display()
         ));
         let out = Command::new(&python)
-            .arg(root.join("bench/peers/subarray.py"))
+            .arg(pdir.join("subarray.py"))
             .arg(&job_path)
             .output();
         let _ = std::fs::remove_file(path);

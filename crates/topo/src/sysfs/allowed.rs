@@ -10,8 +10,8 @@ use super::text::{
     parse_mountinfo, parse_proc_cgroup, parse_proc_mounts, status_field, CgroupPaths, Mount,
 };
 use super::{read_opt, under};
+use crate::error::TopoError;
 use crate::idset::{CpuSet, NodeSet};
-use crate::source::TopoError;
 
 /// How a cpuset hierarchy is mounted, which decides where its files are and what they are called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 
 use super::text::{parse_cache_size, parse_cache_type};
 use super::{bad, numbered_entries, read_int_opt, read_list_opt, read_opt};
+use crate::error::TopoError;
 use crate::idset::CpuSet;
 use crate::model::{Cache, CacheKind};
-use crate::source::TopoError;
 
 /// Reads the cache directories of every cpu in `cpu_entries` (id, `cpuN` directory).
 pub(super) fn read_caches(cpu_entries: &[(u32, PathBuf)]) -> Result<Vec<Cache>, TopoError> {

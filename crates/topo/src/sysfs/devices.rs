@@ -4,9 +4,9 @@ use std::fs;
 use std::path::Path;
 
 use super::read_int_opt;
+use crate::error::TopoError;
 use crate::idset::NodeSet;
 use crate::model::{Device, DeviceKind};
-use crate::source::TopoError;
 
 /// Devices under `sys/class/net` and `sys/class/block` that are hardware (not below
 /// `sys/devices/virtual`; partitions skipped), each with its home node when that is one of

@@ -37,9 +37,9 @@ pub use allowed::{cgroup_cpuset, cpuset_dirs, CpusetKind};
 pub use caches::{resolve_caches, CacheEntry};
 pub use text::*;
 
+use crate::error::TopoError;
 use crate::idset::{CpuSet, NodeSet};
 use crate::model::{Cpu, Node, Topology};
-use crate::source::TopoError;
 
 // ---------------------------------------------------------------------------------------------
 // File helpers

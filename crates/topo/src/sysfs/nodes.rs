@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 
 use super::text::{parse_distance_row, parse_meminfo, parse_numa_status};
 use super::{bad, numbered_entries, read_list_opt, read_opt};
+use crate::error::TopoError;
 use crate::idset::{CpuSet, NodeSet};
 use crate::model::{Node, NodeKind};
-use crate::source::TopoError;
 
 /// The nodes as read, before cpus are attached: every node directory, its distance row
 /// aligned to the node directories, and what was repaired on the way.

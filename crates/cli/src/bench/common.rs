@@ -1,0 +1,245 @@
+//! Helpers the workloads share: the allocator table (`loci bench alloc` and the engine
+//! workloads' `--alloc`), the counters of libloci_malloc.so, where `bench/peers` is, and CPU time
+//! and peak RSS from `getrusage(2)`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+// ---------------------------------------------------------------------------------------------
+// Allocators
+
+/// One allocator: name, library file, Debian package, extra environment.
+pub struct Allocator {
+    pub name: &'static str,
+    /// The system library preloaded for it (`None`: glibc, or loci's own library, found apart).
+    pub lib: Option<&'static str>,
+    pub package: &'static str,
+    pub env: &'static [(&'static str, &'static str)],
+}
+
+/// Every allocator the benchmarks know. The ones with a [`Allocator::lib`] run under
+/// `LD_PRELOAD` of that Debian library (found by [`find_system_lib`]).
+pub const ALLOCATORS: [Allocator; 7] = [
+    Allocator {
+        name: "glibc",
+        lib: None,
+        package: "libc6",
+        env: &[],
+    },
+    Allocator {
+        name: "jemalloc",
+        lib: Some("libjemalloc.so.2"),
+        package: "libjemalloc2",
+        env: &[],
+    },
+    Allocator {
+        name: "tcmalloc",
+        lib: Some("libtcmalloc_minimal.so.4"),
+        package: "libtcmalloc-minimal4",
+        env: &[],
+    },
+    Allocator {
+        name: "tbbmalloc",
+        lib: Some("libtbbmalloc_proxy.so.2"),
+        package: "libtbbmalloc2",
+        env: &[],
+    },
+    Allocator {
+        name: "mimalloc",
+        lib: Some("libmimalloc.so.2"),
+        package: "libmimalloc2.0",
+        env: &[],
+    },
+    Allocator {
+        name: "loci",
+        lib: None,
+        package: "",
+        env: &[],
+    },
+    Allocator {
+        name: "loci-small-system",
+        lib: None,
+        package: "",
+        env: &[("LOCI_ALLOC_SMALL", "system")],
+    },
+];
+
+/// The allocator called `name`, if any.
+pub fn allocator(name: &str) -> Option<&'static Allocator> {
+    ALLOCATORS.iter().find(|a| a.name == name)
+}
+
+/// Where the Debian library `file` is installed, if it is.
+pub fn find_system_lib(file: &str) -> Option<PathBuf> {
+    let dirs = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+        "/usr/local/lib",
+    ];
+    dirs.iter()
+        .map(|d| Path::new(d).join(file))
+        .find(|p| p.exists())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The counters of libloci_malloc.so
+
+/// The counters `loci_alloc_stats(u64 *out, size_t n)` of libloci_malloc.so writes, by name, in
+/// the order it writes them (crates/alloc-preload/src/lib.rs, `LOCI_ALLOC_STATS_LEN` of them):
+/// the one list this side of that ABI. The unit test `counter_names_match_the_preload_library`
+/// checks it against the library's source, so a counter added or moved there fails here.
+pub const LOCI_ALLOC_STATS: [&str; 13] = [
+    "allocs",
+    "frees",
+    "bytes_requested",
+    "live_block_bytes",
+    "cross_thread_frees",
+    "recollected",
+    "heaps",
+    "os_bytes",
+    "superblocks_in_use",
+    "superblocks_cached",
+    "large_bytes",
+    "mbind_failures",
+    "memoryless_fallbacks",
+];
+
+/// The counter of thread heaps started on a node without memory (served by the nearest node
+/// with memory).
+pub const MEMORYLESS_FALLBACKS: &str = LOCI_ALLOC_STATS[12];
+
+/// The counters of libloci_malloc.so when this process runs on it (`None` otherwise), by name.
+pub fn loci_alloc_stats() -> Option<BTreeMap<String, u64>> {
+    // SAFETY: dlsym with a NUL-terminated name; the symbol, when present, has this signature.
+    unsafe {
+        let f = libc::dlsym(libc::RTLD_DEFAULT, c"loci_alloc_stats".as_ptr());
+        if f.is_null() {
+            return None;
+        }
+        let f: unsafe extern "C" fn(*mut u64, usize) -> usize = std::mem::transmute(f);
+        let mut v = [0u64; LOCI_ALLOC_STATS.len()];
+        let n = f(v.as_mut_ptr(), v.len());
+        Some(
+            LOCI_ALLOC_STATS
+                .iter()
+                .zip(&v[..n])
+                .map(|(k, x)| (k.to_string(), *x))
+                .collect(),
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// bench/peers
+
+/// The repository's `bench/peers` directory holding `script` (`peers.py`, `subarray.py`): in
+/// the source tree this binary was built from, else above the executable (it lives in
+/// `target/<profile>/`), else under the current directory.
+pub fn peers_dir(script: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut roots: Vec<&Path> = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .into_iter()
+        .collect();
+    roots.extend(exe.ancestors());
+    let cwd = std::env::current_dir().unwrap_or_default();
+    roots.push(&cwd);
+    roots
+        .into_iter()
+        .map(|root| root.join("bench/peers"))
+        .find(|d| d.join(script).exists())
+}
+
+// ---------------------------------------------------------------------------------------------
+// getrusage
+
+/// `getrusage(who)`, `None` when it fails.
+fn rusage(who: i32) -> Option<libc::rusage> {
+    // SAFETY: rusage is plain data and getrusage only writes it.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a rusage.
+    (unsafe { libc::getrusage(who, &mut u) } == 0).then_some(u)
+}
+
+/// User + system CPU seconds of this process (`RUSAGE_SELF`), of its waited-for children
+/// (`RUSAGE_CHILDREN`) or of the calling thread (`RUSAGE_THREAD`); 0 when unreadable. A bench
+/// that waits for one child at a time gets one child's CPU time as a difference of
+/// `RUSAGE_CHILDREN` readings: steadier than wall time on a shared machine.
+pub fn cpu_seconds(who: i32) -> f64 {
+    let Some(u) = rusage(who) else {
+        return 0.0;
+    };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// Peak RSS of this process in bytes (`ru_maxrss`); 0 when unreadable.
+pub fn max_rss_bytes() -> u64 {
+    rusage(libc::RUSAGE_SELF).map_or(0, |u| u.ru_maxrss as u64 * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names are those of the values `loci_alloc_stats` writes, in its order: entry `i` of its
+    /// array reads the field named `LOCI_ALLOC_STATS[i]`.
+    #[test]
+    fn counter_names_match_the_preload_library() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../alloc-preload/src/lib.rs");
+        let src = std::fs::read_to_string(&path).expect("alloc-preload source");
+        let len = format!(
+            "pub const LOCI_ALLOC_STATS_LEN: usize = {};",
+            LOCI_ALLOC_STATS.len()
+        );
+        assert!(src.contains(&len), "{} lacks `{len}`", path.display());
+        let start = src
+            .find("let v: [u64; LOCI_ALLOC_STATS_LEN] = [")
+            .expect("the counters' array");
+        let body = &src[start..];
+        let body = &body[body.find('[').unwrap() + 1..];
+        let body = &body[body.find('[').unwrap() + 1..body.find("];").unwrap()];
+        let entries: Vec<&str> = body
+            .split(",\n")
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .collect();
+        assert_eq!(entries.len(), LOCI_ALLOC_STATS.len(), "{entries:?}");
+        for (e, name) in entries.iter().zip(LOCI_ALLOC_STATS) {
+            let field = format!(".{name}");
+            let at = e.find(&field);
+            let ends = at.map(|i| e[i + field.len()..].chars().next());
+            assert!(
+                matches!(ends, Some(None | Some('.' | ')' | ','))),
+                "counter {name} is not read by `{e}`"
+            );
+        }
+        assert_eq!(MEMORYLESS_FALLBACKS, "memoryless_fallbacks");
+    }
+
+    #[test]
+    fn every_preloaded_allocator_has_a_package() {
+        for a in &ALLOCATORS {
+            assert_eq!(allocator(a.name).map(|x| x.name), Some(a.name));
+            assert!(a.lib.is_none() || !a.package.is_empty(), "{}", a.name);
+        }
+        assert!(allocator("nonesuch").is_none());
+    }
+
+    #[test]
+    fn rusage_reads() {
+        assert!(max_rss_bytes() > 0);
+        let t0 = cpu_seconds(libc::RUSAGE_THREAD);
+        let mut x = 0u64;
+        for i in 0..2_000_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
+        assert!(cpu_seconds(libc::RUSAGE_THREAD) >= t0);
+        assert!(peers_dir("peers.py").is_some_and(|d| d.ends_with("bench/peers")));
+    }
+}

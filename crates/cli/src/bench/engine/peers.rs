@@ -1,0 +1,189 @@
+//! DuckDB and Polars on the same rows: the tables exported as raw columns, bench/peers/peers.py
+//! run on them, and its answers checked against loci's.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context};
+use loci_engine::{
+    generate_agg64, generate_join, generate_join64, Exec, MemPolicy, Sched, Table, Threads,
+};
+use loci_report::{Report, Row};
+
+use super::{Answer, Case, EngineArgs, Sizes, Workload};
+use crate::bench::common;
+
+/// Writes one column of `t` as raw little-endian values (u32 for 32-bit tables, u64 keys and
+/// i64 values for 64-bit ones), morsel by morsel (no copy of the table).
+fn write_col(t: &Table, path: &Path, keys: bool) -> anyhow::Result<()> {
+    let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut f = std::io::BufWriter::with_capacity(1 << 20, f);
+    let mut b = Vec::with_capacity(1 << 19);
+    for m in &t.morsels {
+        if m.width() == 8 {
+            if keys {
+                for chunk in m.keys64().chunks(1 << 16) {
+                    b.clear();
+                    chunk
+                        .iter()
+                        .for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
+                    f.write_all(&b)?;
+                }
+            } else {
+                for chunk in m.vals64().chunks(1 << 16) {
+                    b.clear();
+                    chunk
+                        .iter()
+                        .for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
+                    f.write_all(&b)?;
+                }
+            }
+            continue;
+        }
+        let col = if keys { m.keys() } else { m.vals() };
+        for chunk in col.chunks(1 << 16) {
+            b.clear();
+            for x in chunk {
+                b.extend_from_slice(&x.to_le_bytes());
+            }
+            f.write_all(&b)?;
+        }
+    }
+    f.flush()
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// Exports `t` as `<name>.k.u64` + `<name>.v.i64` (64-bit) or `<name>.k.u32` + `<name>.v.u32`.
+fn export(t: &Table, dir: &Path, name: &str) -> anyhow::Result<()> {
+    let (k, v) = if t.morsels.first().is_some_and(|m| m.width() == 8) {
+        ("k.u64", "v.i64")
+    } else {
+        ("k.u32", "v.u32")
+    };
+    write_col(t, &dir.join(format!("{name}.{k}")), true)?;
+    write_col(t, &dir.join(format!("{name}.{v}")), false)?;
+    Ok(())
+}
+
+pub(super) fn run_peers(
+    w: Workload,
+    a: &EngineArgs,
+    sz: &Sizes,
+    cases: &[Case],
+    answers: &[(String, Answer)],
+    rep: &mut Report,
+) -> anyhow::Result<()> {
+    let pdir = common::peers_dir("peers.py")
+        .context("bench/peers/peers.py not found (run loci from the repository root)")?;
+    let st = Command::new(pdir.join("setup"))
+        .status()
+        .context("running bench/peers/setup")?;
+    if !st.success() {
+        bail!("bench/peers/setup failed ({st}): the peers need python3 with venv and PyPI access");
+    }
+    let topo = crate::this_machine()?;
+    let nworkers = a.workers.unwrap_or(topo.allowed_cpus().len().max(1));
+    let pool = Exec::new(&topo, Sched::Las, Threads::Sparse, Some(nworkers))?;
+    let (dir, temp) = match &a.peer_dir {
+        Some(d) => (d.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!("loci-peers-{}", std::process::id())),
+            true,
+        ),
+    };
+    std::fs::create_dir_all(&dir)?;
+    let result = (|| -> anyhow::Result<()> {
+        for d in cases {
+            // Same rows as loci's runs: the generators are independent of placement and threads.
+            let format = match (d.dist, d.keys) {
+                (Some(dist), Some(keys)) => {
+                    let spec = sz.agg(dist, a.seed);
+                    let t =
+                        generate_agg64(&pool, spec, keys, a.morsel_rows, &MemPolicy::FirstTouch)?;
+                    export(&t, &dir, "t")?;
+                    "u64"
+                }
+                (_, keys) => {
+                    let spec = sz.join(a.seed);
+                    let (r, s, f) = match keys {
+                        Some(k) => {
+                            let (r, s) = generate_join64(
+                                &pool,
+                                spec,
+                                k,
+                                a.morsel_rows,
+                                &MemPolicy::FirstTouch,
+                            )?;
+                            (r, s, "u64")
+                        }
+                        None => {
+                            let (r, s) =
+                                generate_join(&pool, spec, a.morsel_rows, &MemPolicy::FirstTouch)?;
+                            (r, s, "u32")
+                        }
+                    };
+                    export(&r, &dir, "r")?;
+                    export(&s, &dir, "s")?;
+                    f
+                }
+            };
+            let key = d.label();
+            let want = answers.iter().find(|x| x.0 == key).map(|x| &x.1);
+            let peer_workload = if w == Workload::W4 { "w3" } else { w.name() };
+            eprintln!("running peers {} on {key}", a.peers.join(","));
+            let mut child = Command::new(pdir.join(".venv/bin/python"))
+                .arg(pdir.join("peers.py"))
+                .args(["--workload", peer_workload])
+                .args(["--format", format])
+                .arg("--dir")
+                .arg(&dir)
+                .args(["--reps", &sz.reps.to_string()])
+                .args(["--threads", &nworkers.to_string()])
+                .args(["--peers", &a.peers.join(",")])
+                .stdout(Stdio::piped())
+                .spawn()
+                .context("starting bench/peers/peers.py")?;
+            let stdout = child.stdout.take().expect("piped");
+            for line in BufReader::new(stdout).lines() {
+                let line = line?;
+                let v: serde_json::Value = serde_json::from_str(&line)
+                    .with_context(|| format!("peer output is not JSON: {line}"))?;
+                let system = v["system"].as_str().unwrap_or("peer").to_string();
+                let times: Vec<f64> = serde_json::from_value(v["times_s"].clone())?;
+                let ck = v["checksum"].clone();
+                if let Some(want) = want {
+                    if !want.agrees(&ck) {
+                        bail!(
+                            "{system} computed a different answer on the same rows: {ck} vs loci {}",
+                            want.checksum()
+                        );
+                    }
+                }
+                let case = match w {
+                    Workload::W4 => "w4/peer hash join".to_string(),
+                    _ => format!("{key}/peer"),
+                };
+                rep.results.push(
+                    Row::from_times(&system, times)
+                        .case(&case)
+                        .config("threads", nworkers)
+                        .work(sz.rows as f64, "rows/s")
+                        .extra("version", v["version"].clone())
+                        .extra("timed", v["timed"].clone())
+                        .extra("checksum", ck),
+                );
+            }
+            let st = child.wait()?;
+            if !st.success() {
+                bail!("bench/peers/peers.py failed ({st})");
+            }
+        }
+        Ok(())
+    })();
+    if temp {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
