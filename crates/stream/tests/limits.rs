@@ -225,8 +225,9 @@ fn a_fresh_hello_for_a_live_stream_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.raw");
     let (addr, _stop, rx) = receiver(ReceiverConfig::default(), SinkSpec::File(out.clone()));
+    // About 3.6 s: it outlasts the second sender's 1 s of retries ("busy") by a wide margin.
     let mut first = sender(&addr, 3, 24 * (64 << 10));
-    first.faults.delay = Duration::from_millis(40);
+    first.faults.delay = Duration::from_millis(150);
     let a = addr.clone();
     let t = std::thread::spawn(move || loci_stream::send(first));
     // Wait until the first stream is live: its journal exists.
