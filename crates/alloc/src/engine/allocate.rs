@@ -1,0 +1,271 @@
+//! The allocation entry points: [`alloc`] with its call-free fast path
+//! ([`alloc_small_fast`]) and everything else ([`alloc_full`]: delegated small blocks, class
+//! blocks, spans, aligned and large blocks), [`alloc_zeroed`], [`realloc`], and the usable size
+//! of a block ([`usable_size`], [`sys_usable_size`]).
+
+use core::ptr::null_mut;
+use core::sync::atomic::{
+    AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
+
+use super::blocks::{alloc_large, alloc_sized};
+use super::class_run::{alloc_class, block_start, class_state, pop};
+use super::config::{current_node, ensure_init, home, SMALL_OWN};
+use super::deallocate::free;
+use super::heap::{heap, tls_heap};
+use super::spans::run_of;
+use super::structs::{Large, Segment, R_CLASS, R_CLASS_ALIGNED};
+use super::{
+    __libc_calloc, __libc_malloc, __libc_memalign, __libc_realloc, bump, KIND_LARGE, PAGE,
+};
+use crate::classes::{class_of, small_class_of, LINE, MEDIUM_MAX, SMALL_MAX};
+use crate::os;
+
+#[inline]
+fn small_delegated() -> bool {
+    !SMALL_OWN.load(Relaxed)
+}
+
+/// Allocates `size` bytes aligned to `align` (a power of two). Null when out of memory.
+///
+/// # Safety
+/// `align` must be a power of two.
+#[inline(always)]
+pub unsafe fn alloc(size: usize, align: usize) -> *mut u8 {
+    if align <= 16 {
+        let p = alloc_small_fast(size);
+        if !p.is_null() {
+            return p;
+        }
+    }
+    alloc_full(size, align)
+}
+
+/// The call-free fast path of an allocation of `size` bytes aligned to 16: a small block from
+/// the active run of the thread's heap, nothing pending in its bins. Null when it does not
+/// apply (the caller then takes [`alloc_full`]).
+///
+/// Kept free of calls and panics so that it needs no saved registers and inlines into the C
+/// `malloc` (callgrind showed the pushes and pops of the full path at ~13 of its
+/// instructions per malloc), and loads only the heap's own lines: its flag word, its bins'
+/// pending mask, the class's state and the run's first line.
+///
+/// # Safety
+/// None beyond calling it from a thread that may allocate (any thread); the block is the
+/// caller's to free with [`free`].
+#[inline(always)]
+pub unsafe fn alloc_small_fast(size: usize) -> *mut u8 {
+    if size <= SMALL_MAX {
+        let h = tls_heap();
+        // A thread with a heap has passed init (it created or adopted the heap after it).
+        if !h.is_null() && (*h).fast && (*h).shared.pending.load(Relaxed) == 0 {
+            // SAFETY: a class of a size <= SMALL_MAX is a small class < NCLASSES.
+            let cs = class_state(h, small_class_of(size));
+            let sb = cs.active;
+            if !sb.is_null() {
+                let p = pop(sb);
+                if !p.is_null() {
+                    bump(&cs.allocs, 1);
+                    bump(&(*h).st.requested, size as u64);
+                    return p;
+                }
+            }
+        }
+    }
+    null_mut()
+}
+
+/// Every allocation the fast path of [`alloc`] does not serve.
+///
+/// `extern "C"` (it aborts instead of unwinding) so that calls to it are known not to unwind
+/// and the C `malloc` can end in a tail call without a landing pad or a stack frame.
+///
+/// # Safety
+/// `align` must be a power of two.
+#[inline(never)]
+pub unsafe extern "C" fn alloc_full(size: usize, align: usize) -> *mut u8 {
+    ensure_init();
+    let size = size.max(1);
+    if align <= 16 {
+        if size <= SMALL_MAX {
+            if small_delegated() {
+                return __libc_malloc(size);
+            }
+            let h = heap();
+            if h.is_null() {
+                return h as *mut u8;
+            }
+            return alloc_class(h, class_of(size), size);
+        }
+        if size <= MEDIUM_MAX {
+            let h = heap();
+            if h.is_null() {
+                return h as *mut u8;
+            }
+            return alloc_sized(h, size, size);
+        }
+    }
+    alloc_aligned_slow(size, align)
+}
+
+#[cold]
+unsafe fn alloc_aligned_slow(size: usize, align: usize) -> *mut u8 {
+    if align <= LINE && size > SMALL_MAX && size <= MEDIUM_MAX {
+        // medium blocks are cache-line aligned already (runs start on pages, sizes are lines)
+        let h = heap();
+        if h.is_null() {
+            return h as *mut u8;
+        }
+        return alloc_sized(h, size, size);
+    }
+    if align <= PAGE && size <= MEDIUM_MAX - align {
+        let padded = size + align - 16;
+        if padded <= SMALL_MAX && small_delegated() {
+            return __libc_memalign(align, size);
+        }
+        let h = heap();
+        if h.is_null() {
+            return h as *mut u8;
+        }
+        let p = alloc_sized(h, padded, size);
+        if p.is_null() {
+            return p;
+        }
+        return align_into(p, align);
+    }
+    if align >= region_size() {
+        // A block aligned to a region boundary starts on the first page of a region slot, where
+        // `free` looks for that slot's header: the block would cover its own header. Such
+        // alignments (the region size, 4 MiB or more) are left to glibc, whose pointers `free`
+        // recognises as foreign; they are not node-bound.
+        return __libc_memalign(align, size);
+    }
+    let h = heap();
+    let node = if h.is_null() {
+        home(current_node())
+    } else {
+        (*h).mem_node
+    };
+    alloc_large(size, align, node)
+}
+
+/// Bytes of one region slot of the region map: large blocks and superblocks start on one, and
+/// an alignment must stay below it (see `alloc_aligned_slow`).
+#[inline]
+pub(super) fn region_size() -> usize {
+    1usize << os::REGION_SHIFT.load(Relaxed)
+}
+
+/// The first address aligned to `align` in the block `p` (allocated with room for it). When
+/// that is inside a block of a class run, the run becomes R_CLASS_ALIGNED: its frees then take
+/// the slow path, which finds the block start by division.
+///
+/// # Safety
+/// `p` is a live block of this allocator, padded by `align - 16` bytes or more; the caller
+/// holds the claim of the heap that owns its run.
+pub(super) unsafe fn align_into(p: *mut u8, align: usize) -> *mut u8 {
+    let q = (p as usize + align - 1) & !(align - 1);
+    if q != p as usize {
+        if let Some((_, hdr)) = os::region_and_header(p as usize) {
+            if *(hdr as *const u32) != KIND_LARGE {
+                let r = run_of(hdr as *mut Segment, p as usize);
+                if (*r).state.load(Relaxed) == R_CLASS {
+                    (*r).state.store(R_CLASS_ALIGNED, Relaxed);
+                }
+            }
+        }
+    }
+    q as *mut u8
+}
+
+/// Zeroed allocation.
+///
+/// # Safety
+/// `align` must be a power of two.
+pub unsafe fn alloc_zeroed(size: usize, align: usize) -> *mut u8 {
+    ensure_init();
+    if align <= 16 && size <= SMALL_MAX && small_delegated() {
+        return __libc_calloc(1, size.max(1));
+    }
+    let p = alloc(size, align);
+    if p.is_null() {
+        return p;
+    }
+    if let Some(base) = os::region_of(p as usize) {
+        if *(os::header_of(base) as *const u32) == KIND_LARGE {
+            return p; // fresh anonymous mapping: already zero
+        }
+    }
+    core::ptr::write_bytes(p, 0, size);
+    p
+}
+
+/// Bytes usable at `p` (at least what was asked for), or None if `p` is not this allocator's.
+///
+/// # Safety
+/// `p` is a live block.
+pub unsafe fn usable_size(p: *const u8) -> Option<usize> {
+    let base = os::region_of(p as usize)?;
+    let hdr = os::header_of(base);
+    if *(hdr as *const u32) == KIND_LARGE {
+        return Some(base + (*(hdr as *const Large)).map_len - p as usize);
+    }
+    let r = run_of(hdr as *mut Segment, p as usize);
+    Some(block_start(r, p as usize) + (*r).bsize - p as usize)
+}
+
+type UsableFn = unsafe extern "C" fn(*mut libc::c_void) -> usize;
+static SYS_USABLE: AtomicUsize = AtomicUsize::new(0);
+
+/// `malloc_usable_size` of the system allocator for a delegated block.
+///
+/// # Safety
+/// `p` is a live block of the system allocator.
+pub unsafe fn sys_usable_size(p: *mut u8) -> usize {
+    let mut f = SYS_USABLE.load(Acquire);
+    if f == 0 {
+        // Resolved lazily, never during init: dlsym may allocate (through us, which is fine
+        // once initialized). RTLD_NEXT skips our own export when this code is the preload.
+        f = libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) as usize;
+        if f == 0 {
+            return 0;
+        }
+        SYS_USABLE.store(f, Release);
+    }
+    let func: UsableFn = core::mem::transmute(f);
+    func(p as *mut libc::c_void)
+}
+
+/// Resizes with C `realloc` semantics (null `p` allocates; the caller handles size 0).
+///
+/// # Safety
+/// `p` is null or a live block; `align` a power of two.
+pub unsafe fn realloc(p: *mut u8, new: usize, align: usize) -> *mut u8 {
+    if p.is_null() {
+        return alloc(new, align);
+    }
+    ensure_init();
+    let old = match usable_size(p) {
+        Some(us) => {
+            // Keep the block when it fits and at most half of it would be wasted.
+            if new <= us && (new >= us / 2 || us <= 64) {
+                return p;
+            }
+            us
+        }
+        None => {
+            if align <= 16 && new <= SMALL_MAX && small_delegated() {
+                return __libc_realloc(p, new.max(1));
+            }
+            sys_usable_size(p)
+        }
+    };
+    let q = alloc(new, align);
+    if q.is_null() {
+        return q;
+    }
+    core::ptr::copy_nonoverlapping(p, q, old.min(new));
+    free(p);
+    q
+}

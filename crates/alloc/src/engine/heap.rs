@@ -1,0 +1,327 @@
+//! Thread heaps: creating one or adopting an exited thread's from the node's pool, draining
+//! the recollection bins, collecting abandoned heaps, handing a heap back at thread exit or
+//! when its thread moves to another node, and the thread's heap slot (initial-exec TLS).
+
+use core::ptr::null_mut;
+use core::sync::atomic::{
+    AtomicPtr, AtomicUsize,
+    Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
+};
+
+use super::class_run::{file, local_free};
+use super::config::{
+    current_node, ensure_init, home, memoryless_fallback, nodemap, FAST_SMALL, KEY, MULTI_NODE,
+};
+use super::spans::{node_free, run_of};
+use super::structs::{Heap, Segment, NODES};
+use super::{bump, PAGE};
+use crate::classes::NCLASSES;
+use crate::os;
+
+static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
+pub(super) static ALL_HEAPS: AtomicPtr<Heap> = AtomicPtr::new(null_mut());
+
+/// The calling thread's heap pointer, in the initial-exec TLS model on x86-64 Linux.
+///
+/// Rust's `thread_local!` in a shared object (libloci_malloc.so) uses the general-dynamic
+/// model: every access calls `__tls_get_addr`. Callgrind on `loci bench alloc`'s `general`
+/// worker counted that call at ~11 instructions and 7 loads per malloc/free, the largest
+/// single item of the allocator's fast path; mimalloc avoids it with `initial-exec`. Stable
+/// Rust has no way to pick the model (`-Z tls-model` is nightly), so the slot is an 8-byte
+/// `.tbss` object defined here and read with one `fs`-relative load through its GOT offset,
+/// which is exactly what a C compiler emits for `__attribute__((tls_model("initial-exec")))`.
+/// The symbol is hidden, so every linked copy (preload library, test binaries) has its own.
+/// Initial-exec needs the module in the static TLS block: true for executables and
+/// `LD_PRELOAD` libraries; a late `dlopen` uses glibc's surplus static TLS (8 bytes here).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod tls_slot {
+    use super::Heap;
+
+    core::arch::global_asm!(
+        ".pushsection .tbss,\"awT\",@nobits",
+        ".p2align 3",
+        ".globl loci_alloc_tls_heap",
+        ".hidden loci_alloc_tls_heap",
+        ".type loci_alloc_tls_heap,@object",
+        ".size loci_alloc_tls_heap,8",
+        "loci_alloc_tls_heap:",
+        ".zero 8",
+        ".popsection",
+    );
+
+    #[inline(always)]
+    pub(super) fn get() -> *mut Heap {
+        let v: *mut Heap;
+        // SAFETY: reads this thread's 8-byte TLS slot defined above (fs = thread pointer,
+        // GOTTPOFF = the slot's offset from it); no other memory is touched.
+        unsafe {
+            core::arch::asm!(
+                "mov {v}, qword ptr [rip + loci_alloc_tls_heap@GOTTPOFF]",
+                "mov {v}, qword ptr fs:[{v}]",
+                v = out(reg) v,
+                options(nostack, readonly, preserves_flags),
+            );
+        }
+        v
+    }
+
+    #[inline]
+    pub(super) fn set(h: *mut Heap) {
+        // SAFETY: writes this thread's 8-byte TLS slot defined above.
+        unsafe {
+            core::arch::asm!(
+                "mov {t}, qword ptr [rip + loci_alloc_tls_heap@GOTTPOFF]",
+                "mov qword ptr fs:[{t}], {h}",
+                t = out(reg) _,
+                h = in(reg) h,
+                options(nostack, preserves_flags),
+            );
+        }
+    }
+}
+
+/// Portable fallback: `thread_local!` without destructor (a plain `#[thread_local]` that never
+/// allocates and is valid until the thread's TLS is gone; thread exit is seen through the
+/// pthread key below).
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+mod tls_slot {
+    use super::Heap;
+    use core::cell::Cell;
+    use core::ptr::null_mut;
+
+    thread_local! {
+        static HEAP: Cell<*mut Heap> = const { Cell::new(null_mut()) };
+    }
+
+    #[inline]
+    pub(super) fn get() -> *mut Heap {
+        HEAP.with(|c| c.get())
+    }
+
+    #[inline]
+    pub(super) fn set(h: *mut Heap) {
+        HEAP.with(|c| c.set(h))
+    }
+}
+
+pub(super) fn create_heap(node: usize, claimed: bool) -> *mut Heap {
+    let len = core::mem::size_of::<Heap>().div_ceil(PAGE) * PAGE;
+    let p = os::map_aligned(len, PAGE) as *mut Heap;
+    if p.is_null() {
+        return p;
+    }
+    // SAFETY: fresh zeroed mapping large enough for a Heap; all-zero is a valid empty Heap
+    // (null pointers, zero counters, unlocked bins).
+    unsafe {
+        (*p).id = NEXT_ID.fetch_add(1, Relaxed);
+        (*p).node = node;
+        (*p).mem_node = home(node);
+        (*p).fast = FAST_SMALL.load(Relaxed);
+        (*p).shared.claim.store(claimed as u32, Relaxed);
+        (*p).shared.abandoned.store(!claimed, Relaxed);
+        let mut head = ALL_HEAPS.load(Relaxed);
+        loop {
+            (*p).all_next = head;
+            match ALL_HEAPS.compare_exchange_weak(head, p, Release, Relaxed) {
+                Ok(_) => break,
+                Err(h) => head = h,
+            }
+        }
+    }
+    p
+}
+
+fn adopt_or_create(node: usize) -> *mut Heap {
+    let ns = &NODES[node];
+    if home(node) != node {
+        memoryless_fallback(node);
+    }
+    ns.lock.lock();
+    // SAFETY: node lock held.
+    let inner = unsafe { &mut *ns.inner.get() };
+    let h = inner.pool;
+    if !h.is_null() {
+        // SAFETY: pooled heaps are valid forever (heaps are never unmapped).
+        inner.pool = unsafe { (*h).pool_next };
+    }
+    ns.lock.unlock();
+    if h.is_null() {
+        return create_heap(node, true);
+    }
+    // SAFETY: valid heap; a collector may hold its claim for a moment.
+    unsafe {
+        while (*h)
+            .shared
+            .claim
+            .compare_exchange_weak(0, 1, Acquire, Relaxed)
+            .is_err()
+        {
+            core::hint::spin_loop();
+        }
+        (*h).shared.abandoned.store(false, SeqCst);
+        (*h).mismatch = 0;
+    }
+    h
+}
+
+/// Drains the recollection bins into the heap's superblocks.
+///
+/// # Safety
+/// The caller holds `h`'s claim.
+pub(super) unsafe fn drain(h: *mut Heap) {
+    let mut mask = (*h).shared.pending.swap(0, AcqRel);
+    let mut n = 0u64;
+    while mask != 0 {
+        let i = mask.trailing_zeros() as usize;
+        mask &= mask - 1;
+        let bin = &(*h).bins[i];
+        bin.lock.lock();
+        let mut f = *bin.head.get();
+        *bin.head.get() = null_mut();
+        bin.lock.unlock();
+        while !f.is_null() {
+            let next = (*f).next;
+            if let Some(base) = os::region_of(f as usize) {
+                let seg = os::header_of(base) as *mut Segment;
+                local_free(h, run_of(seg, f as usize), f as usize);
+                n += 1;
+            }
+            f = next;
+        }
+    }
+    bump(&(*h).st.remote_received, n);
+}
+
+/// Drains an abandoned heap from whatever thread gets its claim; the last holder re-checks
+/// after letting go so that no block stays in a bin.
+pub(super) unsafe fn collect(h: *mut Heap) {
+    loop {
+        if (*h).shared.pending.load(SeqCst) == 0 {
+            return;
+        }
+        if (*h)
+            .shared
+            .claim
+            .compare_exchange(0, 1, Acquire, Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        drain(h);
+        (*h).shared.claim.store(0, SeqCst);
+    }
+}
+
+/// Hands a heap to its node's pool: called at thread exit and when a thread moves to another
+/// node.
+///
+/// # Safety
+/// The caller holds `h`'s claim and gives it up.
+unsafe fn abandon(h: *mut Heap) {
+    drain(h);
+    for c in 0..NCLASSES {
+        let cs = &mut (*h).classes[c];
+        let a = cs.active;
+        if !a.is_null() {
+            cs.active = null_mut();
+            file(h, a);
+        }
+        let cs = &mut (*h).classes[c];
+        let s = cs.spare;
+        if !s.is_null() {
+            cs.spare = null_mut();
+            (*s).owner.store(null_mut(), Relaxed);
+            node_free(s);
+        }
+    }
+    (*h).shared.abandoned.store(true, SeqCst);
+    let ns = &NODES[(*h).node];
+    ns.lock.lock();
+    let inner = &mut *ns.inner.get();
+    (*h).pool_next = inner.pool;
+    inner.pool = h;
+    ns.lock.unlock();
+    (*h).shared.claim.store(0, SeqCst);
+    collect(h);
+}
+
+pub(super) unsafe extern "C" fn thread_exit(arg: *mut libc::c_void) {
+    let h = arg as *mut Heap;
+    if h.is_null() {
+        return;
+    }
+    if tls_slot::get() == h {
+        tls_slot::set(null_mut());
+    }
+    // SAFETY: the pthread value is this thread's heap, whose claim it holds.
+    abandon(h);
+}
+
+#[inline]
+pub(super) fn tls_heap() -> *mut Heap {
+    tls_slot::get()
+}
+
+fn set_thread_heap(h: *mut Heap) {
+    tls_slot::set(h);
+    let key = KEY.load(Relaxed);
+    if key != u32::MAX {
+        // SAFETY: key was created by pthread_key_create; the value is an opaque pointer.
+        unsafe { libc::pthread_setspecific(key, h as *const libc::c_void) };
+    }
+}
+
+#[cold]
+fn thread_heap_slow() -> *mut Heap {
+    ensure_init();
+    let h = adopt_or_create(current_node());
+    if !h.is_null() {
+        set_thread_heap(h);
+    }
+    h
+}
+
+/// The calling thread's heap, following the thread when it is moved to another node: a thread
+/// whose affinity is confined to one node switches at once; an unpinned thread switches after
+/// 64 consecutive checks found it elsewhere (no ping-pong on short migrations).
+#[cold]
+unsafe fn check_node(h: *mut Heap) -> *mut Heap {
+    let n = current_node();
+    (*h).mismatch += 1;
+    let confined = (*h).mismatch == 1 && os::affinity_node(&nodemap().cpu_node) == Some(n);
+    if !confined && (*h).mismatch < 64 {
+        return h;
+    }
+    let new = adopt_or_create(n);
+    if new.is_null() {
+        return h;
+    }
+    abandon(h);
+    set_thread_heap(new);
+    new
+}
+
+#[inline]
+pub(super) fn heap() -> *mut Heap {
+    let mut h = tls_heap();
+    if h.is_null() {
+        h = thread_heap_slow();
+        if h.is_null() {
+            return h;
+        }
+    }
+    // On a multi-node machine every allocation compares the cpu's node with the heap's (the
+    // cpu comes from rseq, a few ns), so a thread that was just pinned elsewhere gets memory
+    // of its new node from its very next allocation.
+    if MULTI_NODE.load(Relaxed) {
+        // SAFETY: `h` is this thread's heap.
+        unsafe {
+            if current_node() != (*h).node {
+                h = check_node(h);
+            } else if (*h).mismatch != 0 {
+                (*h).mismatch = 0; // back home: only consecutive checks elsewhere count
+            }
+        }
+    }
+    h
+}

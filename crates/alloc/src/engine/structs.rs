@@ -1,0 +1,342 @@
+//! The engine's data structures: free-list links, span pools, the superblock header
+//! ([`Segment`]), run descriptors ([`Run`]), large-block headers, spin locks, recollection bins,
+//! heaps and per-node state, and the per-node state array [`NODES`].
+
+use core::cell::UnsafeCell;
+use core::ptr::null_mut;
+use core::sync::atomic::{
+    AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
+
+use super::{NBINS, NGROUPS, UNIT};
+use crate::classes::{MEDIUM_MAX, NCLASSES};
+use crate::os::{self, MAX_NODES};
+
+#[repr(C)]
+pub(super) struct Free {
+    pub(super) next: *mut Free,
+}
+
+/// Blocks of at least this many bytes (seed 003's medium range, 8 KiB..512 KiB) are spans of
+/// their own, sized to the request in whole [`UNIT`]s (a 1 KiB step, finer than the seed's
+/// 1.07 classes everywhere in that range), handed out by the node (see `alloc_block`).
+///
+/// Why (deviation from seed 003, which has 62 classes of 1.07 spacing there, each with
+/// superblocks of its own): a thread holds few blocks of each of those classes, each class
+/// keeps the pages of its own recent peak, and those peaks add up to far more than the peak
+/// of the total. Measured with `loci bench alloc --quick` (`buffer-passing`, RSS over bytes
+/// requested): 2.7x with a 10 MiB superblock per class, 2.4x with per-class runs of per-thread
+/// superblocks, 1.6-1.8x with spans from 64 KiB up and 1.17-1.38x with spans from 8 KiB up
+/// (4 KiB units; the benchmark then still drew half its blocks from 4..8 KiB). As spans that
+/// coalesce when freed, memory freed at one size serves the next request of any size. The
+/// 1.07 class table is still used for the few sizes between 7 KiB and 8 KiB.
+pub const SPAN_MIN: usize = 8 * 1024;
+/// Target bytes of a class run (rounded up to whole blocks and pages).
+pub(super) const RUN_BYTES: usize = 64 * 1024;
+
+/// Run states.
+pub(super) const R_FREE: u32 = 0;
+/// A class run whose blocks are all freed at their start (what `free`'s fast path takes).
+pub(super) const R_CLASS: u32 = 1;
+pub(super) const R_BLOCK: u32 = 2;
+/// A class run that has handed out an aligned pointer inside a block (`memalign` and the
+/// like pad a block and align into it): its frees find the block start by division, on
+/// `free`'s slow path.
+pub(super) const R_CLASS_ALIGNED: u32 = 3;
+pub(super) const NO_DESC: u32 = u32::MAX;
+/// Span pools per node. A superblock's free spans belong to the pool of the heap that took
+/// the superblock (heap id mod `NPOOLS`), and a heap takes spans from its own pool first,
+/// then from a cached superblock, then from the other pools; fresh memory only after all of
+/// those (see [`node_units`](super::spans::node_units)).
+///
+/// Why: with one pool, threads allocating at the same time got alternate spans of the same
+/// superblocks, and when one thread's blocks were freed the holes lay between the other
+/// thread's live blocks: `buffer-passing` (2 threads) touched one superblock more than the
+/// live blocks needed in about 1 run in 5 (RSS 1.18x the bytes requested instead of 1.05x),
+/// never with both threads on one cpu. Taking from the other pools before touching fresh
+/// memory keeps the node's free memory shared (a span freed anywhere still serves any
+/// request of the node), so RSS still follows the node's total, not the sum of per-thread
+/// peaks.
+pub(super) const NPOOLS: usize = 4;
+/// Span bins: exact page counts 1..SPAN_BINS-1, the last bin for everything bigger.
+pub(super) const SPAN_BINS: usize = MEDIUM_MAX / UNIT + 1;
+
+/// Free spans by length (bin n: n units; the last bin: longer).
+#[repr(C)]
+pub(super) struct SpanBins {
+    pub(super) spans: [*mut Run; SPAN_BINS],
+    pub(super) bits: [u64; SPAN_BINS.div_ceil(64)],
+}
+
+/// Free spans of a node's superblocks, in two sets: `used` spans, whose pages may have been
+/// written since the superblock was mapped (resident), and `fresh` ones, never handed out
+/// since the mapping (no page faulted in). A request is served from `used` when any span
+/// there fits, and touches fresh pages only otherwise.
+///
+/// Why: with one set, the untouched tail of the newest superblock and the freed spans of
+/// the others shared the bins, and a request took whichever was listed last (often the
+/// tail, whose remainder is listed again right after the cut), so RSS grew with fresh
+/// pages while resident free memory sat idle. Memory held by a program is the pages it has
+/// ever touched; serving from resident spans first keeps that set as small as the live
+/// blocks allow.
+#[repr(C)]
+pub(super) struct SpanPool {
+    pub(super) used: SpanBins,
+    pub(super) fresh: SpanBins,
+}
+
+impl SpanBins {
+    const EMPTY: SpanBins = SpanBins {
+        spans: [null_mut(); SPAN_BINS],
+        bits: [0; SPAN_BINS.div_ceil(64)],
+    };
+}
+
+impl SpanPool {
+    const EMPTY: SpanPool = SpanPool {
+        used: SpanBins::EMPTY,
+        fresh: SpanBins::EMPTY,
+    };
+}
+
+/// Header of a superblock, at `os::header_of(base)` in its first page. The unit map (one u16
+/// per [`UNIT`]: the descriptor of the run covering it) starts at the second page, the run
+/// descriptors after it, the data after them.
+///
+/// Deviation from seed 003 (where a superblock serves one class of one thread): superblocks
+/// stay with their node and are carved into runs; a class's sub-allocator works on runs of
+/// about 64 KiB instead of whole superblocks (occupancy order, LIFO lists and bump tails as the
+/// seed has them), and an empty run goes back to the node for any class or thread. Why: with a
+/// superblock per class and thread, each of ~90 classes kept the pages of its own peak
+/// (`general`'s RSS 2.1x the bytes requested; 1.6x with runs), and a thread's hot blocks were
+/// spread over ~90 regions 16 MiB apart. `general` spends most of its time in the benchmark's
+/// own loads of random blocks, 1.2-1.5x longer than on mimalloc; the denser layout did not
+/// measurably change that (no hardware counters on this VM to tell TLB from cache misses).
+#[repr(C, align(64))]
+pub(super) struct Segment {
+    pub(super) kind: u32,
+    pub(super) node: u32,
+    /// Units ([`UNIT`]) in the superblock; the first `data_unit` hold the header, the map
+    /// and the descriptors.
+    pub(super) nunits: u32,
+    pub(super) data_unit: u32,
+    /// Descriptors the superblock has room for.
+    pub(super) max_desc: u32,
+    /// Descriptors ever handed out (the next fresh index) and the free descriptor list.
+    pub(super) desc_bump: u32,
+    pub(super) desc_free: u32,
+    pub(super) base: usize,
+    pub(super) map: *mut u16,
+    pub(super) descs: *mut Run,
+    /// Node cache link.
+    pub(super) next: *mut Segment,
+    /// 1 once the superblock has been in the node's cache: its pages have been used (are
+    /// resident), so its span is not a fresh one when it is formatted again.
+    pub(super) resident: u32,
+    /// The node's span pool its free spans belong to (set when it is formatted).
+    pub(super) pool: u32,
+}
+
+/// A page run of a superblock: a class run (blocks of one class), one block, or free.
+#[repr(C, align(64))]
+pub(super) struct Run {
+    // First cache line: everything a local free and an allocation touch.
+    /// R_FREE, R_CLASS, R_CLASS_ALIGNED or R_BLOCK. Written by the owner of a class run (to
+    /// R_CLASS_ALIGNED) and under the node lock; read by neighbours under the node lock.
+    pub(super) state: AtomicU32,
+    /// Blocks handed out and not yet freed back (remote frees count once drained).
+    pub(super) used: u32,
+    /// Class run: 0..NGROUPS (listed in that group), or G_ACTIVE / G_FULL / G_SPARE.
+    /// Free span: its span bin.
+    pub(super) group: u32,
+    /// Lowest `used` that still belongs to the current group; below it the run moves down
+    /// (a free calls `regroup` when `used < lo`). 0 for the active run and the spare,
+    /// `u32::MAX` for a full run (see `set_state_group`).
+    pub(super) lo: u32,
+    /// The heap whose sub-allocator serves this class run (null for block and free spans).
+    pub(super) owner: AtomicPtr<Heap>,
+    /// LIFO list of freed blocks, linked through the blocks.
+    pub(super) free: *mut Free,
+    /// Next never-used block (bump <= end).
+    pub(super) bump: usize,
+    /// `end` = data + capacity * bsize.
+    pub(super) end: usize,
+    pub(super) bsize: usize,
+    pub(super) class: u32,
+    pub(super) capacity: u32,
+    // Second line: the rest.
+    /// First block.
+    pub(super) data: usize,
+    pub(super) magic: u64,
+    /// First unit (index in the superblock) and length in units.
+    pub(super) first: u32,
+    pub(super) nunits: u32,
+    pub(super) seg: *mut Segment,
+    /// Occupancy group list or span bin list.
+    pub(super) prev: *mut Run,
+    pub(super) next: *mut Run,
+    /// Free descriptor list (descriptor index).
+    pub(super) next_desc: u32,
+    /// Free span: 1 when its pages were never handed out since the superblock was mapped
+    /// (listed in `SpanPool::fresh`).
+    pub(super) fresh: u32,
+}
+
+const _: () = assert!(core::mem::offset_of!(Run, capacity) < 64);
+const _: () = assert!(core::mem::size_of::<Segment>() <= os::HEADER_STEP);
+const _: () = assert!(core::mem::size_of::<Run>() == 128);
+
+#[repr(C)]
+pub(super) struct Large {
+    pub(super) kind: u32,
+    pub(super) node: u32,
+    pub(super) map_len: usize,
+    pub(super) requested: usize,
+}
+
+/// Spin lock with a yield after a short spin (the machine may be oversubscribed).
+pub(super) struct SpinLock(AtomicBool);
+
+impl SpinLock {
+    const fn new() -> Self {
+        SpinLock(AtomicBool::new(false))
+    }
+    #[inline]
+    pub(super) fn lock(&self) {
+        let mut spins = 0u32;
+        while self.0.swap(true, Acquire) {
+            while self.0.load(Relaxed) {
+                spins += 1;
+                if spins < 64 {
+                    core::hint::spin_loop();
+                } else {
+                    // SAFETY: no preconditions.
+                    unsafe { libc::sched_yield() };
+                }
+            }
+        }
+    }
+    #[inline]
+    pub(super) fn unlock(&self) {
+        self.0.store(false, Release);
+    }
+}
+
+#[repr(C, align(64))]
+pub(super) struct Bin {
+    pub(super) lock: SpinLock,
+    pub(super) head: UnsafeCell<*mut Free>,
+}
+
+#[repr(C)]
+pub(super) struct ClassState {
+    pub(super) active: *mut Run,
+    /// Blocks of this class handed out, and freed back to their runs (local frees and
+    /// drained remote ones), by this heap. Per class, next to `active`, so that an
+    /// allocation bumps a counter on the line it reads anyway and the bytes of live blocks
+    /// follow from the two counts (see [`stats`](fn@super::stats)) without a byte counter on
+    /// either path.
+    pub(super) allocs: AtomicU64,
+    pub(super) frees: AtomicU64,
+    /// One empty run kept back so that a class that drains and refills does not split and
+    /// coalesce spans every time.
+    pub(super) spare: *mut Run,
+    pub(super) groups: [*mut Run; NGROUPS],
+}
+
+#[repr(C)]
+pub(super) struct HeapStats {
+    /// Blocks of `SPAN_MIN` bytes or more handed out (class blocks: [`ClassState::allocs`]).
+    pub(super) allocs: AtomicU64,
+    pub(super) requested: AtomicU64,
+    pub(super) remote_sent: AtomicU64,
+    pub(super) remote_received: AtomicU64,
+}
+
+#[repr(C, align(64))]
+pub(super) struct Shared {
+    /// Bit i: bin i may hold blocks.
+    pub(super) pending: AtomicU64,
+    /// 1 while a thread holds the heap (its owner, an adopter, or a collector of an abandoned heap).
+    pub(super) claim: AtomicU32,
+    /// The owner thread is gone (or this is a node's shared heap): frees collect it themselves.
+    pub(super) abandoned: AtomicBool,
+}
+
+#[repr(C)]
+pub(super) struct Heap {
+    pub(super) id: usize,
+    pub(super) node: usize,
+    /// The node whose memory this heap hands out: `node`, or the nearest node with memory
+    /// when `node` has none.
+    pub(super) mem_node: usize,
+    pub(super) mismatch: u32,
+    /// Small blocks may take the fast path of [`alloc`](super::alloc)
+    /// ([`FAST_SMALL`](super::config::FAST_SMALL), copied here so that the fast path reads a
+    /// line of the heap instead of a global through the GOT).
+    pub(super) fast: bool,
+    pub(super) classes: [ClassState; NCLASSES],
+    pub(super) st: HeapStats,
+    pub(super) pool_next: *mut Heap,
+    pub(super) all_next: *mut Heap,
+    pub(super) shared: Shared,
+    pub(super) bins: [Bin; NBINS],
+}
+
+pub(super) struct NodeInner {
+    pub(super) cache: *mut Segment,
+    pub(super) cached: usize,
+    pub(super) pool: *mut Heap,
+    pub(super) shared_heap: *mut Heap,
+    /// Free spans of the node's superblocks, one pool per group of heaps (see [`NPOOLS`]).
+    pub(super) spans: [SpanPool; NPOOLS],
+}
+
+#[repr(C, align(64))]
+pub(super) struct NodeState {
+    pub(super) lock: SpinLock,
+    /// Held by the one thread that maps a new superblock for the node (see
+    /// [`node_units`](super::spans::node_units)).
+    pub(super) grow: SpinLock,
+    pub(super) inner: UnsafeCell<NodeInner>,
+    pub(super) os_bytes: AtomicU64,
+    pub(super) sb_total: AtomicU64,
+    pub(super) sb_cached: AtomicU64,
+    pub(super) large_bytes: AtomicU64,
+    pub(super) large_count: AtomicU64,
+    pub(super) large_requested: AtomicU64,
+    pub(super) mbind_failures: AtomicU64,
+    /// Blocks of `SPAN_MIN` bytes or more: frees, and bytes of the live ones (pages).
+    pub(super) block_frees: AtomicU64,
+    pub(super) block_live: AtomicI64,
+    /// Thread heaps started on this node while it has no memory.
+    pub(super) fallback_heaps: AtomicU64,
+}
+
+// SAFETY: `inner` is only touched with `lock` held; everything else is atomic.
+unsafe impl Sync for NodeState {}
+
+pub(super) static NODES: [NodeState; MAX_NODES] = [const {
+    NodeState {
+        lock: SpinLock::new(),
+        grow: SpinLock::new(),
+        inner: UnsafeCell::new(NodeInner {
+            cache: null_mut(),
+            cached: 0,
+            pool: null_mut(),
+            shared_heap: null_mut(),
+            spans: [const { SpanPool::EMPTY }; NPOOLS],
+        }),
+        os_bytes: AtomicU64::new(0),
+        sb_total: AtomicU64::new(0),
+        sb_cached: AtomicU64::new(0),
+        large_bytes: AtomicU64::new(0),
+        large_count: AtomicU64::new(0),
+        large_requested: AtomicU64::new(0),
+        mbind_failures: AtomicU64::new(0),
+        block_frees: AtomicU64::new(0),
+        block_live: AtomicI64::new(0),
+        fallback_heaps: AtomicU64::new(0),
+    }
+}; MAX_NODES];

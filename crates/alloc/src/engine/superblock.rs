@@ -1,0 +1,122 @@
+//! Superblocks, the node side: taking one from the node's cache or mapping and binding a new
+//! one, laying out its header, unit map and run descriptors, and releasing an empty one to the
+//! cache or the OS.
+
+use core::ptr::null_mut;
+use core::sync::atomic::Ordering::Relaxed;
+
+use super::config::{CACHE_MAX, HUGEPAGES, MPOL, SB_SIZE};
+use super::spans::{map_ends, new_desc};
+use super::structs::{NodeInner, NodeState, Run, Segment, NODES, NO_DESC, R_FREE};
+use super::{KIND_SB, PAGE, UNIT};
+use crate::classes::LINE;
+use crate::os;
+
+/// Takes a superblock out of `node`'s cache (null when it is empty). The caller holds the
+/// node lock and formats it.
+pub(super) unsafe fn pop_cached_sb(ns: &NodeState, inner: *mut NodeInner) -> *mut Segment {
+    let seg = (*inner).cache;
+    if !seg.is_null() {
+        // Cached superblocks are valid mapped headers owned by the node.
+        (*inner).cache = (*seg).next;
+        (*inner).cached -= 1;
+        ns.sb_cached.fetch_sub(1, Relaxed);
+    }
+    seg
+}
+
+/// Maps and binds a new superblock of `node`. The caller formats it.
+pub(super) fn map_sb(node: usize) -> *mut Segment {
+    let ns = &NODES[node];
+    let size = SB_SIZE.load(Relaxed);
+    let region = 1usize << os::REGION_SHIFT.load(Relaxed);
+    let p = os::map_aligned(size, region);
+    if p.is_null() {
+        return null_mut();
+    }
+    if HUGEPAGES.load(Relaxed) {
+        // SAFETY: `p` is our fresh mapping of `size` bytes.
+        unsafe { os::advise_hugepages(p, size) };
+    }
+    // SAFETY: `p` is our fresh mapping of `size` bytes.
+    if !unsafe { os::bind(p, size, node, MPOL.load(Relaxed)) } {
+        ns.mbind_failures.fetch_add(1, Relaxed);
+    }
+    if !os::mark(p as usize, true) {
+        // SAFETY: ours, unused.
+        unsafe { os::unmap(p, size) };
+        return null_mut();
+    }
+    ns.os_bytes.fetch_add(size as u64, Relaxed);
+    ns.sb_total.fetch_add(1, Relaxed);
+    let seg = os::header_of(p as usize) as *mut Segment;
+    // SAFETY: fresh zeroed mapping; the header slot lies in its first page.
+    unsafe {
+        (*seg).kind = KIND_SB;
+        (*seg).node = node as u32;
+        (*seg).base = p as usize;
+    }
+    seg
+}
+
+/// Returns an empty superblock to its node: to the cache (its pages stay resident for the
+/// next heap of the node), or to the OS when the cache is full.
+///
+/// # Safety
+/// All runs of `seg` are free and no heap references it any more.
+pub(super) unsafe fn release_sb(seg: *mut Segment) {
+    let node = (*seg).node as usize;
+    let ns = &NODES[node];
+    ns.lock.lock();
+    let inner = &mut *ns.inner.get();
+    if inner.cached < CACHE_MAX.load(Relaxed) {
+        (*seg).resident = 1;
+        (*seg).next = inner.cache;
+        inner.cache = seg;
+        inner.cached += 1;
+        ns.sb_cached.fetch_add(1, Relaxed);
+        ns.lock.unlock();
+        return;
+    }
+    ns.lock.unlock();
+    let size = SB_SIZE.load(Relaxed);
+    let base = (*seg).base;
+    os::mark(base, false);
+    os::unmap(base as *mut u8, size);
+    ns.os_bytes.fetch_sub(size as u64, Relaxed);
+    ns.sb_total.fetch_sub(1, Relaxed);
+}
+
+/// Lays out a superblock just acquired; returns the free span of all its data pages (not yet
+/// listed).
+///
+/// # Safety
+/// `seg` comes from [`pop_cached_sb`] or [`map_sb`] and nobody else references it yet.
+pub(super) unsafe fn format_sb(seg: *mut Segment) -> *mut Run {
+    let size = SB_SIZE.load(Relaxed);
+    let nunits = size / UNIT;
+    // One descriptor per page (4 units). Enough: every run in use is at least 8 units (blocks
+    // of 8 KiB and more, class runs of about 64 KiB) and free spans never touch each other,
+    // so at most about a quarter of the units start a run. Should they run out anyway, a span
+    // is handed out whole instead of being split (see `cut`).
+    let max_desc = size / PAGE;
+    let base = (*seg).base;
+    let desc_off = PAGE + (nunits * 2).div_ceil(LINE) * LINE;
+    let data_unit =
+        (desc_off + max_desc * core::mem::size_of::<Run>()).div_ceil(PAGE) * (PAGE / UNIT);
+    (*seg).nunits = nunits as u32;
+    (*seg).data_unit = data_unit as u32;
+    (*seg).max_desc = max_desc as u32;
+    (*seg).desc_bump = 0;
+    (*seg).desc_free = NO_DESC;
+    (*seg).map = (base + PAGE) as *mut u16;
+    (*seg).descs = (base + desc_off) as *mut Run;
+    (*seg).next = null_mut();
+    let r = new_desc(seg);
+    (*r).first = data_unit as u32;
+    (*r).nunits = (nunits - data_unit) as u32;
+    (*r).fresh = ((*seg).resident == 0) as u32;
+    (*r).state.store(R_FREE, Relaxed);
+    map_ends(r);
+    r
+}
