@@ -21,6 +21,17 @@ pub enum StreamCmd {
     Plan(PlanArgs),
 }
 
+/// The shared secret's file, taken by both sides.
+#[derive(Args)]
+pub struct SecretArg {
+    /// File holding the shared secret, the same on both sides (at least 16 bytes; one trailing
+    /// newline is ignored). It must be a regular file only its owner can read (chmod 600). Make
+    /// one with `head -c 32 /dev/urandom | base64 > FILE && chmod 600 FILE`. Overrides the
+    /// config's `secret_file` and `secret` and the environment variable LOCI_STREAM_SECRET.
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
+}
+
 #[derive(Args)]
 pub struct RecvArgs {
     /// Address to listen on, e.g. 0.0.0.0:7700.
@@ -40,12 +51,8 @@ pub struct RecvArgs {
     /// Print the final report as JSON on stdout (the text report goes to stderr).
     #[arg(long)]
     pub json: bool,
-    /// File holding the shared secret, the same on both sides (at least 16 bytes; one trailing
-    /// newline is ignored). It must be a regular file only its owner can read (chmod 600). Make
-    /// one with `head -c 32 /dev/urandom | base64 > FILE && chmod 600 FILE`. Overrides the
-    /// config's `secret_file` and `secret` and the environment variable LOCI_STREAM_SECRET.
-    #[arg(long, value_name = "FILE")]
-    pub secret_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub secret: SecretArg,
     /// Accept only senders that encrypt (`loci stream send --encrypt`); refuse the others at the
     /// handshake. Without it, senders that only authenticate their frames are accepted too.
     /// Overrides the config's `encrypt`.
@@ -97,12 +104,8 @@ pub struct SendArgs {
     /// Print the final report as JSON on stdout (the text report goes to stderr).
     #[arg(long)]
     pub json: bool,
-    /// File holding the shared secret, the same on both sides (at least 16 bytes; one trailing
-    /// newline is ignored). It must be a regular file only its owner can read (chmod 600). Make
-    /// one with `head -c 32 /dev/urandom | base64 > FILE && chmod 600 FILE`. Overrides the
-    /// config's `secret_file` and `secret` and the environment variable LOCI_STREAM_SECRET.
-    #[arg(long, value_name = "FILE")]
-    pub secret_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub secret: SecretArg,
     /// Encrypt every chunk on the wire (AES-256-GCM, key derived from the shared secret per
     /// connection). Without it, frames are authenticated (tampering is detected) but readable
     /// by anyone on the path. Overrides the config's `encrypt`.
@@ -281,7 +284,7 @@ fn recv(a: RecvArgs) -> anyhow::Result<()> {
         );
     }
     let file = secret_file_of(
-        a.secret_file.as_deref(),
+        a.secret.secret_file.as_deref(),
         a.config.as_deref(),
         config.secret_file.as_deref(),
     );
@@ -342,7 +345,7 @@ fn send(a: SendArgs) -> anyhow::Result<()> {
     }
     faults.delay = Duration::from_millis(a.fault_delay_ms);
     let file = secret_file_of(
-        a.secret_file.as_deref(),
+        a.secret.secret_file.as_deref(),
         a.config.as_deref(),
         config.secret_file.as_deref(),
     );
@@ -483,7 +486,7 @@ mod tests {
         };
         assert!(r.encrypt && r.verify_on_disk && !r.unauthenticated);
         assert_eq!(r.max_connections, Some(9));
-        assert_eq!(r.secret_file, Some(PathBuf::from("/k")));
+        assert_eq!(r.secret.secret_file, Some(PathBuf::from("/k")));
         for bad in ["0", "65537"] {
             assert!(Cli::try_parse_from([
                 "stream",
@@ -511,7 +514,7 @@ mod tests {
             panic!("not send")
         };
         assert!(s.unauthenticated && !s.encrypt);
-        assert_eq!(s.secret_file, Some(PathBuf::from("k")));
+        assert_eq!(s.secret.secret_file, Some(PathBuf::from("k")));
         for cmd in [
             &[
                 "stream",
