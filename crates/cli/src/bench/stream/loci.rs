@@ -1,0 +1,110 @@
+//! One run of loci's pipeline over loopback: the receiver a child process, the sender here.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use loci_stream::config::Sync;
+use loci_stream::proto::Protection;
+use loci_stream::{Faults, SendOptions, SourceSpec};
+
+use super::{free_port, listening};
+
+/// loci over loopback into a discarding sink; seconds from the sender's start to the receiver's
+/// confirmation of the whole-stream checksum. The receiver is its own process (`loci stream recv`,
+/// this binary), as on a real gateway and as the peers' `nc -l | lz4 -d` is: in one process, the
+/// two sides' buffer mappings and faults would contend on one address space's locks and TLB
+/// shootdowns, which no deployment has. The sender runs in this process (its report feeds the row).
+pub(super) fn loci_once(
+    data: &Path,
+    p: &loci_stream::plan::StreamPlan,
+    pinned: bool,
+    protection: Protection,
+) -> anyhow::Result<(f64, loci_stream::StreamReport)> {
+    let secret = "loci-bench-stream-secret";
+    let mut rcfg = if pinned {
+        p.receiver.clone()
+    } else {
+        p.receiver.unpinned()
+    };
+    rcfg.sync = Sync::None;
+    let mut scfg = if pinned {
+        p.senders[0].clone()
+    } else {
+        p.senders[0].unpinned()
+    };
+    // The sender asks for the mode; the receiver requires exactly it (encrypt), or allows it
+    // (checksum frames are refused unless the receiver allows them).
+    let (encrypt, unauthenticated) = match protection {
+        Protection::Checksum => (false, true),
+        Protection::Auth => (false, false),
+        Protection::Encrypt => (true, false),
+    };
+    scfg.encrypt = encrypt;
+    scfg.unauthenticated = unauthenticated;
+    rcfg.encrypt = encrypt;
+    rcfg.unauthenticated = unauthenticated;
+    let dir = data.parent().unwrap_or(Path::new("."));
+    let rpath = dir.join(if pinned {
+        "recv-plan.toml"
+    } else {
+        "recv-os.toml"
+    });
+    std::fs::write(&rpath, rcfg.to_toml())?;
+    let port = free_port()?;
+    let addr = format!("127.0.0.1:{port}");
+    let mut recv = Command::new(std::env::current_exe()?)
+        .args([
+            "stream", "recv", "--listen", &addr, "--sink", "null", "--config",
+        ])
+        .arg(&rpath)
+        .env("LOCI_STREAM_SECRET", secret)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the receiver (`loci stream recv`)")?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !listening(port) {
+        if Instant::now() > deadline || recv.try_wait()?.is_some() {
+            let _ = recv.kill();
+            let out = recv.wait_with_output()?;
+            bail!(
+                "the receiver did not start listening on {addr}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let t = Instant::now();
+    let sent = loci_stream::send(SendOptions {
+        to: addr,
+        config: scfg,
+        secret: secret.as_bytes().to_vec(),
+        source: SourceSpec::File(data.to_path_buf()),
+        resume: false,
+        progress: false,
+        reconnect_timeout: Duration::from_secs(30),
+        faults: Faults::default(),
+    });
+    let secs = t.elapsed().as_secs_f64();
+    // The receiver exits once its stream ended; bounded, and killed if it does not.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while recv.try_wait()?.is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if recv.try_wait()?.is_none() {
+        let _ = recv.kill();
+    }
+    let out = recv.wait_with_output()?;
+    let rep = sent?;
+    if !out.status.success() {
+        bail!(
+            "the receiver failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok((secs, rep))
+}

@@ -1,0 +1,147 @@
+//! What `loci bench stream` prints after its table: the machine limit, the end-to-end goals and
+//! the protection comparison.
+
+use loci_report::{Report, Row};
+
+use super::protection::PROTECTION_GOALS;
+
+/// The end-to-end rows as a headline: goodput, fraction of the machine limit, cpu-s per GB, and
+/// the two goals (at least 0.9x the limit; faster than the same-core `lz4 | nc` peer).
+pub(super) fn summary(rep: &Report, not_run: &[(String, String)], full_bytes: u64) -> String {
+    let f = |r: &Row, k: &str| r.extra.get(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
+    let mut out = String::new();
+    if let Some(l) = rep.rows_of(Some("machine-limit")).next() {
+        out += &format!(
+            "\nmachine limit for this data: {}B/s raw = {} / ({:.3} compress + {:.3} tcp / {:.3} ratio + {:.3} decompress cpu-s per GB), {} = {:.3} cpu-s per raw GB\n",
+            loci_report::si(l.throughput.unwrap_or(f64::NAN)),
+            l.config.get("cores").map_or("?", String::as_str),
+            f(l, "compress_cpu_s_per_gb"),
+            f(l, "tcp_cpu_s_per_wire_gb"),
+            f(l, "compression_ratio"),
+            f(l, "decompress_cpu_s_per_gb"),
+            l.extra.get("codec").and_then(|v| v.as_str()).unwrap_or("?"),
+            f(l, "cpu_s_per_gb"),
+        );
+    }
+    let rows: Vec<&Row> = rep.rows_of(Some("end-to-end")).collect();
+    if rows.is_empty() {
+        return out + &protection_summary(rep, full_bytes);
+    }
+    let par = rows.iter().find(|r| r.system == "lz4-nc-par").copied();
+    let w = rows
+        .iter()
+        .map(|r| r.label().len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    out += &format!(
+        "  {:<w$}  {:>12}  {:>8}  {:>9}  {:>8}  {:>13}\n",
+        "system", "goodput", "of limit", "cpu-s/run", "cpu-s/GB", "vs lz4-nc-par"
+    );
+    for r in &rows {
+        out += &format!(
+            "  {:<w$}  {:>12}  {:>8.2}  {:>9.2}  {:>8.2}  {:>13}\n",
+            r.label(),
+            format!("{}B/s", loci_report::si(r.throughput.unwrap_or(f64::NAN))),
+            f(r, "fraction_of_limit"),
+            f(r, "cpu_s"),
+            f(r, "cpu_s_per_gb"),
+            par.map_or("-".into(), |p| format!(
+                "{:.2}x",
+                r.throughput.unwrap_or(f64::NAN) / p.throughput.unwrap_or(f64::NAN)
+            )),
+        );
+    }
+    out += "  (of limit = goodput / machine limit; vs lz4-nc-par = goodput ratio, above 1.00x is faster)\n";
+    for (p, why) in not_run {
+        out += &format!("  {p}: not run: {why}\n");
+    }
+    for r in rows.iter().filter(|r| r.system == "loci") {
+        let frac = f(r, "fraction_of_limit");
+        out += &format!(
+            "goal {}: at least 0.90 of the machine limit: {} ({frac:.2})\n",
+            r.label(),
+            if frac >= 0.9 { "met" } else { "MISSED" }
+        );
+        if let Some(p) = par {
+            let x = r.throughput.unwrap_or(f64::NAN) / p.throughput.unwrap_or(f64::NAN);
+            out += &format!(
+                "goal {}: faster than the same-core peer {}: {} ({x:.2}x its goodput)\n",
+                r.label(),
+                p.label(),
+                if x > 1.0 { "met" } else { "MISSED" }
+            );
+        }
+    }
+    out + &protection_summary(rep, full_bytes)
+}
+
+/// The protection rows as a table (goodput and cpu-s/GB, each against checksum) and the goals'
+/// verdicts; empty when the comparison did not run.
+fn protection_summary(rep: &Report, full_bytes: u64) -> String {
+    let f = |r: &Row, k: &str| r.extra.get(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
+    let rows: Vec<&Row> = rep.rows_of(Some("protection")).collect();
+    let Some(first) = rows.first() else {
+        return String::new();
+    };
+    let bytes = rep.params["bytes"].as_f64().unwrap_or(f64::NAN);
+    let ratio = |r: &Row, k: &str| {
+        r.extra
+            .get(k)
+            .and_then(|v| v.as_f64())
+            .map_or("-".to_string(), |x| format!("{x:.3}x"))
+    };
+    let mut out = format!(
+        "\nframe protection: loci with the plan, {}B per run, same data and cores, {} rounds with the modes' order rotated\n",
+        loci_report::si(bytes),
+        first.times_s.len()
+    );
+    out += &format!(
+        "  {:<10}  {:>12}  {:>11}  {:>8}  {:>11}  {:>8}\n",
+        "protection", "goodput", "vs checksum", "cpu-s/GB", "vs checksum", "of limit"
+    );
+    for r in &rows {
+        out += &format!(
+            "  {:<10}  {:>12}  {:>11}  {:>8.3}  {:>11}  {:>8.2}\n",
+            r.config.get("protection").map_or("?", String::as_str),
+            format!("{}B/s", loci_report::si(r.throughput.unwrap_or(f64::NAN))),
+            ratio(r, "goodput_vs_checksum"),
+            f(r, "cpu_s_per_gb"),
+            ratio(r, "cpu_vs_checksum"),
+            f(r, "fraction_of_limit"),
+        );
+    }
+    out += "  (goodput vs checksum: below 1.000x is slower; cpu-s/GB vs checksum: above 1.000x costs more CPU; every run's stream verified)\n";
+    for (mode, max_cost) in PROTECTION_GOALS {
+        let Some(r) = rows
+            .iter()
+            .find(|r| r.config.get("protection").map(String::as_str) == Some(mode.name()))
+        else {
+            continue;
+        };
+        let goal = format!(
+            "goal protection {}: costs at most {:.0}% of the checksum-only goodput",
+            mode.name(),
+            max_cost * 100.0
+        );
+        let x = f(r, "goodput_vs_checksum");
+        out += &if x.is_nan() {
+            format!("{goal}: not measured (checksum was not in --protection)\n")
+        } else {
+            let cost = 1.0 - x;
+            format!(
+                "{goal}: {} (costs {:.1}%: {x:.3}x the checksum goodput)\n",
+                if cost <= max_cost { "met" } else { "MISSED" },
+                cost * 100.0
+            )
+        };
+    }
+    if bytes < full_bytes as f64 {
+        out += &format!(
+            "  (the goals are for the full size, {}B per run; this run streamed {}B, so its verdicts are indicative only)\n",
+            loci_report::si(full_bytes as f64),
+            loci_report::si(bytes)
+        );
+    }
+    out
+}
