@@ -633,37 +633,35 @@ mod tests {
     fn receiver_limits_and_protection_are_checked() {
         let ok = ReceiverConfig::default();
         ok.validate().unwrap();
-        for (n, good) in [(0, false), (1, true), (65536, true), (65537, false)] {
-            let c = ReceiverConfig {
-                max_connections: n,
+        let cases: [(&str, &str, u64, bool, fn(u64) -> ReceiverConfig); 8] = [
+            ("max_connections", "1..=65536", 0, false, max_conns),
+            ("max_connections", "1..=65536", 1, true, max_conns),
+            ("max_connections", "1..=65536", 65536, true, max_conns),
+            ("max_connections", "1..=65536", 65537, false, max_conns),
+            ("handshake_timeout_secs", "1..=3600", 0, false, handshake),
+            ("handshake_timeout_secs", "1..=3600", 1, true, handshake),
+            ("handshake_timeout_secs", "1..=3600", 3600, true, handshake),
+            ("handshake_timeout_secs", "1..=3600", 3601, false, handshake),
+        ];
+        fn max_conns(n: u64) -> ReceiverConfig {
+            ReceiverConfig {
+                max_connections: n as usize,
                 ..ReceiverConfig::default()
-            };
-            match c.validate() {
-                Ok(()) => assert!(good, "max_connections = {n} accepted"),
-                Err(e) => {
-                    assert!(!good, "max_connections = {n} refused: {e}");
-                    let e = e.to_string();
-                    assert!(
-                        e.contains("max_connections") && e.contains("1..=65536"),
-                        "{e}"
-                    );
-                }
             }
         }
-        for (n, good) in [(0, false), (1, true), (3600, true), (3601, false)] {
-            let c = ReceiverConfig {
+        fn handshake(n: u64) -> ReceiverConfig {
+            ReceiverConfig {
                 handshake_timeout_secs: n,
                 ..ReceiverConfig::default()
-            };
-            match c.validate() {
-                Ok(()) => assert!(good, "handshake_timeout_secs = {n} accepted"),
+            }
+        }
+        for (field, range, n, good, make) in cases {
+            match make(n).validate() {
+                Ok(()) => assert!(good, "{field} = {n} accepted"),
                 Err(e) => {
-                    assert!(!good, "handshake_timeout_secs = {n} refused: {e}");
+                    assert!(!good, "{field} = {n} refused: {e}");
                     let e = e.to_string();
-                    assert!(
-                        e.contains("handshake_timeout_secs") && e.contains("1..=3600"),
-                        "{e}"
-                    );
+                    assert!(e.contains(field) && e.contains(range), "{e}");
                 }
             }
         }
