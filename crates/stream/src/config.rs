@@ -633,7 +633,14 @@ mod tests {
     fn receiver_limits_and_protection_are_checked() {
         let ok = ReceiverConfig::default();
         ok.validate().unwrap();
-        let cases: [(&str, &str, u64, bool, fn(u64) -> ReceiverConfig); 8] = [
+        type Case = (
+            &'static str,
+            &'static str,
+            u64,
+            bool,
+            fn(u64) -> ReceiverConfig,
+        );
+        let cases: [Case; 8] = [
             ("max_connections", "1..=65536", 0, false, max_conns),
             ("max_connections", "1..=65536", 1, true, max_conns),
             ("max_connections", "1..=65536", 65536, true, max_conns),
