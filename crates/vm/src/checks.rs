@@ -33,6 +33,13 @@ impl Checker {
 
     /// Runs `f` and prints its verdict. A panic inside `f` is caught and reported as a failure ("crashed: ...").
     pub fn check(&mut self, name: impl Display, f: impl FnOnce() -> Result<(), String>) {
+        self.check_noted(name, || f().map(|()| String::new()));
+    }
+
+    /// [`check`](Self::check) for a check that measured something worth keeping in the test log: when it passes
+    /// with a non-empty note, the line `# NAME: NOTE` follows its `ok` line (the report ignores `#` lines; a test
+    /// can print them).
+    pub fn check_noted(&mut self, name: impl Display, f: impl FnOnce() -> Result<String, String>) {
         let name = name.to_string().replace(char::is_whitespace, "_");
         let verdict = match catch_unwind(AssertUnwindSafe(f)) {
             Ok(r) => r,
@@ -45,9 +52,12 @@ impl Checker {
             )),
         };
         match verdict {
-            Ok(()) => {
+            Ok(note) => {
                 self.passed += 1;
                 println!("{PREFIX} ok {name}");
+                if !note.is_empty() {
+                    println!("# {name}: {}", note.replace('\n', " | "));
+                }
             }
             Err(why) => {
                 self.failed += 1;
@@ -246,5 +256,8 @@ mod tests {
         c.check("bad", || Err("because".into()));
         c.check("crash", || panic!("oops"));
         assert_eq!((c.passed(), c.failed(), c.exit_code()), (1, 2, 1));
+        c.check_noted("noted", || Ok("ratio 1.000".into()));
+        c.check_noted("noted/bad", || Err("ratio 0.5".into()));
+        assert_eq!((c.passed(), c.failed()), (2, 3));
     }
 }

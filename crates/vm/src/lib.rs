@@ -14,9 +14,11 @@
 //! # Writing a VM test (any crate)
 //! Boots cost seconds, so batch: one boot per topology runs a small check program that prints one
 //! [`checks`] line per fact it verified, and the test turns those lines into a per-topology report.
+//! A library's check program and its test live in `crates/vm-checks` (`src/bin/`, `tests/vm/`), which depends on
+//! loci-vm normally and so prints with [`Checker`]; the library itself does not depend on loci-vm.
 //!
 //! ```no_run
-//! // crates/yourcrate/tests/vm.rs   (add `loci-vm` to [dev-dependencies])
+//! // crates/vm-checks/tests/vm/yourcrate.rs   (a `mod` of tests/vm/main.rs)
 //! #[test]
 //! fn my_placement_on_4_nodes() {
 //!     if !loci_vm::vm_tests_enabled() {

@@ -1,7 +1,7 @@
 //! Multi-node VM test (runs with LOCI_NUMA_VM=1, as scripts/test sets it): on the `4n` VM
 //! (4 nodes x 1 cpu, real affinity), 16 concurrent pipeline requests keep at least 90% of EACH
 //! request's tasks on one node under LAS, and NLS breaks that bound (at most 2 of 16 requests
-//! reach it). The checks: src/bin/loci-sched-vm-check.rs.
+//! reach it). The checks: `loci-sched-vm-check`, src/bin/sched.rs.
 
 use std::time::Duration;
 
@@ -16,7 +16,11 @@ fn las_locality_on_4_nodes() {
         .run(check, &[] as &[&str])
         .unwrap_or_else(|e| panic!("{e}"));
     let report = out.checks();
-    for line in out.stdout.lines().filter(|l| l.starts_with("LOCI-INFO")) {
+    for line in out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("LOCI-INFO") || l.starts_with('#'))
+    {
         println!("VM 4n {line}");
     }
     for name in [

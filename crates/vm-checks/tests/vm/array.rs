@@ -1,6 +1,7 @@
-//! Real placement in the NUMA VMs (scripts/numa-vm): chunk pages on their home nodes, threads on
-//! their planned cpus, local-access ratio of the data-aware pinning. Runs only with
-//! LOCI_NUMA_VM=1 (scripts/test sets it when the VM harness can run).
+//! loci-array's real placement in the NUMA VMs (scripts/numa-vm), checked by
+//! `loci-array-vm-check` (src/bin/array.rs): chunk pages on their home nodes, threads on their
+//! planned cpus, local-access ratio of the data-aware pinning. Runs only with LOCI_NUMA_VM=1
+//! (scripts/test sets it when the VM harness can run).
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -1,10 +1,10 @@
-//! Engine placement on a real 4-node kernel (loci-vm): runs `loci-engine-vm-check` on 16 Mi rows
-//! in the `4n` VM. Bind-per-node morsels processed under LAS (loci-sched) with strict locality
-//! (`stay_on_node` requests) must give a local-access ratio >= 0.95 in every pass (the default
-//! balanced mode's ratios are printed); a table first-touched by one generating task sits on one
-//! node, so a static split over workers on all 4 nodes reads 0.25 locally (within 0.02) and NLS
-//! at most 0.6 (LAS is reported); every answer must equal the single-thread reference. Runs only with `LOCI_NUMA_VM=1`
-//! (scripts/test).
+//! Engine placement on a real 4-node kernel (loci-vm): runs `loci-engine-vm-check`
+//! (src/bin/engine.rs) on 16 Mi rows in the `4n` VM. Bind-per-node morsels processed under LAS
+//! (loci-sched) with strict locality (`stay_on_node` requests) must give a local-access ratio of
+//! at least 0.95 in every pass (the default balanced mode's ratios are printed); a table
+//! first-touched by one generating task sits on one node, so a static split over workers on all 4
+//! nodes reads 0.25 locally (within 0.02) and NLS at most 0.6 (LAS is reported); every answer must
+//! equal the single-thread reference. Runs only with `LOCI_NUMA_VM=1` (scripts/test).
 
 use std::time::Duration;
 

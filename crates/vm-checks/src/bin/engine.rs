@@ -1,6 +1,7 @@
-//! Placement check for multi-node machines (run inside the NUMA VMs of loci-vm, or on real
-//! hardware): prints one `LOCI-CHECK ok NAME` / `LOCI-CHECK FAIL NAME -- DETAIL` line per fact and
-//! the measured local-access ratios; exits 1 if any check failed.
+//! `loci-engine-vm-check`: loci-engine's placement on multi-node machines (run inside the NUMA VMs
+//! of loci-vm by tests/vm/engine.rs, or on real hardware). Prints one `LOCI-CHECK` line per fact
+//! with loci-vm's `Checker`, and the measured local-access ratios as `#` lines; exits 1 if any
+//! check failed.
 //!
 //! 1. bind-per-node morsels processed by W2 under LAS (loci-sched, workers pinned to their
 //!    node's core group, every morsel a task queued on its home node): every morsel's pages sit on
@@ -26,17 +27,7 @@ use loci_engine::storage::local_access_ratio;
 use loci_engine::{
     generate_agg, reference, AggSpec, Dist, Exec, Locality, MemPolicy, Sched, Threads,
 };
-
-fn line(name: &str, r: Result<String, String>, failed: &mut bool) {
-    match r {
-        Ok(note) if note.is_empty() => println!("LOCI-CHECK ok {name}"),
-        Ok(note) => println!("LOCI-CHECK ok {name}\n# {name}: {note}"),
-        Err(e) => {
-            *failed = true;
-            println!("LOCI-CHECK FAIL {name} -- {e}");
-        }
-    }
-}
+use loci_vm::Checker;
 
 fn main() {
     let rows: usize = std::env::args()
@@ -46,8 +37,9 @@ fn main() {
     let topo = match loci_topo::load(&loci_topo::Source::live()) {
         Ok(t) => t,
         Err(e) => {
-            println!("LOCI-CHECK FAIL engine/topology -- {e}");
-            std::process::exit(1);
+            let mut c = Checker::new();
+            c.check("engine/topology", || Err(e.to_string()));
+            std::process::exit(c.exit_code());
         }
     };
     let cpu_nodes: Vec<u32> = topo
@@ -59,7 +51,7 @@ fn main() {
     let k = cpu_nodes.len();
     let workers = topo.allowed_cpus().len();
     println!("# {k} nodes with cpus, {workers} workers (one per cpu), {rows} rows");
-    let mut failed = false;
+    let mut c = Checker::new();
     let spec = AggSpec {
         rows,
         groups: 10_000,
@@ -73,21 +65,17 @@ fn main() {
     let mut pool = Exec::new(&topo, Sched::Las, Threads::Sparse, None).expect("scheduler");
     let t = generate_agg(&pool, spec, morsel, &MemPolicy::BindPerNode).expect("generate");
     let place = t.placement(8).expect("move_pages");
-    line(
-        "engine/bind-per-node/pages-on-home",
-        (|| {
-            for (i, (m, p)) in t.morsels.iter().zip(&place).enumerate() {
-                let home = m.home.ok_or(format!("morsel {i} has no home"))?;
-                if p.iter().any(|(n, _)| *n != home) {
-                    return Err(format!("morsel {i} homed on {home} has pages on {p:?}"));
-                }
+    c.check_noted("engine/bind-per-node/pages-on-home", || {
+        for (i, (m, p)) in t.morsels.iter().zip(&place).enumerate() {
+            let home = m.home.ok_or(format!("morsel {i} has no home"))?;
+            if p.iter().any(|(n, _)| *n != home) {
+                return Err(format!("morsel {i} homed on {home} has pages on {p:?}"));
             }
-            let homes: std::collections::BTreeSet<u32> =
-                t.morsels.iter().filter_map(|m| m.home).collect();
-            Ok(format!("morsels on nodes {homes:?}"))
-        })(),
-        &mut failed,
-    );
+        }
+        let homes: std::collections::BTreeSet<u32> =
+            t.morsels.iter().filter_map(|m| m.home).collect();
+        Ok(format!("morsels on nodes {homes:?}"))
+    });
     // Per locality: one warm-up pass (first touch of the workers' arrays, first wake-ups), then
     // five passes, each one request. Strict is checked in every pass; balanced is printed.
     let mut got = Vec::new();
@@ -131,22 +119,22 @@ fn main() {
     }
     let worst = strict_ratios.iter().copied().fold(f64::INFINITY, f64::min);
     let note = format!("strict: every pass {strict_ratios:.3?}");
-    line(
-        "engine/bind-per-node/strict/local-access>=0.95",
-        if worst >= 0.95 { Ok(note) } else { Err(note) },
-        &mut failed,
-    );
+    c.check_noted("engine/bind-per-node/strict/local-access>=0.95", || {
+        if worst >= 0.95 {
+            Ok(note)
+        } else {
+            Err(note)
+        }
+    });
     let (k1, v1) = t.to_vecs();
     let want = reference::w2(&k1, &v1);
-    line(
-        "engine/bind-per-node/answer",
+    c.check_noted("engine/bind-per-node/answer", || {
         if got.iter().all(|g| *g == want) {
             Ok(format!("{} passes (strict and balanced)", got.len()))
         } else {
             Err("differs from the reference".into())
-        },
-        &mut failed,
-    );
+        }
+    });
     drop(t);
 
     // 2. first touch by one task, read by workers spread over all nodes. Half the rows: one node
@@ -160,18 +148,14 @@ fn main() {
     let (k1, v1) = t.to_vecs();
     let want1 = reference::w2(&k1, &v1);
     let gen_node = t.morsels.first().and_then(|m| m.home);
-    line(
-        "engine/first-touch-1/pages-on-generator-node",
-        (|| {
-            for (i, p) in place.iter().enumerate() {
-                if p.iter().any(|(n, _)| Some(*n) != gen_node) {
-                    return Err(format!("morsel {i}: {p:?}, generator on {gen_node:?}"));
-                }
+    c.check_noted("engine/first-touch-1/pages-on-generator-node", || {
+        for (i, p) in place.iter().enumerate() {
+            if p.iter().any(|(n, _)| Some(*n) != gen_node) {
+                return Err(format!("morsel {i}: {p:?}, generator on {gen_node:?}"));
             }
-            Ok(format!("generator on node {gen_node:?}"))
-        })(),
-        &mut failed,
-    );
+        }
+        Ok(format!("generator on node {gen_node:?}"))
+    });
     pool.set_locality(Locality::Balanced);
     let (got_las, run) = w2(&pool, &t).expect("w2");
     let las = local_access_ratio(&t, &place, &run.trace.touched).unwrap_or(0.0);
@@ -193,11 +177,10 @@ fn main() {
         .collect();
     let stat = local_access_ratio(&t, &place, &split).unwrap_or(0.0);
     let expect = 1.0 / k.max(1) as f64;
-    line(
-        "engine/first-touch-1/local-access-about-1/k",
-        // The page fact is deterministic: a static split reads exactly 1/k locally. NLS's
-        // ratio depends on how fast each emulated cpu drains the shared queue (0.10-0.32 seen
-        // on a loaded host), so it is only required to stay far from local (at most 0.6).
+    // The page fact is deterministic: a static split reads exactly 1/k locally. NLS's ratio
+    // depends on how fast each emulated cpu drains the shared queue (0.10-0.32 seen on a loaded
+    // host), so it is only required to stay far from local (at most 0.6).
+    c.check_noted("engine/first-touch-1/local-access-about-1/k", ||
         if (stat - expect).abs() <= 0.02 && nls <= 0.6 {
             Ok(format!(
                 "W2 under NLS {nls:.3}, 1/k = {expect:.3}; static split {stat:.3}; W2 under LAS {las:.3}"
@@ -206,17 +189,13 @@ fn main() {
             Err(format!(
                 "W2 under NLS {nls:.3}, expected about {expect:.3} (static split {stat:.3}, LAS {las:.3})"
             ))
-        },
-        &mut failed,
-    );
-    line(
-        "engine/first-touch-1/answer",
+        });
+    c.check_noted("engine/first-touch-1/answer", || {
         if got == want1 && got_las == want1 {
             Ok(String::new())
         } else {
             Err("differs from the reference".into())
-        },
-        &mut failed,
-    );
-    std::process::exit(if failed { 1 } else { 0 });
+        }
+    });
+    std::process::exit(c.exit_code());
 }

@@ -1,6 +1,7 @@
-//! Placement check for multi-node machines (run inside the NUMA VMs of loci-vm, or on real
-//! hardware): prints one `LOCI-CHECK ok NAME` / `LOCI-CHECK FAIL NAME -- DETAIL` line per fact
-//! and the measured local-access ratios; exits 1 if any check failed.
+//! `loci-array-vm-check`: loci-array's placement on multi-node machines (run inside the NUMA VMs
+//! of loci-vm by tests/vm/array.rs, or on real hardware). Prints one `LOCI-CHECK` line per fact
+//! with loci-vm's `Checker`, and the measured local-access ratios as `#` lines; exits 1 if any
+//! check failed.
 //!
 //! 1. chunks bound round-robin to the nodes: every sampled page of every chunk is on its home;
 //! 2. first touch by a compact generator pinned on every cpu: pages on the recorded home node;
@@ -25,22 +26,13 @@
 
 use loci_array::search::home_pinning;
 use loci_array::strategy::{choose, static_pinning, RunInfo, ThreadStrategy};
+use loci_vm::Checker;
+
 use loci_array::{
     seismic_layout, subarray, Array, BufferPool, BuildOptions, ChunkMem, Chunking, CostModel,
     DType, Home, ModelEval, ModelWorkload, Pinning, PoolOutcome, Query, RunStats, SearchConfig,
     Seismic, Span, SubarrayOptions,
 };
-
-fn line(name: &str, r: Result<String, String>, failed: &mut bool) {
-    match r {
-        Ok(note) if note.is_empty() => println!("LOCI-CHECK ok {name}"),
-        Ok(note) => println!("LOCI-CHECK ok {name}\n# {name}: {note}"),
-        Err(e) => {
-            *failed = true;
-            println!("LOCI-CHECK FAIL {name} -- {e}");
-        }
-    }
-}
 
 fn pages_on_home(a: &Array) -> Result<String, String> {
     let nodes = a.page_nodes(8).map_err(|e| e.to_string())?;
@@ -66,8 +58,9 @@ fn main() {
     let topo = match loci_topo::load(&loci_topo::Source::live()) {
         Ok(t) => t,
         Err(e) => {
-            println!("LOCI-CHECK FAIL array/topology -- {e}");
-            std::process::exit(1);
+            let mut c = Checker::new();
+            c.check("array/topology", || Err(e.to_string()));
+            std::process::exit(c.exit_code());
         }
     };
     let cpus: Vec<u32> = topo.allowed_cpus().iter().collect();
@@ -77,12 +70,12 @@ fn main() {
         "# {} nodes with memory ({mems}), {threads} cpus, volume {side}^3 f32",
         mems.len()
     );
-    let mut failed = false;
+    let mut c = Checker::new();
     let shape = [side, side, side];
     let chunks = 2 * mems.len().max(1);
     if std::env::args().nth(2).as_deref() == Some("team") {
-        team_checks(&topo, shape, chunks, &mut failed);
-        std::process::exit(if failed { 1 } else { 0 });
+        team_checks(&mut c, &topo, shape, chunks);
+        std::process::exit(c.exit_code());
     }
 
     // 1. bind round-robin.
@@ -97,11 +90,7 @@ fn main() {
         |c| Seismic::default().fill(c),
     )
     .expect("build");
-    line(
-        "array/bind/pages-on-home",
-        pages_on_home(&bound),
-        &mut failed,
-    );
+    c.check_noted("array/bind/pages-on-home", || pages_on_home(&bound));
 
     // 2. first touch by a compact generator on every cpu.
     let gen = static_pinning(
@@ -123,11 +112,9 @@ fn main() {
         |c| Seismic::default().fill(c),
     )
     .expect("build");
-    line(
-        "array/first-touch/pages-on-generator-node",
-        pages_on_home(&touched),
-        &mut failed,
-    );
+    c.check_noted("array/first-touch/pages-on-generator-node", || {
+        pages_on_home(&touched)
+    });
 
     // 3. and 4. subarray of all chunks under `home` and `compact`, on the first-touched volume
     // (contiguous blocks of chunks per node, so the static schedule's thread blocks can be local;
@@ -146,8 +133,8 @@ fn main() {
         ..Default::default()
     };
     let run = subarray(&bound, &q.bounds, &home, &opts, &topo).map_err(|e| e.to_string());
-    placed_run_checks("home", &home, format!("pinning {home}"), &run, &mut failed);
-    search_checks(&topo, &bound, &q, &w, &opts, &mut failed);
+    placed_run_checks(&mut c, "home", &home, format!("pinning {home}"), &run);
+    search_checks(&mut c, &topo, &bound, &q, &w, &opts);
     let compact = static_pinning(
         &topo,
         &ThreadStrategy::Compact,
@@ -178,30 +165,26 @@ fn main() {
         }
     }
     // 5. the result equals the dense slice.
-    line(
-        "array/subarray/equals-reference",
-        match &run {
-            Err(e) => Err(e.to_string()),
-            Ok((out, _)) => {
-                let dense = bound.to_dense(0);
-                let got = out.to_dense(0);
-                let b = &q.bounds;
-                let mut want = Vec::with_capacity(got.len());
-                for z in b[0].clone() {
-                    for y in b[1].clone() {
-                        let at = ((z * side + y) * side + b[2].start) * 4;
-                        want.extend_from_slice(&dense[at..at + (b[2].end - b[2].start) * 4]);
-                    }
-                }
-                if want == got {
-                    Ok(String::new())
-                } else {
-                    Err("result differs from the dense slice".into())
+    c.check_noted("array/subarray/equals-reference", || match &run {
+        Err(e) => Err(e.to_string()),
+        Ok((out, _)) => {
+            let dense = bound.to_dense(0);
+            let got = out.to_dense(0);
+            let b = &q.bounds;
+            let mut want = Vec::with_capacity(got.len());
+            for z in b[0].clone() {
+                for y in b[1].clone() {
+                    let at = ((z * side + y) * side + b[2].start) * 4;
+                    want.extend_from_slice(&dense[at..at + (b[2].end - b[2].start) * 4]);
                 }
             }
-        },
-        &mut failed,
-    );
+            if want == got {
+                Ok(String::new())
+            } else {
+                Err("result differs from the dense slice".into())
+            }
+        }
+    });
 
     // 6. The result-buffer pool keeps placement: a result pinned on node A, dropped, serves the
     // next result on A (same memory, pages still on A); a result on node B does not get it (a
@@ -237,8 +220,7 @@ fn main() {
             Ok((r, _)) => result_pages_on(r, na),
         };
         drop(first);
-        line(
-            "array/pool/reuse-same-node",
+        c.check_noted("array/pool/reuse-same-node", || {
             first_ok.and_then(|_| match run(&on(na)) {
                 Err(e) => Err(e.to_string()),
                 Ok((r, st)) => {
@@ -252,14 +234,11 @@ fn main() {
                         result_pages_on(&r, na).map(|n| format!("node {na}, reused: {n}"))
                     }
                 }
-            }),
-            &mut failed,
-        );
+            })
+        });
         // The node-A buffer is in the pool now; a result on B must not get it.
         let other = run(&on(nb));
-        line(
-            "array/pool/never-across-nodes",
-            match &other {
+        c.check_noted("array/pool/never-across-nodes", || match &other {
                 Err(e) => Err(e.to_string()),
                 Ok((r, st)) => {
                     if st.pool == PoolOutcome::Hit || Some(r.arena().as_ptr()) == addr {
@@ -273,17 +252,15 @@ fn main() {
                         })
                     }
                 }
-            },
-            &mut failed,
-        );
+            });
         drop(other);
         // Spread over every node: bound per page to the node of its writer, and so when reused.
         let spread = |_: ()| subarray(&bound, &q.bounds, &home, &popts, &topo);
         let r1 = spread(());
         drop(r1);
-        line(
+        c.check_noted(
             "array/pool/spread-binding-pages-where-planned",
-            match spread(()) {
+            || match spread(()) {
                 Err(e) => Err(e.to_string()),
                 Ok((r, st)) => {
                     let b = r.arena().binding().cloned();
@@ -293,23 +270,22 @@ fn main() {
                     }
                 }
             },
-            &mut failed,
         );
     } else {
         println!("# array/pool: fewer than 2 nodes with cpus and memory, pool checks skipped");
     }
-    team_checks(&topo, shape, chunks, &mut failed);
-    std::process::exit(if failed { 1 } else { 0 });
+    team_checks(&mut c, &topo, shape, chunks);
+    std::process::exit(c.exit_code());
 }
 
 /// Check 4's `search` half: the placement the search picks with the modeled cost, run for real.
 fn search_checks(
+    c: &mut Checker,
     topo: &loci_topo::Topology,
     src: &Array,
     q: &Query,
     w: &ModelWorkload,
     opts: &SubarrayOptions,
-    failed: &mut bool,
 ) {
     let info = RunInfo {
         chunks: q.chunks,
@@ -344,18 +320,18 @@ fn search_checks(
         }
         Err(e) => (Pinning::unpinned(0), String::new(), Err(e.to_string())),
     };
-    placed_run_checks("search", &pinning, ok, &run, failed);
+    placed_run_checks(c, "search", &pinning, ok, &run);
 }
 
 /// `array/subarray/NAME/threads-where-planned` (every part ran on a cpu of its thread's set; `ok`
 /// is the detail printed when it holds) and `array/subarray/NAME/local-access>=0.95` for a run
 /// under `pinning`.
 fn placed_run_checks(
+    c: &mut Checker,
     name: &str,
     pinning: &Pinning,
     ok: String,
     run: &Result<(Array, RunStats), String>,
-    failed: &mut bool,
 ) {
     let placed = run.as_ref().map_err(Clone::clone).and_then(|(_, st)| {
         match st.part_thread.iter().enumerate().find(|(_, (t, cpu))| {
@@ -368,10 +344,9 @@ fn placed_run_checks(
             None => Ok(ok),
         }
     });
-    line(
-        &format!("array/subarray/{name}/threads-where-planned"),
-        placed,
-        failed,
+    c.check_noted(
+        format!("array/subarray/{name}/threads-where-planned"),
+        || placed,
     );
     let local =
         run.as_ref()
@@ -380,18 +355,16 @@ fn placed_run_checks(
                 Some(r) if r >= 0.95 => Ok(format!("local-access ratio {r:.3}")),
                 other => Err(format!("local-access ratio {other:?}")),
             });
-    line(
-        &format!("array/subarray/{name}/local-access>=0.95"),
-        local,
-        failed,
-    );
+    c.check_noted(format!("array/subarray/{name}/local-access>=0.95"), || {
+        local
+    });
 }
 
 /// Check 7, for each node with cpus and memory: the calling thread pinned to the node's first cpu copies
 /// a small box inline (fresh memory, first touch, up to `cpus - 1` helpers); every part ran on
 /// the node, a helper took part in some of 50 calls where the node has another cpu, and the
 /// last result's pages are on the node.
-fn team_checks(topo: &loci_topo::Topology, shape: [usize; 3], chunks: usize, failed: &mut bool) {
+fn team_checks(c: &mut Checker, topo: &loci_topo::Topology, shape: [usize; 3], chunks: usize) {
     let src = Array::build(
         seismic_layout(shape, DType::F32, &Chunking::Count(chunks)).expect("layout"),
         &BuildOptions::first_touch(1),
@@ -415,11 +388,9 @@ fn team_checks(topo: &loci_topo::Topology, shape: [usize; 3], chunks: usize, fai
         };
         let name = format!("array/team/node{n}/parts-and-pages-on-callers-node");
         if let Err(e) = loci_place::sys::set_affinity(0, &loci_topo::CpuSet::single(first)) {
-            line(
-                &name,
-                Err(format!("cannot pin the caller to cpu {first}: {e}")),
-                failed,
-            );
+            c.check_noted(&name, || {
+                Err(format!("cannot pin the caller to cpu {first}: {e}"))
+            });
             continue;
         }
         let mut helped = 0;
@@ -461,7 +432,7 @@ fn team_checks(topo: &loci_topo::Topology, shape: [usize; 3], chunks: usize, fai
                 format!("node {n} (cpus {cpus}): a helper took part in {helped} of 50 calls; {p}")
             })
         });
-        line(&name, outcome, failed);
+        c.check_noted(&name, || outcome);
     }
     let _ = loci_place::sys::set_affinity(0, &all);
 }
