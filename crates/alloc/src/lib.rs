@@ -28,6 +28,8 @@
 //! ```
 //! or put any program on it with `LD_PRELOAD=libloci_malloc.so` (crate `loci-alloc-preload`).
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 use core::alloc::{GlobalAlloc, Layout};
 
 pub mod classes;
@@ -116,6 +118,9 @@ pub mod c {
 
     /// Everything `malloc`'s inlined fast path does not serve; sets errno on failure.
     /// `extern "C"` so that the call is known not to unwind (see `engine::alloc_full`).
+    ///
+    /// # Safety
+    /// None beyond `malloc`'s: the block is the caller's, to free with [`free`].
     #[inline(never)]
     unsafe extern "C" fn malloc_slow(size: usize) -> *mut c_void {
         // SAFETY: 16 is a power of two.

@@ -34,12 +34,14 @@ fn small_delegated() -> bool {
 #[inline(always)]
 pub unsafe fn alloc(size: usize, align: usize) -> *mut u8 {
     if align <= 16 {
-        let p = alloc_small_fast(size);
+        // SAFETY: no preconditions; the block is returned to the caller.
+        let p = unsafe { alloc_small_fast(size) };
         if !p.is_null() {
             return p;
         }
     }
-    alloc_full(size, align)
+    // SAFETY: `align` is a power of two (contract above).
+    unsafe { alloc_full(size, align) }
 }
 
 /// The call-free fast path of an allocation of `size` bytes aligned to 16: a small block from
@@ -59,15 +61,18 @@ pub unsafe fn alloc_small_fast(size: usize) -> *mut u8 {
     if size <= SMALL_MAX {
         let h = tls_heap();
         // A thread with a heap has passed init (it created or adopted the heap after it).
-        if !h.is_null() && (*h).fast && (*h).shared.pending.load(Relaxed) == 0 {
+        // SAFETY: a non-null `h` is this thread's heap (never unmapped).
+        if !h.is_null() && unsafe { (*h).fast && (*h).shared.pending.load(Relaxed) == 0 } {
             // SAFETY: a class of a size <= SMALL_MAX is a small class < NCLASSES.
-            let cs = class_state(h, small_class_of(size));
+            let cs = unsafe { class_state(h, small_class_of(size)) };
             let sb = cs.active;
             if !sb.is_null() {
-                let p = pop(sb);
+                // SAFETY: `sb` is the active run of this thread's heap, whose claim it holds.
+                let p = unsafe { pop(sb) };
                 if !p.is_null() {
                     bump(&cs.allocs, 1);
-                    bump(&(*h).st.requested, size as u64);
+                    // SAFETY: this thread's heap: the claim holder is the counter's one writer.
+                    bump(unsafe { &(*h).st.requested }, size as u64);
                     return p;
                 }
             }
@@ -90,25 +95,35 @@ pub unsafe extern "C" fn alloc_full(size: usize, align: usize) -> *mut u8 {
     if align <= 16 {
         if size <= SMALL_MAX {
             if small_delegated() {
-                return __libc_malloc(size);
+                // SAFETY: glibc's malloc has no preconditions.
+                return unsafe { __libc_malloc(size) };
             }
             let h = heap();
             if h.is_null() {
                 return h as *mut u8;
             }
-            return alloc_class(h, class_of(size), size);
+            // SAFETY: initialized; `h` is this thread's heap, whose claim it holds; a size in
+            // 1..=SMALL_MAX has a class below NCLASSES.
+            return unsafe { alloc_class(h, class_of(size), size) };
         }
         if size <= MEDIUM_MAX {
             let h = heap();
             if h.is_null() {
                 return h as *mut u8;
             }
-            return alloc_sized(h, size, size);
+            // SAFETY: initialized; this thread's heap, claim held; `size <= MEDIUM_MAX`.
+            return unsafe { alloc_sized(h, size, size) };
         }
     }
-    alloc_aligned_slow(size, align)
+    // SAFETY: initialized, `size >= 1`, `align` a power of two (contract above).
+    unsafe { alloc_aligned_slow(size, align) }
 }
 
+/// [`alloc_full`] for alignments above 16 and sizes above `MEDIUM_MAX`: padded class or span
+/// blocks, large mappings, or glibc for alignments of a whole region.
+///
+/// # Safety
+/// The allocator is initialized, `size >= 1`, and `align` is a power of two.
 #[cold]
 unsafe fn alloc_aligned_slow(size: usize, align: usize) -> *mut u8 {
     if align <= LINE && size > SMALL_MAX && size <= MEDIUM_MAX {
@@ -117,37 +132,45 @@ unsafe fn alloc_aligned_slow(size: usize, align: usize) -> *mut u8 {
         if h.is_null() {
             return h as *mut u8;
         }
-        return alloc_sized(h, size, size);
+        // SAFETY: initialized; this thread's heap, claim held; `size <= MEDIUM_MAX`.
+        return unsafe { alloc_sized(h, size, size) };
     }
     if align <= PAGE && size <= MEDIUM_MAX - align {
         let padded = size + align - 16;
         if padded <= SMALL_MAX && small_delegated() {
-            return __libc_memalign(align, size);
+            // SAFETY: glibc's memalign has no preconditions (`align` is a power of two anyway).
+            return unsafe { __libc_memalign(align, size) };
         }
         let h = heap();
         if h.is_null() {
             return h as *mut u8;
         }
-        let p = alloc_sized(h, padded, size);
+        // SAFETY: initialized; this thread's heap, claim held; `padded <= MEDIUM_MAX`.
+        let p = unsafe { alloc_sized(h, padded, size) };
         if p.is_null() {
             return p;
         }
-        return align_into(p, align);
+        // SAFETY: `p` is a block just allocated from this thread's heap (claim held), padded
+        // by `align - 16` bytes.
+        return unsafe { align_into(p, align) };
     }
     if align >= region_size() {
         // A block aligned to a region boundary starts on the first page of a region slot, where
         // `free` looks for that slot's header: the block would cover its own header. Such
         // alignments (the region size, 4 MiB or more) are left to glibc, whose pointers `free`
         // recognises as foreign; they are not node-bound.
-        return __libc_memalign(align, size);
+        // SAFETY: glibc's memalign has no preconditions (`align` is a power of two anyway).
+        return unsafe { __libc_memalign(align, size) };
     }
     let h = heap();
     let node = if h.is_null() {
         home(current_node())
     } else {
-        (*h).mem_node
+        // SAFETY: this thread's heap (never unmapped).
+        unsafe { (*h).mem_node }
     };
-    alloc_large(size, align, node)
+    // SAFETY: initialized; `align` is a power of two below the region size (checked above).
+    unsafe { alloc_large(size, align, node) }
 }
 
 /// Bytes of one region slot of the region map: large blocks and superblocks start on one, and
@@ -168,10 +191,15 @@ pub(super) unsafe fn align_into(p: *mut u8, align: usize) -> *mut u8 {
     let q = (p as usize + align - 1) & !(align - 1);
     if q != p as usize {
         if let Some((_, hdr)) = os::region_and_header(p as usize) {
-            if *(hdr as *const u32) != KIND_LARGE {
-                let r = run_of(hdr as *mut Segment, p as usize);
-                if (*r).state.load(Relaxed) == R_CLASS {
-                    (*r).state.store(R_CLASS_ALIGNED, Relaxed);
+            // SAFETY: `hdr` is the header of a live region of ours (p's), whose first word is
+            // its kind; not a large one, it is a superblock and `p` lies in one of its runs in
+            // use; the claim the caller holds lets it set the run's state.
+            unsafe {
+                if *(hdr as *const u32) != KIND_LARGE {
+                    let r = run_of(hdr as *mut Segment, p as usize);
+                    if (*r).state.load(Relaxed) == R_CLASS {
+                        (*r).state.store(R_CLASS_ALIGNED, Relaxed);
+                    }
                 }
             }
         }
@@ -186,18 +214,23 @@ pub(super) unsafe fn align_into(p: *mut u8, align: usize) -> *mut u8 {
 pub unsafe fn alloc_zeroed(size: usize, align: usize) -> *mut u8 {
     ensure_init();
     if align <= 16 && size <= SMALL_MAX && small_delegated() {
-        return __libc_calloc(1, size.max(1));
+        // SAFETY: glibc's calloc has no preconditions.
+        return unsafe { __libc_calloc(1, size.max(1)) };
     }
-    let p = alloc(size, align);
+    // SAFETY: `align` is a power of two (contract above).
+    let p = unsafe { alloc(size, align) };
     if p.is_null() {
         return p;
     }
     if let Some(base) = os::region_of(p as usize) {
-        if *(os::header_of(base) as *const u32) == KIND_LARGE {
+        // SAFETY: every region of ours has a header at `header_of(base)`; its first word is
+        // its kind.
+        if unsafe { *(os::header_of(base) as *const u32) } == KIND_LARGE {
             return p; // fresh anonymous mapping: already zero
         }
     }
-    core::ptr::write_bytes(p, 0, size);
+    // SAFETY: `p` is a fresh block of at least `size` bytes, ours to write.
+    unsafe { core::ptr::write_bytes(p, 0, size) };
     p
 }
 
@@ -208,11 +241,19 @@ pub unsafe fn alloc_zeroed(size: usize, align: usize) -> *mut u8 {
 pub unsafe fn usable_size(p: *const u8) -> Option<usize> {
     let base = os::region_of(p as usize)?;
     let hdr = os::header_of(base);
-    if *(hdr as *const u32) == KIND_LARGE {
-        return Some(base + (*(hdr as *const Large)).map_len - p as usize);
+    // SAFETY: the header of a live region of ours, whose first word is its kind; a large
+    // block's header is a `Large`.
+    unsafe {
+        if *(hdr as *const u32) == KIND_LARGE {
+            return Some(base + (*(hdr as *const Large)).map_len - p as usize);
+        }
     }
-    let r = run_of(hdr as *mut Segment, p as usize);
-    Some(block_start(r, p as usize) + (*r).bsize - p as usize)
+    // SAFETY: not large, the region is a superblock, and the live block `p` lies in one of
+    // its runs in use.
+    unsafe {
+        let r = run_of(hdr as *mut Segment, p as usize);
+        Some(block_start(r, p as usize) + (*r).bsize - p as usize)
+    }
 }
 
 type UsableFn = unsafe extern "C" fn(*mut libc::c_void) -> usize;
@@ -227,14 +268,19 @@ pub unsafe fn sys_usable_size(p: *mut u8) -> usize {
     if f == 0 {
         // Resolved lazily, never during init: dlsym may allocate (through us, which is fine
         // once initialized). RTLD_NEXT skips our own export when this code is the preload.
-        f = libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) as usize;
+        // SAFETY: a NUL-terminated symbol name and the RTLD_NEXT pseudo-handle.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) } as usize;
         if f == 0 {
             return 0;
         }
         SYS_USABLE.store(f, Release);
     }
-    let func: UsableFn = core::mem::transmute(f);
-    func(p as *mut libc::c_void)
+    // SAFETY: `f` is the non-null address of the C library's `malloc_usable_size`, whose C
+    // signature `UsableFn` is; `p` is a live block of the system allocator (contract above).
+    unsafe {
+        let func: UsableFn = core::mem::transmute(f);
+        func(p as *mut libc::c_void)
+    }
 }
 
 /// Resizes with C `realloc` semantics (null `p` allocates; the caller handles size 0).
@@ -243,10 +289,12 @@ pub unsafe fn sys_usable_size(p: *mut u8) -> usize {
 /// `p` is null or a live block; `align` a power of two.
 pub unsafe fn realloc(p: *mut u8, new: usize, align: usize) -> *mut u8 {
     if p.is_null() {
-        return alloc(new, align);
+        // SAFETY: `align` is a power of two (contract above).
+        return unsafe { alloc(new, align) };
     }
     ensure_init();
-    let old = match usable_size(p) {
+    // SAFETY: `p` is a live block (contract above).
+    let old = match unsafe { usable_size(p) } {
         Some(us) => {
             // Keep the block when it fits and at most half of it would be wasted.
             if new <= us && (new >= us / 2 || us <= 64) {
@@ -256,16 +304,21 @@ pub unsafe fn realloc(p: *mut u8, new: usize, align: usize) -> *mut u8 {
         }
         None => {
             if align <= 16 && new <= SMALL_MAX && small_delegated() {
-                return __libc_realloc(p, new.max(1));
+                // SAFETY: not ours, so `p` is a live block of the system allocator, given up.
+                return unsafe { __libc_realloc(p, new.max(1)) };
             }
-            sys_usable_size(p)
+            // SAFETY: as above, a live block of the system allocator.
+            unsafe { sys_usable_size(p) }
         }
     };
-    let q = alloc(new, align);
+    // SAFETY: `align` is a power of two (contract above).
+    let q = unsafe { alloc(new, align) };
     if q.is_null() {
         return q;
     }
-    core::ptr::copy_nonoverlapping(p, q, old.min(new));
-    free(p);
+    // SAFETY: `p` has `old` usable bytes and `q` at least `new`; they are distinct live blocks.
+    unsafe { core::ptr::copy_nonoverlapping(p, q, old.min(new)) };
+    // SAFETY: `p` is live and the caller gives it up: freed once.
+    unsafe { free(p) };
     q
 }

@@ -26,44 +26,72 @@ use crate::classes::class_of;
 use crate::os;
 
 /// A block of [`SPAN_MIN`] bytes or more on `node`: a span of its own, in whole units.
+///
+/// # Safety
+/// The allocator is initialized and `1 <= size <= MEDIUM_MAX`.
 pub(super) unsafe fn alloc_block(node: usize, pool: usize, size: usize) -> *mut u8 {
-    let r = node_units(node, pool, size.div_ceil(UNIT), R_BLOCK);
+    // SAFETY: initialized; `size` in whole units is at least 1 and fits a superblock.
+    let r = unsafe { node_units(node, pool, size.div_ceil(UNIT), R_BLOCK) };
     if r.is_null() {
         return null_mut();
     }
-    let data = (*(*r).seg).base + (*r).first as usize * UNIT;
-    (*r).data = data;
-    (*r).bsize = (*r).nunits as usize * UNIT;
-    map_all(r);
-    NODES[node].block_live.fetch_add((*r).bsize as i64, Relaxed);
-    data as *mut u8
+    // SAFETY: `r` was just taken for this block (state R_BLOCK set under the node lock) and
+    // is not published yet: only this thread writes it.
+    unsafe {
+        let data = (*(*r).seg).base + (*r).first as usize * UNIT;
+        (*r).data = data;
+        (*r).bsize = (*r).nunits as usize * UNIT;
+        map_all(r);
+        NODES[node].block_live.fetch_add((*r).bsize as i64, Relaxed);
+        data as *mut u8
+    }
 }
 
 /// Frees a block of [`SPAN_MIN`] bytes or more, from any thread.
+///
+/// # Safety
+/// `r` is the run (state R_BLOCK) of a live block from [`alloc_block`], freed once.
 #[cold]
 pub(super) unsafe fn free_block(r: *mut Run) {
-    let ns = &NODES[(*(*r).seg).node as usize];
-    ns.block_frees.fetch_add(1, Relaxed);
-    ns.block_live.fetch_sub((*r).bsize as i64, Relaxed);
-    node_free(r);
+    // SAFETY: a live block's run: its superblock is live and `bsize` is fixed while in use.
+    unsafe {
+        let ns = &NODES[(*(*r).seg).node as usize];
+        ns.block_frees.fetch_add(1, Relaxed);
+        ns.block_live.fetch_sub((*r).bsize as i64, Relaxed);
+    }
+    // SAFETY: the block is freed once and its run holds nothing else: nothing uses it now.
+    unsafe { node_free(r) };
 }
 
 /// A block of `size` bytes (`SMALL_MAX < size <= MEDIUM_MAX`, or any size up to
 /// `MEDIUM_MAX` when `small` own classes are in use) from heap `h`.
+///
+/// # Safety
+/// The allocator is initialized, the caller holds `h`'s claim, and `1 <= size <= MEDIUM_MAX`.
 #[inline]
 pub(super) unsafe fn alloc_sized(h: *mut Heap, size: usize, requested: usize) -> *mut u8 {
     if size >= SPAN_MIN {
-        let p = alloc_block((*h).mem_node, (*h).id, size);
+        // SAFETY: `h` is a heap (never unmapped); initialized, `size <= MEDIUM_MAX`.
+        let p = unsafe { alloc_block((*h).mem_node, (*h).id, size) };
         if !p.is_null() {
-            bump(&(*h).st.allocs, 1);
-            bump(&(*h).st.requested, requested as u64);
+            // SAFETY: the caller holds `h`'s claim, so it is the one writer of these counters.
+            unsafe {
+                bump(&(*h).st.allocs, 1);
+                bump(&(*h).st.requested, requested as u64);
+            }
         }
         p
     } else {
-        alloc_class(h, class_of(size), requested)
+        // SAFETY: `h`'s claim is held; `1 <= size < SPAN_MIN` has a class below NCLASSES.
+        unsafe { alloc_class(h, class_of(size), requested) }
     }
 }
 
+/// A large block: a node-bound mapping of its own, its header in the first page.
+///
+/// # Safety
+/// The allocator is initialized and `align` is a power of two below [`region_size`]: the
+/// block then lies in the region slot of its header, where `free` finds it.
 pub(super) unsafe fn alloc_large(size: usize, align: usize, node: usize) -> *mut u8 {
     // The block starts after the first page, which holds the header at its colored slot.
     const _: () = assert!(os::HEADER_COLORS * os::HEADER_STEP <= PAGE);
@@ -81,33 +109,48 @@ pub(super) unsafe fn alloc_large(size: usize, align: usize, node: usize) -> *mut
         return p;
     }
     let ns = &NODES[node];
-    if !os::bind(p, len, node, MPOL.load(Relaxed)) {
+    // SAFETY: `p` is our fresh mapping of `len` bytes.
+    if !unsafe { os::bind(p, len, node, MPOL.load(Relaxed)) } {
         ns.mbind_failures.fetch_add(1, Relaxed);
     }
     if !os::mark(p as usize, true) {
-        os::unmap(p, len);
+        // SAFETY: ours, unused.
+        unsafe { os::unmap(p, len) };
         return null_mut();
     }
     let l = os::header_of(p as usize) as *mut Large;
-    (*l).kind = KIND_LARGE;
-    (*l).node = node as u32;
-    (*l).map_len = len;
-    (*l).requested = size;
+    // SAFETY: fresh mapping; the header slot lies in its first page, before the block.
+    unsafe {
+        (*l).kind = KIND_LARGE;
+        (*l).node = node as u32;
+        (*l).map_len = len;
+        (*l).requested = size;
+    }
     ns.os_bytes.fetch_add(len as u64, Relaxed);
     ns.large_bytes.fetch_add(len as u64, Relaxed);
     ns.large_count.fetch_add(1, Relaxed);
     ns.large_requested.fetch_add(size as u64, Relaxed);
-    p.add(off)
+    // SAFETY: `off + size <= len`: the block lies in the mapping.
+    unsafe { p.add(off) }
 }
 
+/// Frees a large block: unmaps its mapping.
+///
+/// # Safety
+/// `base` is the region of a live large block (header kind `KIND_LARGE`), freed once.
 pub(super) unsafe fn free_large(base: usize) {
     let l = os::header_of(base) as *mut Large;
-    let len = (*l).map_len;
-    let ns = &NODES[(*l).node as usize];
-    ns.os_bytes.fetch_sub(len as u64, Relaxed);
-    ns.large_bytes.fetch_sub(len as u64, Relaxed);
-    ns.large_count.fetch_sub(1, Relaxed);
-    ns.large_requested.fetch_sub((*l).requested as u64, Relaxed);
+    // SAFETY: the header of a live large mapping (contract above), read before it goes.
+    let len = unsafe {
+        let len = (*l).map_len;
+        let ns = &NODES[(*l).node as usize];
+        ns.os_bytes.fetch_sub(len as u64, Relaxed);
+        ns.large_bytes.fetch_sub(len as u64, Relaxed);
+        ns.large_count.fetch_sub(1, Relaxed);
+        ns.large_requested.fetch_sub((*l).requested as u64, Relaxed);
+        len
+    };
     os::mark(base, false);
-    os::unmap(base as *mut u8, len);
+    // SAFETY: the block is freed once and its region unmarked: nothing uses the mapping.
+    unsafe { os::unmap(base as *mut u8, len) };
 }

@@ -20,135 +20,216 @@ fn run_units(c: usize) -> usize {
 }
 
 /// A new run of class `c` for heap `h` (null when out of memory).
+///
+/// # Safety
+/// The allocator is initialized, the caller holds `h`'s claim, and `c < NCLASSES`.
 unsafe fn new_class_run(h: *mut Heap, c: usize) -> *mut Run {
-    let r = node_units((*h).mem_node, (*h).id, run_units(c), R_CLASS);
+    // SAFETY: `h` is a heap (never unmapped); initialized, and a run of a class is at least
+    // one unit and about `RUN_BYTES`, which fits a superblock.
+    let r = unsafe { node_units((*h).mem_node, (*h).id, run_units(c), R_CLASS) };
     if r.is_null() {
         return r;
     }
-    (*r).owner.store(h, Relaxed);
-    let bsize = SIZES[c];
-    let data = (*(*r).seg).base + (*r).first as usize * UNIT;
-    let cap = (*r).nunits as usize * UNIT / bsize;
-    (*r).class = c as u32;
-    set_state_group(r, G_ACTIVE);
-    (*r).bsize = bsize;
-    (*r).magic = magic(bsize);
-    (*r).data = data;
-    (*r).end = data + cap * bsize;
-    (*r).bump = data;
-    (*r).free = null_mut();
-    (*r).used = 0;
-    (*r).capacity = cap as u32;
-    map_all(r);
+    // SAFETY: `r` was just taken for `h` (state R_CLASS set under the node lock) and is not
+    // in any of `h`'s lists yet: only this thread, holding `h`'s claim, writes it.
+    unsafe {
+        (*r).owner.store(h, Relaxed);
+        let bsize = SIZES[c];
+        let data = (*(*r).seg).base + (*r).first as usize * UNIT;
+        let cap = (*r).nunits as usize * UNIT / bsize;
+        (*r).class = c as u32;
+        set_state_group(r, G_ACTIVE);
+        (*r).bsize = bsize;
+        (*r).magic = magic(bsize);
+        (*r).data = data;
+        (*r).end = data + cap * bsize;
+        (*r).bump = data;
+        (*r).free = null_mut();
+        (*r).used = 0;
+        (*r).capacity = cap as u32;
+        map_all(r);
+    }
     r
 }
 
+/// A block from class run `r` (its free list first, then its bump pointer), or null when the
+/// run is full.
+///
+/// # Safety
+/// `r` is a class run of a heap whose claim the caller holds.
 #[inline]
 pub(super) unsafe fn pop(r: *mut Run) -> *mut u8 {
-    let f = (*r).free;
-    if !f.is_null() {
-        (*r).free = (*f).next;
-        (*r).used += 1;
-        return f as *mut u8;
-    }
-    let b = (*r).bump;
-    if b < (*r).end {
-        (*r).bump = b + (*r).bsize;
-        (*r).used += 1;
-        return b as *mut u8;
+    // SAFETY: only the claim holder, the caller, changes the run's list, bump and count; a
+    // block on the list is freed, and its first word is the link.
+    unsafe {
+        let f = (*r).free;
+        if !f.is_null() {
+            (*r).free = (*f).next;
+            (*r).used += 1;
+            return f as *mut u8;
+        }
+        let b = (*r).bump;
+        if b < (*r).end {
+            (*r).bump = b + (*r).bsize;
+            (*r).used += 1;
+            return b as *mut u8;
+        }
     }
     null_mut()
 }
 
+/// The start of the block of run `r` that `p` points into.
+///
+/// # Safety
+/// `r` is the run (class or block) of a live block that `p` points into.
 #[inline]
 pub(super) unsafe fn block_start(r: *mut Run, p: usize) -> usize {
-    if (*r).state.load(Relaxed) == R_BLOCK {
-        return (*r).data;
+    // SAFETY: a run with a live block is in use: its state, data, magic and bsize are fixed
+    // (only the owner turns R_CLASS into R_CLASS_ALIGNED, atomically).
+    unsafe {
+        if (*r).state.load(Relaxed) == R_BLOCK {
+            return (*r).data;
+        }
+        let off = p.wrapping_sub((*r).data);
+        let idx = ((off as u128 * (*r).magic as u128) >> 64) as usize;
+        (*r).data + idx * (*r).bsize
     }
-    let off = p.wrapping_sub((*r).data);
-    let idx = ((off as u128 * (*r).magic as u128) >> 64) as usize;
-    (*r).data + idx * (*r).bsize
 }
 
 // Occupancy groups.
 
+/// Takes a class run out of its occupancy group's list.
+///
+/// # Safety
+/// The caller holds `h`'s claim; `r` is a class run of `h` listed in group `(*r).group`.
 unsafe fn unlink(h: *mut Heap, r: *mut Run) {
-    let g = (*r).group as usize;
-    let cs = &mut (*h).classes[(*r).class as usize];
-    if (*r).prev.is_null() {
-        cs.groups[g] = (*r).next;
-    } else {
-        (*(*r).prev).next = (*r).next;
+    // SAFETY: `h`'s lists and the runs in them are changed only by its claim holder, the
+    // caller; `r` is listed, so its neighbours are runs of the same list.
+    unsafe {
+        let g = (*r).group as usize;
+        let cs = &mut (*h).classes[(*r).class as usize];
+        if (*r).prev.is_null() {
+            cs.groups[g] = (*r).next;
+        } else {
+            (*(*r).prev).next = (*r).next;
+        }
+        if !(*r).next.is_null() {
+            (*(*r).next).prev = (*r).prev;
+        }
+        (*r).prev = null_mut();
+        (*r).next = null_mut();
     }
-    if !(*r).next.is_null() {
-        (*(*r).next).prev = (*r).prev;
-    }
-    (*r).prev = null_mut();
-    (*r).next = null_mut();
 }
 
 /// Puts a class run in one of the groups that are not lists (active, full, spare), with the
 /// `lo` that makes a free's single test `used < lo` right: never true for the active run and
 /// the spare (frees into them change nothing), always true for a full one (it gets filed).
+///
+/// # Safety
+/// `r` is a class run of a heap whose claim the caller holds (or one it is setting up), not
+/// listed in an occupancy group.
 #[inline]
 pub(super) unsafe fn set_state_group(r: *mut Run, g: u32) {
-    (*r).group = g;
-    (*r).lo = if g == G_FULL { u32::MAX } else { 0 };
+    // SAFETY: the run's group fields are written only by its heap's claim holder, the caller.
+    unsafe {
+        (*r).group = g;
+        (*r).lo = if g == G_FULL { u32::MAX } else { 0 };
+    }
 }
 
 /// Files a non-active run under its occupancy group (or as spare / back to the free spans).
+///
+/// # Safety
+/// The caller holds `h`'s claim; `r` is a class run of `h` that is not active, not the spare
+/// and not listed.
 pub(super) unsafe fn file(h: *mut Heap, r: *mut Run) {
-    let c = (*r).class as usize;
-    let used = (*r).used as usize;
-    let cap = (*r).capacity as usize;
+    // SAFETY: `r` is a run of `h`, whose claim the caller holds: its fields are stable.
+    let (c, used, cap) = unsafe {
+        (
+            (*r).class as usize,
+            (*r).used as usize,
+            (*r).capacity as usize,
+        )
+    };
     if used == 0 {
-        let cs = &mut (*h).classes[c];
+        // SAFETY: `h`'s class state is changed only by its claim holder, the caller.
+        let cs = unsafe { &mut (*h).classes[c] };
         if cs.spare.is_null() {
             cs.spare = r;
-            set_state_group(r, G_SPARE);
+            // SAFETY: `r` is `h`'s, unlisted (contract above).
+            unsafe { set_state_group(r, G_SPARE) };
         } else {
-            (*r).owner.store(null_mut(), Relaxed);
-            node_free(r);
+            // SAFETY: an empty run of `h`, in none of its lists: it leaves `h` for the node,
+            // and nothing uses it any more.
+            unsafe {
+                (*r).owner.store(null_mut(), Relaxed);
+                node_free(r);
+            }
         }
         return;
     }
     if used == cap {
-        set_state_group(r, G_FULL);
+        // SAFETY: `r` is `h`'s, unlisted (contract above).
+        unsafe { set_state_group(r, G_FULL) };
         return;
     }
     let g = used * NGROUPS / cap;
-    (*r).lo = ((g * cap).div_ceil(NGROUPS)).max(1) as u32;
-    (*r).group = g as u32;
-    let cs = &mut (*h).classes[c];
-    (*r).prev = null_mut();
-    (*r).next = cs.groups[g];
-    if !cs.groups[g].is_null() {
-        (*cs.groups[g]).prev = r;
+    // SAFETY: `h`'s lists and `r` are changed only by its claim holder, the caller; `r` is
+    // unlisted, and the group's head (if any) is a run of that list.
+    unsafe {
+        (*r).lo = ((g * cap).div_ceil(NGROUPS)).max(1) as u32;
+        (*r).group = g as u32;
+        let cs = &mut (*h).classes[c];
+        (*r).prev = null_mut();
+        (*r).next = cs.groups[g];
+        if !cs.groups[g].is_null() {
+            (*cs.groups[g]).prev = r;
+        }
+        cs.groups[g] = r;
     }
-    cs.groups[g] = r;
 }
 
+/// Frees a block into its run, by the holder of the run's heap.
+///
+/// # Safety
+/// The caller holds `h`'s claim; `r` is a class run of `h` and `blk` the start of a live
+/// block of `r`, freed once.
 #[inline]
 pub(super) unsafe fn local_free(h: *mut Heap, r: *mut Run, blk: usize) {
     let f = blk as *mut Free;
-    (*f).next = (*r).free;
-    (*r).free = f;
-    (*r).used -= 1;
-    bump(&class_state(h, (*r).class as usize).frees, 1);
-    if (*r).used < (*r).lo {
-        regroup(h, r);
+    // SAFETY: the block is freed once: its first word becomes the list link; `r` is
+    // changed only by `h`'s claim holder, the caller, and its class is below NCLASSES.
+    unsafe {
+        (*f).next = (*r).free;
+        (*r).free = f;
+        (*r).used -= 1;
+        bump(&class_state(h, (*r).class as usize).frees, 1);
+    }
+    // SAFETY: as above; `used < lo` means `r` is neither active nor the spare.
+    unsafe {
+        if (*r).used < (*r).lo {
+            regroup(h, r);
+        }
     }
 }
 
 /// After a local free into a run that is not active: files a run that was full, or moves the
 /// run to its new occupancy group (what [`local_free`] does after the push).
+///
+/// # Safety
+/// The caller holds `h`'s claim; `r` is a class run of `h` that is neither active nor the
+/// spare (a free found `used < lo`).
 #[inline(never)]
 pub(super) unsafe extern "C" fn regroup(h: *mut Heap, r: *mut Run) {
-    if (*r).group == G_FULL {
-        file(h, r);
-    } else {
-        unlink(h, r);
-        file(h, r);
+    // SAFETY: `r` is `h`'s, claim held; a full run is in no list, any other (not active, not
+    // the spare) is listed in its group, so `unlink` applies and `file` gets it unlisted.
+    unsafe {
+        if (*r).group == G_FULL {
+            file(h, r);
+        } else {
+            unlink(h, r);
+            file(h, r);
+        }
     }
 }
 
@@ -161,58 +242,88 @@ pub(super) unsafe extern "C" fn regroup(h: *mut Heap, r: *mut Run) {
 #[inline(always)]
 pub(super) unsafe fn class_state<'a>(h: *mut Heap, c: usize) -> &'a ClassState {
     debug_assert!(c < NCLASSES);
-    (*h).classes.get_unchecked(c)
+    // SAFETY: `h` is a valid heap and `c < NCLASSES` (contract above).
+    unsafe { (*h).classes.get_unchecked(c) }
 }
 
+/// A block of class `c` from heap `h` (`size` bytes requested, for the counters).
+///
+/// # Safety
+/// The allocator is initialized, the caller holds `h`'s claim, and `c < NCLASSES`.
 #[inline]
 pub(super) unsafe fn alloc_class(h: *mut Heap, c: usize, size: usize) -> *mut u8 {
-    if (*h).shared.pending.load(Relaxed) != 0 {
-        drain(h);
-    }
-    let sb = (*h).classes[c].active;
-    if !sb.is_null() {
-        let p = pop(sb);
-        if !p.is_null() {
-            bump(&(*h).classes[c].allocs, 1);
-            bump(&(*h).st.requested, size as u64);
-            return p;
+    // SAFETY: `h` is a heap (never unmapped) whose claim the caller holds.
+    unsafe {
+        if (*h).shared.pending.load(Relaxed) != 0 {
+            drain(h);
         }
     }
-    refill(h, c, size)
+    // SAFETY: as above: the active run is `h`'s, and the claim holder is the one writer of
+    // its counters.
+    unsafe {
+        let sb = (*h).classes[c].active;
+        if !sb.is_null() {
+            let p = pop(sb);
+            if !p.is_null() {
+                bump(&(*h).classes[c].allocs, 1);
+                bump(&(*h).st.requested, size as u64);
+                return p;
+            }
+        }
+    }
+    // SAFETY: as for this function.
+    unsafe { refill(h, c, size) }
 }
 
+/// [`alloc_class`] when the active run is full or missing: the most occupied run of the class
+/// that has room, the spare, or a new run becomes active.
+///
+/// # Safety
+/// As for [`alloc_class`].
 #[cold]
 unsafe fn refill(h: *mut Heap, c: usize, size: usize) -> *mut u8 {
-    let cs = &mut (*h).classes[c];
-    let old = cs.active;
-    if !old.is_null() {
-        cs.active = null_mut();
-        set_state_group(old, G_FULL);
+    // SAFETY: `h`'s class state and runs are changed only by its claim holder, the caller;
+    // the active run, once no longer active, is full and in no list.
+    unsafe {
+        let cs = &mut (*h).classes[c];
+        let old = cs.active;
+        if !old.is_null() {
+            cs.active = null_mut();
+            set_state_group(old, G_FULL);
+        }
     }
     let mut sb = null_mut();
     for g in (0..NGROUPS).rev() {
-        let cand = (*h).classes[c].groups[g];
-        if !cand.is_null() {
-            unlink(h, cand);
-            sb = cand;
-            break;
+        // SAFETY: as above; the head of group `g`'s list is listed there.
+        unsafe {
+            let cand = (*h).classes[c].groups[g];
+            if !cand.is_null() {
+                unlink(h, cand);
+                sb = cand;
+                break;
+            }
         }
     }
-    let cs = &mut (*h).classes[c];
+    // SAFETY: as above.
+    let cs = unsafe { &mut (*h).classes[c] };
     if sb.is_null() && !cs.spare.is_null() {
         sb = cs.spare;
         cs.spare = null_mut();
     }
     if sb.is_null() {
-        sb = new_class_run(h, c);
+        // SAFETY: initialized, claim held, `c < NCLASSES` (contract above).
+        sb = unsafe { new_class_run(h, c) };
         if sb.is_null() {
             return null_mut();
         }
     }
-    set_state_group(sb, G_ACTIVE);
-    (*h).classes[c].active = sb;
-    let p = pop(sb);
-    bump(&(*h).classes[c].allocs, 1);
-    bump(&(*h).st.requested, size as u64);
-    p
+    // SAFETY: `sb` is a run of `h` in no list (unlinked, the spare or new), claim held.
+    unsafe {
+        set_state_group(sb, G_ACTIVE);
+        (*h).classes[c].active = sb;
+        let p = pop(sb);
+        bump(&(*h).classes[c].allocs, 1);
+        bump(&(*h).st.requested, size as u64);
+        p
+    }
 }

@@ -16,8 +16,9 @@ use crate::os::{self, NodeMap, MAX_CPUS, MAX_NODES};
 
 struct Global<T>(UnsafeCell<T>);
 // SAFETY: written once by the initializing thread before INIT becomes READY (Release), read
-// only after observing READY (Acquire).
-unsafe impl<T> Sync for Global<T> {}
+// only after observing READY (Acquire). That thread gets `&mut T` (T: Send, as for OnceLock),
+// and then every thread shares `&T` (T: Sync).
+unsafe impl<T: Send + Sync> Sync for Global<T> {}
 
 const UNINIT: u8 = 0;
 const BUSY: u8 = 1;

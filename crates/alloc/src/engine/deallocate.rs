@@ -31,25 +31,36 @@ pub unsafe fn free(p: *mut u8) {
     // aligned pointer inside a block, so `p` is the block and no division finds its start).
     // Null and foreign pointers fail the region check.
     if let Some((base, hdr)) = os::region_and_header(p as usize) {
-        if *(hdr as *const u32) != KIND_LARGE {
-            let r = run_at(hdr as *mut Segment, base, p as usize);
-            if (*r).state.load(Relaxed) == R_CLASS {
+        // SAFETY: `hdr` is the header of a live region of ours, whose first word is its kind.
+        if unsafe { *(hdr as *const u32) } != KIND_LARGE {
+            // SAFETY: not large, the region is a superblock at `base`, and the live block `p`
+            // lies in one of its runs in use.
+            let r = unsafe { run_at(hdr as *mut Segment, base, p as usize) };
+            // SAFETY: `r` is the run of the live block `p`.
+            if unsafe { (*r).state.load(Relaxed) } == R_CLASS {
                 let h = tls_heap();
-                if !h.is_null() && (*r).owner.load(Relaxed) == h {
-                    let f = p as *mut Free;
-                    (*f).next = (*r).free;
-                    (*r).free = f;
-                    (*r).used -= 1;
-                    bump(&class_state(h, (*r).class as usize).frees, 1);
-                    if (*r).used < (*r).lo {
-                        regroup(h, r);
+                // SAFETY: as above.
+                if !h.is_null() && unsafe { (*r).owner.load(Relaxed) } == h {
+                    // SAFETY: `r` is a class run of this thread's heap `h`, whose claim it
+                    // holds; `p` is the block's start, freed once (its first word: the link);
+                    // `used < lo` means `r` is neither active nor the spare.
+                    unsafe {
+                        let f = p as *mut Free;
+                        (*f).next = (*r).free;
+                        (*r).free = f;
+                        (*r).used -= 1;
+                        bump(&class_state(h, (*r).class as usize).frees, 1);
+                        if (*r).used < (*r).lo {
+                            regroup(h, r);
+                        }
                     }
                     return;
                 }
             }
         }
     }
-    free_full(p)
+    // SAFETY: forwarded contract.
+    unsafe { free_full(p) }
 }
 
 /// Every free the fast path of [`free`] does not take (`extern "C"` for the reason given at
@@ -63,35 +74,55 @@ pub unsafe extern "C" fn free_full(p: *mut u8) {
         return;
     }
     let Some((base, hdr)) = os::region_and_header(p as usize) else {
-        __libc_free(p);
+        // SAFETY: not in a region of ours: a live block of the system allocator, freed once.
+        unsafe { __libc_free(p) };
         return;
     };
-    if *(hdr as *const u32) == KIND_LARGE {
-        free_large(base);
+    // SAFETY: `hdr` is the header of a live region of ours, whose first word is its kind.
+    if unsafe { *(hdr as *const u32) } == KIND_LARGE {
+        // SAFETY: a live large block (`p` in its region), freed once.
+        unsafe { free_large(base) };
         return;
     }
     let seg = hdr as *mut Segment;
-    let r = run_of(seg, p as usize);
-    if (*r).state.load(Relaxed) == R_BLOCK {
-        free_block(r);
+    // SAFETY: not large, the region is a superblock, and the live block `p` lies in one of
+    // its runs in use.
+    let r = unsafe { run_of(seg, p as usize) };
+    // SAFETY: `r` is the run of the live block `p`.
+    if unsafe { (*r).state.load(Relaxed) } == R_BLOCK {
+        // SAFETY: the run of a live block of its own, freed once.
+        unsafe { free_block(r) };
         return;
     }
-    let blk = block_start(r, p as usize);
+    // SAFETY: `r` is the class run of the live block `p`.
+    let blk = unsafe { block_start(r, p as usize) };
     let h = tls_heap();
-    let owner = (*r).owner.load(Relaxed);
+    // SAFETY: as above.
+    let owner = unsafe { (*r).owner.load(Relaxed) };
     if owner == h && !h.is_null() {
-        local_free(h, r, blk);
+        // SAFETY: `r` is a run of this thread's heap `h`, whose claim it holds; `blk` is the
+        // start of the live block, freed once.
+        unsafe { local_free(h, r, blk) };
     } else {
-        remote_free(h, owner, r, blk);
+        // SAFETY: `h` is null or this thread's heap; `owner` is the heap of the class run `r`
+        // (not null while it has a live block); `blk` is that block's start, freed once.
+        unsafe { remote_free(h, owner, r, blk) };
     }
 }
 
+/// Frees a block of another thread's heap (or of an abandoned or shared heap): into its run
+/// when the claim of `owner` is free to take and `owner` is abandoned, else into a bin.
+///
+/// # Safety
+/// `h` is null or the calling thread's heap; `owner` is the heap of class run `r` (not the
+/// caller's); `blk` is the start of a live block of `r`, freed once.
 #[cold]
 unsafe fn remote_free(h: *mut Heap, owner: *mut Heap, r: *mut Run, blk: usize) {
     if h.is_null() {
         ORPHAN_REMOTE.fetch_add(1, Relaxed);
     } else {
-        bump(&(*h).st.remote_sent, 1);
+        // SAFETY: this thread's heap: the claim holder is the counter's one writer.
+        unsafe { bump(&(*h).st.remote_sent, 1) };
     }
     // The owner thread is gone (or `owner` is a node's shared heap): whoever holds the claim
     // may work on its runs, so the freeing thread takes the claim and frees the block into its
@@ -100,33 +131,46 @@ unsafe fn remote_free(h: *mut Heap, owner: *mut Heap, r: *mut Run, blk: usize) {
     // `general`'s main thread freeing the workers' last blocks) cost a claim instead of two
     // bin locks, two atomic read-modify-writes and a drain each. If the claim is taken (an
     // adopter, another collector), the block goes to a bin as below.
-    if (*owner).shared.abandoned.load(Acquire)
-        && (*owner)
-            .shared
-            .claim
-            .compare_exchange(0, 1, Acquire, Relaxed)
-            .is_ok()
-    {
-        // SAFETY (of the calls): the claim is held; the block is live, so its run (used >= 1)
-        // cannot have left `owner`.
-        local_free(owner, r, blk);
-        (*owner).shared.claim.store(0, SeqCst);
-        collect(owner);
+    // SAFETY: `owner` is a heap (heaps are never unmapped).
+    if unsafe {
+        (*owner).shared.abandoned.load(Acquire)
+            && (*owner)
+                .shared
+                .claim
+                .compare_exchange(0, 1, Acquire, Relaxed)
+                .is_ok()
+    } {
+        // SAFETY: the claim is held; the block is live, so its run (used >= 1) cannot have
+        // left `owner`.
+        unsafe {
+            local_free(owner, r, blk);
+            (*owner).shared.claim.store(0, SeqCst);
+            collect(owner);
+        }
         return;
     }
     let i = if h.is_null() {
         NBINS - 1
     } else {
-        (*h).id % NBINS
+        // SAFETY: this thread's heap.
+        unsafe { (*h).id % NBINS }
     };
-    let bin = &(*owner).bins[i];
+    // SAFETY: `owner` is a heap.
+    let bin = unsafe { &(*owner).bins[i] };
     let f = blk as *mut Free;
     bin.lock.lock();
-    (*f).next = *bin.head.get();
-    *bin.head.get() = f;
+    // SAFETY: the bin's head is touched only with its lock held, as here; the block is freed
+    // once, so its first word may hold the link.
+    unsafe {
+        (*f).next = *bin.head.get();
+        *bin.head.get() = f;
+    }
     bin.lock.unlock();
-    (*owner).shared.pending.fetch_or(1 << i, SeqCst);
-    if (*owner).shared.abandoned.load(SeqCst) {
-        collect(owner);
+    // SAFETY: `owner` is a heap.
+    unsafe {
+        (*owner).shared.pending.fetch_or(1 << i, SeqCst);
+        if (*owner).shared.abandoned.load(SeqCst) {
+            collect(owner);
+        }
     }
 }

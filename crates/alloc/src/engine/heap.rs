@@ -169,46 +169,64 @@ fn adopt_or_create(node: usize) -> *mut Heap {
 /// # Safety
 /// The caller holds `h`'s claim.
 pub(super) unsafe fn drain(h: *mut Heap) {
-    let mut mask = (*h).shared.pending.swap(0, AcqRel);
+    // SAFETY: `h` is a heap (heaps are never unmapped).
+    let mut mask = unsafe { (*h).shared.pending.swap(0, AcqRel) };
     let mut n = 0u64;
     while mask != 0 {
         let i = mask.trailing_zeros() as usize;
         mask &= mask - 1;
-        let bin = &(*h).bins[i];
+        // SAFETY: as above.
+        let bin = unsafe { &(*h).bins[i] };
         bin.lock.lock();
-        let mut f = *bin.head.get();
-        *bin.head.get() = null_mut();
+        // SAFETY: the bin's head is touched only with its lock held, as here.
+        let mut f = unsafe {
+            let f = *bin.head.get();
+            *bin.head.get() = null_mut();
+            f
+        };
         bin.lock.unlock();
         while !f.is_null() {
-            let next = (*f).next;
+            // SAFETY: `f` is a block freed into the bin (freed once): its first word is the link.
+            let next = unsafe { (*f).next };
             if let Some(base) = os::region_of(f as usize) {
                 let seg = os::header_of(base) as *mut Segment;
-                local_free(h, run_of(seg, f as usize), f as usize);
+                // SAFETY: a block in `h`'s bins is a live class block of a run of `h` (a run
+                // with blocks in use stays `h`'s), freed once; the caller holds `h`'s claim.
+                unsafe { local_free(h, run_of(seg, f as usize), f as usize) };
                 n += 1;
             }
             f = next;
         }
     }
-    bump(&(*h).st.remote_received, n);
+    // SAFETY: `h` is a heap whose claim the caller holds: the one writer of this counter.
+    unsafe { bump(&(*h).st.remote_received, n) };
 }
 
 /// Drains an abandoned heap from whatever thread gets its claim; the last holder re-checks
 /// after letting go so that no block stays in a bin.
+///
+/// # Safety
+/// `h` is a heap from [`create_heap`] (heaps are never unmapped).
 pub(super) unsafe fn collect(h: *mut Heap) {
     loop {
-        if (*h).shared.pending.load(SeqCst) == 0 {
-            return;
+        // SAFETY: `h` is a heap (contract above).
+        unsafe {
+            if (*h).shared.pending.load(SeqCst) == 0 {
+                return;
+            }
+            if (*h)
+                .shared
+                .claim
+                .compare_exchange(0, 1, Acquire, Relaxed)
+                .is_err()
+            {
+                return;
+            }
         }
-        if (*h)
-            .shared
-            .claim
-            .compare_exchange(0, 1, Acquire, Relaxed)
-            .is_err()
-        {
-            return;
-        }
-        drain(h);
-        (*h).shared.claim.store(0, SeqCst);
+        // SAFETY: this thread has just taken `h`'s claim.
+        unsafe { drain(h) };
+        // SAFETY: `h` is a heap (contract above).
+        unsafe { (*h).shared.claim.store(0, SeqCst) };
     }
 }
 
@@ -218,33 +236,57 @@ pub(super) unsafe fn collect(h: *mut Heap) {
 /// # Safety
 /// The caller holds `h`'s claim and gives it up.
 unsafe fn abandon(h: *mut Heap) {
-    drain(h);
+    // SAFETY: the caller holds `h`'s claim.
+    unsafe { drain(h) };
     for c in 0..NCLASSES {
-        let cs = &mut (*h).classes[c];
-        let a = cs.active;
-        if !a.is_null() {
-            cs.active = null_mut();
-            file(h, a);
+        // SAFETY: `h`'s class state and runs are changed only by its claim holder, the
+        // caller; the active run, no longer active, is filed (it is in no list).
+        unsafe {
+            let cs = &mut (*h).classes[c];
+            let a = cs.active;
+            if !a.is_null() {
+                cs.active = null_mut();
+                file(h, a);
+            }
         }
-        let cs = &mut (*h).classes[c];
-        let s = cs.spare;
-        if !s.is_null() {
-            cs.spare = null_mut();
-            (*s).owner.store(null_mut(), Relaxed);
-            node_free(s);
+        // SAFETY: as above; the spare is an empty run of `h` in no list: it goes back to the
+        // node, and nothing uses it any more.
+        unsafe {
+            let cs = &mut (*h).classes[c];
+            let s = cs.spare;
+            if !s.is_null() {
+                cs.spare = null_mut();
+                (*s).owner.store(null_mut(), Relaxed);
+                node_free(s);
+            }
         }
     }
-    (*h).shared.abandoned.store(true, SeqCst);
-    let ns = &NODES[(*h).node];
+    // SAFETY: `h` is a heap (never unmapped).
+    let ns = unsafe {
+        (*h).shared.abandoned.store(true, SeqCst);
+        &NODES[(*h).node]
+    };
     ns.lock.lock();
-    let inner = &mut *ns.inner.get();
-    (*h).pool_next = inner.pool;
-    inner.pool = h;
+    // SAFETY: the node lock is held: the node's pool and the pool links of its heaps are
+    // changed only under it.
+    unsafe {
+        let inner = &mut *ns.inner.get();
+        (*h).pool_next = inner.pool;
+        inner.pool = h;
+    }
     ns.lock.unlock();
-    (*h).shared.claim.store(0, SeqCst);
-    collect(h);
+    // SAFETY: `h` is a heap; the caller gives up its claim here, then collects like any thread.
+    unsafe {
+        (*h).shared.claim.store(0, SeqCst);
+        collect(h);
+    }
 }
 
+/// The pthread key's destructor: hands the exiting thread's heap to its node's pool.
+///
+/// # Safety
+/// `arg` is null or the value this thread set for the key: its heap, whose claim it holds
+/// (pthread calls it so at thread exit).
 pub(super) unsafe extern "C" fn thread_exit(arg: *mut libc::c_void) {
     let h = arg as *mut Heap;
     if h.is_null() {
@@ -254,7 +296,7 @@ pub(super) unsafe extern "C" fn thread_exit(arg: *mut libc::c_void) {
         tls_slot::set(null_mut());
     }
     // SAFETY: the pthread value is this thread's heap, whose claim it holds.
-    abandon(h);
+    unsafe { abandon(h) };
 }
 
 #[inline]
@@ -284,19 +326,27 @@ fn thread_heap_slow() -> *mut Heap {
 /// The calling thread's heap, following the thread when it is moved to another node: a thread
 /// whose affinity is confined to one node switches at once; an unpinned thread switches after
 /// 64 consecutive checks found it elsewhere (no ping-pong on short migrations).
+///
+/// # Safety
+/// `h` is the calling thread's heap (whose claim it holds).
 #[cold]
 unsafe fn check_node(h: *mut Heap) -> *mut Heap {
     let n = current_node();
-    (*h).mismatch += 1;
-    let confined = (*h).mismatch == 1 && os::affinity_node(&nodemap().cpu_node) == Some(n);
-    if !confined && (*h).mismatch < 64 {
+    // SAFETY: `mismatch` is written only by the claim holder, this thread.
+    let confined = unsafe {
+        (*h).mismatch += 1;
+        (*h).mismatch == 1 && os::affinity_node(&nodemap().cpu_node) == Some(n)
+    };
+    // SAFETY: as above.
+    if !confined && unsafe { (*h).mismatch } < 64 {
         return h;
     }
     let new = adopt_or_create(n);
     if new.is_null() {
         return h;
     }
-    abandon(h);
+    // SAFETY: this thread's heap, whose claim it gives up: from here it uses `new`.
+    unsafe { abandon(h) };
     set_thread_heap(new);
     new
 }

@@ -90,37 +90,50 @@ pub unsafe fn alloc_on(node: usize, size: usize, align: usize) -> Result<*mut u8
         None
     };
     let Some(padded) = padded.filter(|&p| p <= MEDIUM_MAX) else {
-        let p = alloc_large(size, align, node);
+        // SAFETY: initialized; `align` is a power of two below the region size (checked above).
+        let p = unsafe { alloc_large(size, align, node) };
         return if p.is_null() { oom } else { Ok(p) };
     };
     let mine = tls_heap();
-    let p = if !mine.is_null() && (*mine).node == node {
-        alloc_sized(mine, padded, size)
+    // SAFETY: a non-null `mine` is this thread's heap (never unmapped).
+    let p = if !mine.is_null() && unsafe { (*mine).node } == node {
+        // SAFETY: initialized; this thread's heap, whose claim it holds; `padded <= MEDIUM_MAX`.
+        unsafe { alloc_sized(mine, padded, size) }
     } else {
         let h = shared_heap(node);
         if h.is_null() {
             return oom;
         }
-        while (*h)
-            .shared
-            .claim
-            .compare_exchange_weak(0, 1, Acquire, Relaxed)
-            .is_err()
-        {
-            core::hint::spin_loop();
+        // SAFETY: `h` is the node's shared heap (never unmapped).
+        unsafe {
+            while (*h)
+                .shared
+                .claim
+                .compare_exchange_weak(0, 1, Acquire, Relaxed)
+                .is_err()
+            {
+                core::hint::spin_loop();
+            }
         }
-        let mut p = alloc_sized(h, padded, size);
+        // SAFETY: initialized; this thread now holds `h`'s claim; `padded <= MEDIUM_MAX`.
+        let mut p = unsafe { alloc_sized(h, padded, size) };
         if !p.is_null() {
-            p = align_into(p, align);
+            // SAFETY: `p` was just allocated from `h` (claim held), padded by `align - 16` bytes.
+            p = unsafe { align_into(p, align) };
         }
-        (*h).shared.claim.store(0, SeqCst);
-        collect(h);
+        // SAFETY: `h` is a heap; its claim is given back, then collected like any thread.
+        unsafe {
+            (*h).shared.claim.store(0, SeqCst);
+            collect(h);
+        }
         return if p.is_null() { oom } else { Ok(p) };
     };
     if p.is_null() {
         return oom;
     }
-    Ok(align_into(p, align))
+    // SAFETY: `p` was just allocated from this thread's heap (claim held), padded by
+    // `align - 16` bytes.
+    Ok(unsafe { align_into(p, align) })
 }
 
 pub(super) fn shared_heap(node: usize) -> *mut Heap {

@@ -15,72 +15,130 @@ use super::superblock::{format_sb, map_sb, pop_cached_sb, release_sb};
 use super::UNIT;
 
 /// A fresh descriptor of `seg`, or null when all are in use.
+///
+/// # Safety
+/// `seg` is a superblock header whose descriptor fields are laid out (see [`format_sb`]), and
+/// the caller holds its node's lock or is the only one that references the superblock.
 pub(super) unsafe fn new_desc(seg: *mut Segment) -> *mut Run {
-    let i = if (*seg).desc_free != NO_DESC {
-        let i = (*seg).desc_free;
-        (*seg).desc_free = (*(*seg).descs.add(i as usize)).next_desc;
-        i
-    } else if (*seg).desc_bump < (*seg).max_desc {
-        let i = (*seg).desc_bump;
-        (*seg).desc_bump += 1;
-        i
-    } else {
-        return null_mut();
+    // SAFETY: `seg` is a laid-out header the caller may change; a listed free descriptor's
+    // index is below `max_desc`, inside the descriptor array.
+    let i = unsafe {
+        if (*seg).desc_free != NO_DESC {
+            let i = (*seg).desc_free;
+            (*seg).desc_free = (*(*seg).descs.add(i as usize)).next_desc;
+            i
+        } else if (*seg).desc_bump < (*seg).max_desc {
+            let i = (*seg).desc_bump;
+            (*seg).desc_bump += 1;
+            i
+        } else {
+            return null_mut();
+        }
     };
-    let r = (*seg).descs.add(i as usize);
-    (*r).seg = seg;
-    (*r).prev = null_mut();
-    (*r).next = null_mut();
-    r
+    // SAFETY: `i < max_desc`, so `r` is a slot of the descriptor array, which the caller may
+    // change (contract above).
+    unsafe {
+        let r = (*seg).descs.add(i as usize);
+        (*r).seg = seg;
+        (*r).prev = null_mut();
+        (*r).next = null_mut();
+        r
+    }
 }
 
+/// The index of `r` in its superblock's descriptor array.
+///
+/// # Safety
+/// `r` is a descriptor handed out by [`new_desc`] (in its superblock's array, `seg` set).
 #[inline]
 unsafe fn desc_index(r: *mut Run) -> u32 {
-    r.offset_from((*(*r).seg).descs) as u32
+    // SAFETY: `r` and `descs` point into the same descriptor array (contract above).
+    unsafe { r.offset_from((*(*r).seg).descs) as u32 }
 }
 
+/// Puts a descriptor that no run uses any more on its superblock's free list.
+///
+/// # Safety
+/// `r` is a descriptor of a superblock of a node whose lock the caller holds; it is listed
+/// nowhere and covers no units (they were merged into another span or the superblock is empty).
 unsafe fn free_desc(r: *mut Run) {
-    let seg = (*r).seg;
-    (*r).state.store(R_FREE, Relaxed);
-    (*r).nunits = 0;
-    (*r).next_desc = (*seg).desc_free;
-    (*seg).desc_free = desc_index(r);
+    // SAFETY: `r` and its superblock's descriptor list are changed only under the node lock,
+    // which the caller holds.
+    unsafe {
+        let seg = (*r).seg;
+        (*r).state.store(R_FREE, Relaxed);
+        (*r).nunits = 0;
+        (*r).next_desc = (*seg).desc_free;
+        (*seg).desc_free = desc_index(r);
+    }
 }
 
 /// Points the first and last page of a span at its descriptor (all a free span needs: the
 /// neighbours look only at its ends).
+///
+/// # Safety
+/// `r` is a descriptor from [`new_desc`] with `first` and `nunits >= 1` naming units of its
+/// superblock, and the caller holds the node lock (or is the only one that references the
+/// superblock).
 #[inline]
 pub(super) unsafe fn map_ends(r: *mut Run) {
-    let seg = (*r).seg;
-    let i = desc_index(r) as u16;
-    *(*seg).map.add((*r).first as usize) = i;
-    *(*seg).map.add(((*r).first + (*r).nunits - 1) as usize) = i;
+    // SAFETY: both units lie in the superblock, so in its unit map; the map's entries of free
+    // spans are written under the node lock, which the caller holds (contract above).
+    unsafe {
+        let seg = (*r).seg;
+        let i = desc_index(r) as u16;
+        *(*seg).map.add((*r).first as usize) = i;
+        *(*seg).map.add(((*r).first + (*r).nunits - 1) as usize) = i;
+    }
 }
 
 /// Points every page of a run at its descriptor (a pointer anywhere in it finds it).
+///
+/// # Safety
+/// `r` is a run the caller has just taken from [`node_units`] (its state set, so no other
+/// thread merges it or writes its units' map entries) and not yet published.
 pub(super) unsafe fn map_all(r: *mut Run) {
-    let seg = (*r).seg;
-    let i = desc_index(r) as u16;
-    for u in (*r).first..(*r).first + (*r).nunits {
-        *(*seg).map.add(u as usize) = i;
+    // SAFETY: the run's units lie in its superblock's unit map, and the run is the caller's
+    // alone (contract above).
+    unsafe {
+        let seg = (*r).seg;
+        let i = desc_index(r) as u16;
+        for u in (*r).first..(*r).first + (*r).nunits {
+            *(*seg).map.add(u as usize) = i;
+        }
     }
 }
 
 /// [`run_of`] with the superblock's base already known (from the region lookup): one load
 /// fewer on `free`'s dependency chain.
+///
+/// # Safety
+/// As for [`run_of`], and `base` is the superblock's base.
 #[inline(always)]
 pub(super) unsafe fn run_at(seg: *mut Segment, base: usize, p: usize) -> *mut Run {
-    debug_assert_eq!(base, (*seg).base);
-    (*seg)
-        .descs
-        .add(*(*seg).map.add((p - base) / UNIT) as usize)
+    // SAFETY: `seg` is a live superblock header (contract above).
+    debug_assert_eq!(base, unsafe { (*seg).base });
+    // SAFETY: `p` lies in a run in use of `seg`, so its unit's map entry is that run's
+    // descriptor index (set by `map_all`), inside the descriptor array.
+    unsafe {
+        (*seg)
+            .descs
+            .add(*(*seg).map.add((p - base) / UNIT) as usize)
+    }
 }
 
 /// The run covering `p` (a pointer into a live run of `seg`).
+///
+/// # Safety
+/// `seg` is the header of a live superblock and `p` points into one of its runs in use (a
+/// class or block run, whose units all name its descriptor: see [`map_all`]).
 #[inline]
 pub(super) unsafe fn run_of(seg: *mut Segment, p: usize) -> *mut Run {
-    let u = (p - (*seg).base) / UNIT;
-    (*seg).descs.add(*(*seg).map.add(u) as usize)
+    // SAFETY: as for `run_at`: the unit of `p` lies in the unit map and names a descriptor.
+    unsafe {
+        let u = (p - (*seg).base) / UNIT;
+        (*seg).descs.add(*(*seg).map.add(u) as usize)
+    }
 }
 
 #[inline]
@@ -89,64 +147,98 @@ fn span_bin(nunits: u32) -> usize {
 }
 
 /// The set of `sp` a free span belongs in (see [`SpanPool`]).
+///
+/// # Safety
+/// `sp` is a span pool and `r` a free span of the same node, whose lock the caller holds.
 #[inline]
 unsafe fn bins_of(sp: *mut SpanPool, r: *mut Run) -> *mut SpanBins {
-    if (*r).fresh != 0 {
-        &raw mut (*sp).fresh
-    } else {
-        &raw mut (*sp).used
-    }
-}
-
-unsafe fn push_span(sp: *mut SpanPool, r: *mut Run) {
-    let sp = bins_of(sp, r);
-    let b = span_bin((*r).nunits);
-    (*r).group = b as u32;
-    (*r).prev = null_mut();
-    (*r).next = (*sp).spans[b];
-    if !(*r).next.is_null() {
-        (*(*r).next).prev = r;
-    }
-    (*sp).spans[b] = r;
-    (*sp).bits[b / 64] |= 1 << (b % 64);
-}
-
-unsafe fn unlink_span(sp: *mut SpanPool, r: *mut Run) {
-    let sp = bins_of(sp, r);
-    let b = (*r).group as usize;
-    if (*r).prev.is_null() {
-        (*sp).spans[b] = (*r).next;
-        if (*r).next.is_null() {
-            (*sp).bits[b / 64] &= !(1 << (b % 64));
+    // SAFETY: `r` and `sp` are valid and changed only under the node lock the caller holds.
+    unsafe {
+        if (*r).fresh != 0 {
+            &raw mut (*sp).fresh
+        } else {
+            &raw mut (*sp).used
         }
-    } else {
-        (*(*r).prev).next = (*r).next;
     }
-    if !(*r).next.is_null() {
-        (*(*r).next).prev = (*r).prev;
+}
+
+/// Lists a free span in its bin of `sp`.
+///
+/// # Safety
+/// `sp` is a span pool of `r`'s node, whose lock the caller holds; `r` is a free span of that
+/// node with `nunits` set, listed nowhere.
+unsafe fn push_span(sp: *mut SpanPool, r: *mut Run) {
+    // SAFETY: as for this function: the pool, `r` and the listed spans are valid and changed
+    // only under the node lock, which the caller holds.
+    unsafe {
+        let sp = bins_of(sp, r);
+        let b = span_bin((*r).nunits);
+        (*r).group = b as u32;
+        (*r).prev = null_mut();
+        (*r).next = (*sp).spans[b];
+        if !(*r).next.is_null() {
+            (*(*r).next).prev = r;
+        }
+        (*sp).spans[b] = r;
+        (*sp).bits[b / 64] |= 1 << (b % 64);
     }
-    (*r).prev = null_mut();
-    (*r).next = null_mut();
+}
+
+/// Takes a free span out of its bin of `sp`.
+///
+/// # Safety
+/// `r` is listed in `sp` (by [`push_span`]), a span pool of a node whose lock the caller holds.
+unsafe fn unlink_span(sp: *mut SpanPool, r: *mut Run) {
+    // SAFETY: as for this function: the pool, `r` and its list neighbours are valid and
+    // changed only under the node lock, which the caller holds.
+    unsafe {
+        let sp = bins_of(sp, r);
+        let b = (*r).group as usize;
+        if (*r).prev.is_null() {
+            (*sp).spans[b] = (*r).next;
+            if (*r).next.is_null() {
+                (*sp).bits[b / 64] &= !(1 << (b % 64));
+            }
+        } else {
+            (*(*r).prev).next = (*r).next;
+        }
+        if !(*r).next.is_null() {
+            (*(*r).next).prev = (*r).prev;
+        }
+        (*r).prev = null_mut();
+        (*r).next = null_mut();
+    }
 }
 
 /// Takes the smallest free span of at least `n` units out of one set of the pool (`fresh`
 /// or not; best fit: bins are exact lengths) and cuts it to `n` units, the rest going back
 /// to the pool.
+///
+/// # Safety
+/// `sp` is a span pool of a node whose lock the caller holds; `n >= 1`.
 unsafe fn take_span(sp: *mut SpanPool, fresh: bool, n: usize) -> *mut Run {
-    let bins = if fresh {
-        &raw mut (*sp).fresh
-    } else {
-        &raw mut (*sp).used
+    // SAFETY: `sp` points to a span pool (contract above).
+    let bins = unsafe {
+        if fresh {
+            &raw mut (*sp).fresh
+        } else {
+            &raw mut (*sp).used
+        }
     };
     let mut b = span_bin(n as u32);
     while b < SPAN_BINS {
         let w = b / 64;
-        let bits = (*bins).bits[w] & (!0u64 << (b % 64));
+        // SAFETY: the pool's bins are read under the node lock the caller holds.
+        let bits = unsafe { (*bins).bits[w] } & (!0u64 << (b % 64));
         if bits != 0 {
-            let r = (*bins).spans[w * 64 + bits.trailing_zeros() as usize];
-            unlink_span(sp, r);
-            cut(sp, r, n);
-            return r;
+            // SAFETY: a set bit marks a non-empty bin: `r` is a free span listed in `sp`, and
+            // the caller holds the node lock.
+            unsafe {
+                let r = (*bins).spans[w * 64 + bits.trailing_zeros() as usize];
+                unlink_span(sp, r);
+                cut(sp, r, n);
+                return r;
+            }
         }
         b = (w + 1) * 64;
     }
@@ -154,20 +246,31 @@ unsafe fn take_span(sp: *mut SpanPool, fresh: bool, n: usize) -> *mut Run {
 }
 
 /// Cuts an unlisted span to `n` units; the rest goes to the pool.
+///
+/// # Safety
+/// `r` is a free span of `sp`'s node listed nowhere, the caller holds that node's lock, and
+/// `n >= 1`.
 pub(super) unsafe fn cut(sp: *mut SpanPool, r: *mut Run, n: usize) {
     let n = n as u32;
-    if (*r).nunits > n {
-        let rest = new_desc((*r).seg);
+    // SAFETY: `r` is a span of the node whose lock the caller holds (contract above).
+    if unsafe { (*r).nunits } > n {
+        // SAFETY: `r`'s superblock is laid out, and its descriptors change under the node
+        // lock, which the caller holds.
+        let rest = unsafe { new_desc((*r).seg) };
         if rest.is_null() {
             return; // no descriptor left: the caller gets the whole span
         }
-        (*rest).first = (*r).first + n;
-        (*rest).nunits = (*r).nunits - n;
-        (*rest).fresh = (*r).fresh;
-        (*rest).state.store(R_FREE, Relaxed);
-        map_ends(rest);
-        push_span(sp, rest);
-        (*r).nunits = n;
+        // SAFETY: `rest` is a fresh descriptor for `r`'s last units (`n >= 1` of them stay
+        // with `r`): a free span of the same node listed nowhere, node lock held.
+        unsafe {
+            (*rest).first = (*r).first + n;
+            (*rest).nunits = (*r).nunits - n;
+            (*rest).fresh = (*r).fresh;
+            (*rest).state.store(R_FREE, Relaxed);
+            map_ends(rest);
+            push_span(sp, rest);
+            (*r).nunits = n;
+        }
     }
 }
 
@@ -182,21 +285,32 @@ pub(super) unsafe fn cut(sp: *mut SpanPool, r: *mut Run, n: usize) {
 /// instead of 1.05x in about 1 run in 7). For the same reason the cache is popped in the hold
 /// of the node lock that found no span (looked at under one hold and popped under another,
 /// the other thread could empty it in between).
+///
+/// # Safety
+/// The allocator is initialized ([`ensure_init`](super::config::ensure_init) has returned),
+/// and `1 <= n` units fit in a superblock's data pages (callers ask for at most
+/// `MEDIUM_MAX` bytes).
 pub(super) unsafe fn node_units(node: usize, pool: usize, n: usize, state: u32) -> *mut Run {
     let ns = &NODES[node];
-    let r = find_units(ns, pool, n, state);
+    // SAFETY: initialized, `n >= 1` (contract above).
+    let r = unsafe { find_units(ns, pool, n, state) };
     if !r.is_null() {
         return r;
     }
     ns.grow.lock();
     // Another thread may have mapped a superblock while this one waited.
-    let mut r = find_units(ns, pool, n, state);
+    // SAFETY: as above.
+    let mut r = unsafe { find_units(ns, pool, n, state) };
     if r.is_null() {
         let seg = map_sb(node);
         if !seg.is_null() {
             ns.lock.lock();
-            r = carve_sb(ns.inner.get(), seg, pool, n);
-            (*r).state.store(state, Relaxed);
+            // SAFETY: `seg` is a fresh superblock of this node that nobody else references,
+            // and the node lock is held; a fresh superblock always yields a span (`r` not null).
+            unsafe {
+                r = carve_sb(ns.inner.get(), seg, pool, n);
+                (*r).state.store(state, Relaxed);
+            }
             ns.lock.unlock();
         }
     }
@@ -206,12 +320,20 @@ pub(super) unsafe fn node_units(node: usize, pool: usize, n: usize, state: u32) 
 
 /// Formats a superblock just taken (from the cache or the OS) into `pool` and cuts a run of `n`
 /// units from its start; the rest is listed in the pool. The caller holds the node lock.
+///
+/// # Safety
+/// The caller holds the lock of the node whose state `inner` is; `seg` comes from that node's
+/// [`pop_cached_sb`] or [`map_sb`] and nobody else references it; `n >= 1`.
 unsafe fn carve_sb(inner: *mut NodeInner, seg: *mut Segment, pool: usize, n: usize) -> *mut Run {
     let pool = pool % NPOOLS;
-    let r = format_sb(seg);
-    (*seg).pool = pool as u32;
-    cut(&raw mut (*inner).spans[pool], r, n);
-    r
+    // SAFETY: `seg` is a superblock taken from the cache or the OS, ours alone (contract
+    // above); its span `r` is a free span listed nowhere, and the node lock is held.
+    unsafe {
+        let r = format_sb(seg);
+        (*seg).pool = pool as u32;
+        cut(&raw mut (*inner).spans[pool], r, n);
+        r
+    }
 }
 
 /// [`node_units`] from memory the node already has, in one hold of the node lock: the heap's
@@ -220,33 +342,43 @@ unsafe fn carve_sb(inner: *mut NodeInner, seg: *mut Segment, pool: usize, n: usi
 ///
 /// The state is set under the lock: a neighbour freed by another thread looks at this run's
 /// descriptor to decide whether to merge with it, and must not see it free once handed out.
+///
+/// # Safety
+/// As for [`node_units`]: the allocator is initialized and `1 <= n` units fit in a superblock.
 unsafe fn find_units(ns: &NodeState, pool: usize, n: usize, state: u32) -> *mut Run {
     // Only raw pointers outside the lock; dereferenced with the lock held.
     let inner = ns.inner.get();
     let pool = pool % NPOOLS;
-    let sp = |i: usize| &raw mut (*inner).spans[(pool + i) % NPOOLS];
+    // SAFETY: `inner` points to the node's state, a static: the place is in bounds (no read).
+    let sp = |i: usize| unsafe { &raw mut (*inner).spans[(pool + i) % NPOOLS] };
     ns.lock.lock();
-    let mut r = take_span(sp(0), false, n);
+    // SAFETY: a pool of this node, whose lock is held; `n >= 1`.
+    let mut r = unsafe { take_span(sp(0), false, n) };
     if r.is_null() {
-        let seg = pop_cached_sb(ns, inner);
+        // SAFETY: `inner` is `ns`'s state and its lock is held.
+        let seg = unsafe { pop_cached_sb(ns, inner) };
         if !seg.is_null() {
-            r = carve_sb(inner, seg, pool, n);
+            // SAFETY: `seg` just left this node's cache (ours alone); node lock held.
+            r = unsafe { carve_sb(inner, seg, pool, n) };
         }
     }
     for i in 1..NPOOLS {
         if !r.is_null() {
             break;
         }
-        r = take_span(sp(i), false, n);
+        // SAFETY: as for the first `take_span`.
+        r = unsafe { take_span(sp(i), false, n) };
     }
     for i in 0..NPOOLS {
         if !r.is_null() {
             break;
         }
-        r = take_span(sp(i), true, n);
+        // SAFETY: as for the first `take_span`.
+        r = unsafe { take_span(sp(i), true, n) };
     }
     if !r.is_null() {
-        (*r).state.store(state, Relaxed);
+        // SAFETY: `r` is the descriptor of the span just taken, node lock held.
+        unsafe { (*r).state.store(state, Relaxed) };
     }
     ns.lock.unlock();
     r
@@ -254,55 +386,85 @@ unsafe fn find_units(ns: &NodeState, pool: usize, n: usize, state: u32) -> *mut 
 
 /// Gives a run back to its node's free spans; a superblock left with no run in use goes to
 /// the node's cache. Takes the node lock.
+///
+/// # Safety
+/// `r` is a class or block run taken from [`node_units`] that nothing uses any more: no live
+/// block, listed in no heap; the caller gives it up.
 pub(super) unsafe fn node_free(r: *mut Run) {
-    let seg = (*r).seg;
-    let ns = &NODES[(*seg).node as usize];
-    let sp = &raw mut (*ns.inner.get()).spans[(*seg).pool as usize];
+    // SAFETY: `r` is a run in use until this call, so its superblock is live; `node` and
+    // `pool` do not change while a run of it is in use (set when it is formatted).
+    let (seg, ns, sp) = unsafe {
+        let seg = (*r).seg;
+        let ns = &NODES[(*seg).node as usize];
+        let sp = &raw mut (*ns.inner.get()).spans[(*seg).pool as usize];
+        (seg, ns, sp)
+    };
     ns.lock.lock();
-    let empty = free_units(sp, r);
+    // SAFETY: `sp` is the pool of `r`'s superblock, the node lock is held, and the run is
+    // unused and unlisted (contract above).
+    let empty = unsafe { free_units(sp, r) };
     ns.lock.unlock();
     if empty {
-        release_sb(seg);
+        // SAFETY: `free_units` found every run of `seg` free and listed none of its units.
+        unsafe { release_sb(seg) };
     }
 }
 
 /// Gives a run's units back to a pool, merged with free neighbours. Returns true when that
 /// left the superblock with no run in use: the merged span is then not listed, and the
 /// caller releases the superblock.
+///
+/// # Safety
+/// The caller holds the lock of `r`'s node and `sp` is the pool of `r`'s superblock; `r` is a
+/// run in use that nothing uses any more, listed nowhere.
 unsafe fn free_units(sp: *mut SpanPool, mut r: *mut Run) -> bool {
-    let seg = (*r).seg;
-    (*r).state.store(R_FREE, Relaxed);
-    // Its pages have been handed out: resident (the merged span counts as used too).
-    (*r).fresh = 0;
-    if (*r).first > (*seg).data_unit {
-        let p = (*seg)
-            .descs
-            .add(*(*seg).map.add((*r).first as usize - 1) as usize);
-        if (*p).state.load(Relaxed) == R_FREE
-            && (*p).nunits != 0
-            && (*p).first + (*p).nunits == (*r).first
-        {
-            unlink_span(sp, p);
-            (*p).fresh = 0;
-            (*p).nunits += (*r).nunits;
+    // SAFETY: `r` is a run of a live superblock, the node lock is held (contract above).
+    let seg = unsafe {
+        let seg = (*r).seg;
+        (*r).state.store(R_FREE, Relaxed);
+        // Its pages have been handed out: resident (the merged span counts as used too).
+        (*r).fresh = 0;
+        seg
+    };
+    // SAFETY: the unit before `r` is in the superblock; map entries hold only indices of the
+    // descriptor array, and the checks confirm a free span of `sp` (node lock held).
+    unsafe {
+        if (*r).first > (*seg).data_unit {
+            let p = (*seg)
+                .descs
+                .add(*(*seg).map.add((*r).first as usize - 1) as usize);
+            if (*p).state.load(Relaxed) == R_FREE
+                && (*p).nunits != 0
+                && (*p).first + (*p).nunits == (*r).first
+            {
+                unlink_span(sp, p);
+                (*p).fresh = 0;
+                (*p).nunits += (*r).nunits;
+                free_desc(r);
+                r = p;
+            }
+        }
+    }
+    // SAFETY: as above, for the unit after `r` (checked to be inside the superblock).
+    unsafe {
+        let nx = (*r).first + (*r).nunits;
+        if nx < (*seg).nunits {
+            let q = (*seg).descs.add(*(*seg).map.add(nx as usize) as usize);
+            if (*q).state.load(Relaxed) == R_FREE && (*q).nunits != 0 && (*q).first == nx {
+                unlink_span(sp, q);
+                (*r).nunits += (*q).nunits;
+                free_desc(q);
+            }
+        }
+    }
+    // SAFETY: `r` is now the merged free span, listed nowhere, node lock held.
+    unsafe {
+        if (*r).first == (*seg).data_unit && (*r).first + (*r).nunits == (*seg).nunits {
             free_desc(r);
-            r = p;
+            return true;
         }
+        map_ends(r);
+        push_span(sp, r);
     }
-    let nx = (*r).first + (*r).nunits;
-    if nx < (*seg).nunits {
-        let q = (*seg).descs.add(*(*seg).map.add(nx as usize) as usize);
-        if (*q).state.load(Relaxed) == R_FREE && (*q).nunits != 0 && (*q).first == nx {
-            unlink_span(sp, q);
-            (*r).nunits += (*q).nunits;
-            free_desc(q);
-        }
-    }
-    if (*r).first == (*seg).data_unit && (*r).first + (*r).nunits == (*seg).nunits {
-        free_desc(r);
-        return true;
-    }
-    map_ends(r);
-    push_span(sp, r);
     false
 }

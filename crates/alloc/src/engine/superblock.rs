@@ -14,12 +14,19 @@ use crate::os;
 
 /// Takes a superblock out of `node`'s cache (null when it is empty). The caller holds the
 /// node lock and formats it.
+///
+/// # Safety
+/// `inner` is `ns.inner` and the caller holds `ns.lock`.
 pub(super) unsafe fn pop_cached_sb(ns: &NodeState, inner: *mut NodeInner) -> *mut Segment {
-    let seg = (*inner).cache;
+    // SAFETY: the node's state, read under its lock (contract above).
+    let seg = unsafe { (*inner).cache };
     if !seg.is_null() {
         // Cached superblocks are valid mapped headers owned by the node.
-        (*inner).cache = (*seg).next;
-        (*inner).cached -= 1;
+        // SAFETY: as said, and the cache is changed only under the node lock, which is held.
+        unsafe {
+            (*inner).cache = (*seg).next;
+            (*inner).cached -= 1;
+        }
         ns.sb_cached.fetch_sub(1, Relaxed);
     }
     seg
@@ -65,13 +72,19 @@ pub(super) fn map_sb(node: usize) -> *mut Segment {
 /// # Safety
 /// All runs of `seg` are free and no heap references it any more.
 pub(super) unsafe fn release_sb(seg: *mut Segment) {
-    let node = (*seg).node as usize;
+    // SAFETY: `seg` is a live superblock header that no heap uses (contract above).
+    let node = unsafe { (*seg).node } as usize;
     let ns = &NODES[node];
     ns.lock.lock();
-    let inner = &mut *ns.inner.get();
+    // SAFETY: the node lock is held: nobody else touches the node's state.
+    let inner = unsafe { &mut *ns.inner.get() };
     if inner.cached < CACHE_MAX.load(Relaxed) {
-        (*seg).resident = 1;
-        (*seg).next = inner.cache;
+        // SAFETY: the superblock is empty and unused (contract above); it enters the cache
+        // under the node lock.
+        unsafe {
+            (*seg).resident = 1;
+            (*seg).next = inner.cache;
+        }
         inner.cache = seg;
         inner.cached += 1;
         ns.sb_cached.fetch_add(1, Relaxed);
@@ -80,9 +93,12 @@ pub(super) unsafe fn release_sb(seg: *mut Segment) {
     }
     ns.lock.unlock();
     let size = SB_SIZE.load(Relaxed);
-    let base = (*seg).base;
+    // SAFETY: as above; the header is read before the mapping goes.
+    let base = unsafe { (*seg).base };
     os::mark(base, false);
-    os::unmap(base as *mut u8, size);
+    // SAFETY: the superblock's mapping of `size` bytes is empty, unused (contract above), in no
+    // cache and unmarked: nothing uses it afterwards.
+    unsafe { os::unmap(base as *mut u8, size) };
     ns.os_bytes.fetch_sub(size as u64, Relaxed);
     ns.sb_total.fetch_sub(1, Relaxed);
 }
@@ -100,23 +116,32 @@ pub(super) unsafe fn format_sb(seg: *mut Segment) -> *mut Run {
     // so at most about a quarter of the units start a run. Should they run out anyway, a span
     // is handed out whole instead of being split (see `cut`).
     let max_desc = size / PAGE;
-    let base = (*seg).base;
+    // SAFETY: `seg` is a mapped superblock header nobody else references (contract above).
+    let base = unsafe { (*seg).base };
     let desc_off = PAGE + (nunits * 2).div_ceil(LINE) * LINE;
     let data_unit =
         (desc_off + max_desc * core::mem::size_of::<Run>()).div_ceil(PAGE) * (PAGE / UNIT);
-    (*seg).nunits = nunits as u32;
-    (*seg).data_unit = data_unit as u32;
-    (*seg).max_desc = max_desc as u32;
-    (*seg).desc_bump = 0;
-    (*seg).desc_free = NO_DESC;
-    (*seg).map = (base + PAGE) as *mut u16;
-    (*seg).descs = (base + desc_off) as *mut Run;
-    (*seg).next = null_mut();
-    let r = new_desc(seg);
-    (*r).first = data_unit as u32;
-    (*r).nunits = (nunits - data_unit) as u32;
-    (*r).fresh = ((*seg).resident == 0) as u32;
-    (*r).state.store(R_FREE, Relaxed);
-    map_ends(r);
-    r
+    // SAFETY: as above; the unit map and the descriptors lie in the superblock's first
+    // `data_unit` units.
+    unsafe {
+        (*seg).nunits = nunits as u32;
+        (*seg).data_unit = data_unit as u32;
+        (*seg).max_desc = max_desc as u32;
+        (*seg).desc_bump = 0;
+        (*seg).desc_free = NO_DESC;
+        (*seg).map = (base + PAGE) as *mut u16;
+        (*seg).descs = (base + desc_off) as *mut Run;
+        (*seg).next = null_mut();
+    }
+    // SAFETY: the descriptor fields are laid out and the superblock is ours alone; with all
+    // descriptors free, `new_desc` returns one (not null), whose span covers the data units.
+    unsafe {
+        let r = new_desc(seg);
+        (*r).first = data_unit as u32;
+        (*r).nunits = (nunits - data_unit) as u32;
+        (*r).fresh = ((*seg).resident == 0) as u32;
+        (*r).state.store(R_FREE, Relaxed);
+        map_ends(r);
+        r
+    }
 }
