@@ -77,6 +77,23 @@ pub fn cache_distance(topo: &Topology, a: u32, b: u32) -> Option<u8> {
 impl Layout {
     /// Groups at `cache_level` (the last-level cache when `None`) of the allowed, online cpus.
     pub fn new(topo: &Topology, cache_level: Option<u8>) -> Result<Layout, SchedError> {
+        Layout::within(topo, cache_level, &topo.allowed_cpus())
+    }
+
+    /// [`Layout::new`] over `cpus` only (a plan's footprint): one worker per cpu of `cpus`,
+    /// grouped as the topology groups them. Every cpu must be allowed and online.
+    pub fn within(
+        topo: &Topology,
+        cache_level: Option<u8>,
+        cpus: &loci_topo::CpuSet,
+    ) -> Result<Layout, SchedError> {
+        let allowed = topo.allowed_cpus();
+        let outside = cpus.difference(&allowed);
+        if !outside.is_empty() {
+            return Err(SchedError::Plan(format!(
+                "cpus {outside} are not allowed or not online here (allowed: {allowed})"
+            )));
+        }
         let mut levels: Vec<u8> = topo.caches.iter().map(|c| c.level).collect();
         levels.sort_unstable();
         levels.dedup();
@@ -94,12 +111,11 @@ impl Layout {
             Some(l) => Some(l),
             None => topo.llc_level(),
         };
-        let allowed = topo.allowed_cpus();
         let raw = topo.core_groups(level.unwrap_or(0));
         let mut groups: Vec<Group> = Vec::new();
         let mut workers: Vec<WorkerSlot> = Vec::new();
         for g in raw {
-            let cpus = g.cpus.intersection(&allowed);
+            let cpus = g.cpus.intersection(cpus);
             if cpus.is_empty() {
                 continue;
             }
@@ -215,6 +231,35 @@ impl Layout {
 mod tests {
     use super::*;
     use crate::fixtures;
+
+    /// A plan's cpus, and only they, become workers, grouped as the topology groups them; a plan
+    /// naming cpus that are not here is refused with them named.
+    #[test]
+    fn a_plan_footprint_gives_the_workers() {
+        let t = fixtures::grid(2, 2, 2); // 2 nodes x 2 groups x 2 cpus
+        let plan = loci_place::Plan::new(
+            &t,
+            &"sparse".parse().unwrap(),
+            3,
+            &"first-touch".parse().unwrap(),
+            false,
+        )
+        .unwrap();
+        let l = Layout::within(&t, None, &plan.footprint()).unwrap();
+        let cpus: loci_topo::CpuSet = l.workers.iter().map(|w| w.cpu).collect();
+        assert_eq!(cpus, plan.footprint());
+        assert_eq!(l.workers.len(), 3);
+        // Sparse spreads over both nodes: both appear, each worker in its topology group.
+        assert_eq!(l.nodes, vec![0, 1]);
+        for w in &l.workers {
+            assert!(l.groups[w.group].cpus.contains(w.cpu));
+            assert_eq!(t.cpu(w.cpu).unwrap().node, Some(w.node));
+        }
+        let e = Layout::within(&t, None, &loci_topo::CpuSet::parse("2,99").unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("99") && e.contains("allowed: 0-7"), "{e}");
+    }
 
     #[test]
     fn e7_groups_are_nodes_and_siblings_come_first() {

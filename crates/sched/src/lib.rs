@@ -207,4 +207,6 @@ pub enum SchedError {
     },
     #[error("cannot start a worker thread: {0}")]
     Spawn(String),
+    #[error("the plan cannot run here: {0}")]
+    Plan(String),
 }

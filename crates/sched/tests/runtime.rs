@@ -691,3 +691,43 @@ fn a_request_that_stays_on_its_node_is_never_taken_across_nodes() {
         );
     }
 }
+
+/// A scheduler built from loci-place's plan runs its tasks on the plan's cpus only (real
+/// affinity on this machine: a one-thread plan on its last allowed cpu).
+#[test]
+fn a_scheduler_from_a_plan_runs_on_the_plan_cpus() {
+    let topo = this_machine();
+    let last = topo.allowed_cpus().iter().last().unwrap();
+    let plan = loci_place::Plan::new(
+        &topo,
+        &format!("cpus:{last}").parse().unwrap(),
+        1,
+        &"first-touch".parse().unwrap(),
+        false,
+    )
+    .unwrap();
+    let s = Scheduler::from_plan(
+        &topo,
+        &plan,
+        Config {
+            affinity: Affinity::Cpu,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let seen = s
+        .run(|ctx| {
+            let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
+            ctx.scope(|sc| {
+                for _ in 0..64 {
+                    sc.spawn_deferred(|_| {
+                        let cpu = loci_place::sys::current_cpu().unwrap();
+                        seen.lock().unwrap().insert(cpu);
+                    });
+                }
+            });
+            seen.into_inner().unwrap()
+        })
+        .unwrap();
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![last]);
+}

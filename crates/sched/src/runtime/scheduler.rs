@@ -34,7 +34,23 @@ pub struct Scheduler {
 impl Scheduler {
     /// Starts the workers for `topo` (allowed, online cpus only).
     pub fn new(topo: &loci_topo::Topology, config: Config) -> Result<Scheduler, SchedError> {
-        let layout = Layout::new(topo, config.cache_level)?;
+        Scheduler::start(Layout::new(topo, config.cache_level)?, config)
+    }
+
+    /// Starts one worker on each cpu of `plan` (loci-place's plan, the handoff from `loci plan`
+    /// and the strategies): the workers are grouped by the topology's caches as in
+    /// [`Scheduler::new`], over the plan's cpus only. A plan that names cpus not allowed here is
+    /// an error.
+    pub fn from_plan(
+        topo: &loci_topo::Topology,
+        plan: &loci_place::Plan,
+        config: Config,
+    ) -> Result<Scheduler, SchedError> {
+        let layout = Layout::within(topo, config.cache_level, &plan.footprint())?;
+        Scheduler::start(layout, config)
+    }
+
+    fn start(layout: Layout, config: Config) -> Result<Scheduler, SchedError> {
         let unpinned = config.policy == Policy::Unpinned;
         let affinity = if unpinned {
             Affinity::None
