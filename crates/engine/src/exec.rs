@@ -33,7 +33,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Mutex;
 
-use loci_place::strategy::{place_threads, Strategy};
+use loci_place::strategy::Strategy;
 use loci_place::sys;
 use loci_sched::{Affinity, Config, Ctx, Policy, RequestOptions, Scheduler};
 use loci_topo::{CpuSet, Topology};
@@ -174,13 +174,16 @@ impl Exec {
         }
         .parse()
         .expect("built-in strategy names parse");
-        let (places, _) = place_threads(topo, &strategy, n, false)
-            .map_err(|e| EngineError::Invalid(format!("placing {n} workers: {e}")))?;
-        let chosen: CpuSet = places.iter().flat_map(|p| p.cpus.iter()).collect();
-        let mut layout_topo = topo.clone();
-        for c in &mut layout_topo.cpus {
-            c.allowed = c.allowed && chosen.contains(c.id);
-        }
+        // The workers' memory is placed per table and morsel by the storage layer, not by the
+        // plan: its policy is left to first touch.
+        let plan = loci_place::Plan::new(
+            topo,
+            &strategy,
+            n,
+            &loci_place::MemPolicy::FirstTouch,
+            false,
+        )
+        .map_err(|e| EngineError::Invalid(format!("placing {n} workers: {e}")))?;
         let pinned = threads != Threads::Os && policy != Policy::Unpinned;
         let config = Config {
             policy,
@@ -193,7 +196,7 @@ impl Exec {
             max_request_records: 0,
             ..Config::default()
         };
-        let sched = Scheduler::new(&layout_topo, config)
+        let sched = Scheduler::from_plan(topo, &plan, config)
             .map_err(|e| EngineError::Invalid(format!("starting the scheduler: {e}")))?;
         let nodes = sched.layout().nodes.clone();
         let workers = sched.layout().workers.len();
