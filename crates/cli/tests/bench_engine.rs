@@ -127,7 +127,7 @@ fn w1_and_w3_agree_across_schedulers() {
             "--sched",
             "las,nls,unpinned",
             "--threads",
-            "dense",
+            "compact",
             "--mem",
             "first-touch-1,interleave",
             "--keys",
@@ -172,7 +172,7 @@ fn bad_choices_are_named_with_the_valid_ones() {
     );
     let (ok, _, err) = loci(&["bench", "w1", "--rows", "100", "--threads", "sparce"]);
     assert!(!ok);
-    assert!(err.contains("sparce") && err.contains("dense"), "{err}");
+    assert!(err.contains("sparce") && err.contains("compact"), "{err}");
     let (ok, _, err) = loci(&["bench", "w2", "--rows", "100", "--keys", "sparce"]);
     assert!(!ok);
     assert!(

@@ -20,9 +20,10 @@
 //! ratio is 1 for homed morsels) and a slow node is not helped, as with one engine instance per
 //! node (seed 004). NLS and unpinned ignore it.
 //!
-//! Which cpus carry workers is the thread placement ([`Threads`]): `sparse` (round robin over
-//! nodes) or `dense` (fill a node first) choose the cpus with loci-place's strategies and pin each
-//! worker to its core group; `os` builds the same layout but leaves the threads unpinned.
+//! Which cpus carry workers is loci-place's [`Strategy`] (the same vocabulary as `loci plan` and
+//! `loci run --threads`): e.g. `sparse` (round robin over nodes), `compact` (fill a node first),
+//! `shared:G`, `nodes:LIST`; the executor's scheduler is built from the resulting plan and pins
+//! each worker to its core group. `os` builds the compact layout but leaves the threads unpinned.
 //!
 //! Per-worker state (aggregation arrays, scatter buffers) is created lazily on the first item a
 //! worker runs and handed back at the end; every item records the node of the worker that ran it
@@ -39,50 +40,6 @@ use loci_sched::{Affinity, Config, Ctx, Policy, RequestOptions, Scheduler};
 use loci_topo::{CpuSet, Topology};
 
 use crate::{EngineError, Trace};
-
-/// How workers are placed on cpus.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Threads {
-    /// Not pinned: the OS scheduler decides (the baseline).
-    Os,
-    /// Pinned, spread over nodes round-robin (worker i on node i mod k).
-    Sparse,
-    /// Pinned, filling one node's cpus before the next.
-    Dense,
-}
-
-impl Threads {
-    /// Names accepted by [`FromStr`].
-    pub const CHOICES: &'static str = "os, sparse, dense";
-}
-
-impl fmt::Display for Threads {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Threads::Os => "os",
-            Threads::Sparse => "sparse",
-            Threads::Dense => "dense",
-        })
-    }
-}
-
-impl FromStr for Threads {
-    type Err = EngineError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "os" | "none" => Threads::Os,
-            "sparse" => Threads::Sparse,
-            "dense" | "compact" => Threads::Dense,
-            _ => {
-                return Err(EngineError::BadChoice {
-                    what: "thread placement",
-                    given: s.into(),
-                    valid: Self::CHOICES,
-                })
-            }
-        })
-    }
-}
 
 /// Whether idle nodes may take another node's morsels (LAS only; see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -138,7 +95,7 @@ pub struct Exec {
     topo: Topology,
     sched: Scheduler,
     policy: Policy,
-    threads: Threads,
+    threads: Strategy,
     locality: Locality,
     /// Workers stay on their group's cpus (so a worker's node is its group's node).
     pinned: bool,
@@ -153,7 +110,7 @@ impl Exec {
     pub fn new(
         topo: &Topology,
         policy: Policy,
-        threads: Threads,
+        threads: Strategy,
         workers: Option<usize>,
     ) -> Result<Exec, EngineError> {
         let allowed = topo.allowed_cpus();
@@ -167,24 +124,24 @@ impl Exec {
                 allowed.len()
             )));
         }
-        // Which cpus: loci-place's strategies (`os` uses the compact order for its layout).
-        let strategy: Strategy = match threads {
-            Threads::Sparse => "sparse",
-            Threads::Dense | Threads::Os => "compact",
-        }
-        .parse()
-        .expect("built-in strategy names parse");
+        // Which cpus: the strategy's (an unpinned `os` run keeps the compact layout, so its
+        // groups and nodes are those of the same number of pinned workers).
+        let layout_strategy = if threads.pins() {
+            threads.clone()
+        } else {
+            Strategy::compact()
+        };
         // The workers' memory is placed per table and morsel by the storage layer, not by the
         // plan: its policy is left to first touch.
         let plan = loci_place::Plan::new(
             topo,
-            &strategy,
+            &layout_strategy,
             n,
             &loci_place::MemPolicy::FirstTouch,
             false,
         )
         .map_err(|e| EngineError::Invalid(format!("placing {n} workers: {e}")))?;
-        let pinned = threads != Threads::Os && policy != Policy::Unpinned;
+        let pinned = threads.pins() && policy != Policy::Unpinned;
         let config = Config {
             policy,
             affinity: if pinned {
@@ -244,8 +201,8 @@ impl Exec {
     }
 
     /// The thread placement.
-    pub fn threads(&self) -> Threads {
-        self.threads
+    pub fn threads(&self) -> &Strategy {
+        &self.threads
     }
 
     /// Nodes that have workers, ascending.
@@ -431,8 +388,8 @@ mod tests {
     fn every_item_runs_once_with_per_worker_state() {
         let t = flat_topology();
         for policy in [Policy::Las, Policy::Nls, Policy::Unpinned] {
-            for threads in [Threads::Os, Threads::Sparse, Threads::Dense] {
-                let ex = Exec::new(&t, policy, threads, None).unwrap();
+            for threads in [Strategy::os(), Strategy::sparse(), Strategy::compact()] {
+                let ex = Exec::new(&t, policy, threads.clone(), None).unwrap();
                 let homes: Vec<Option<u32>> = (0..1000)
                     .map(|i| [Some(0), None, Some(77)][i % 3])
                     .collect();
@@ -461,7 +418,7 @@ mod tests {
 
     #[test]
     fn borrowed_data_and_panics_come_back_to_the_caller() {
-        let ex = Exec::new(&flat_topology(), Policy::Las, Threads::Sparse, None).unwrap();
+        let ex = Exec::new(&flat_topology(), Policy::Las, Strategy::sparse(), None).unwrap();
         let data: Vec<u64> = (0..10_000).collect();
         let (sums, _) = ex.map(
             &[None; 10],
@@ -497,7 +454,7 @@ mod tests {
         );
         let topo = loci_sched::fixtures::grid(2, 1, 1);
         let run = |loc: Locality| {
-            let ex = Exec::new(&topo, Policy::Las, Threads::Sparse, None)
+            let ex = Exec::new(&topo, Policy::Las, Strategy::sparse(), None)
                 .unwrap()
                 .with_locality(loc);
             assert_eq!(ex.locality(), loc);
@@ -519,14 +476,14 @@ mod tests {
     fn bad_configurations_are_named() {
         let t = flat_topology();
         let n = t.allowed_cpus().len();
-        let e = Exec::new(&t, Policy::Las, Threads::Sparse, Some(n + 1))
+        let e = Exec::new(&t, Policy::Las, Strategy::sparse(), Some(n + 1))
             .err()
             .unwrap()
             .to_string();
         assert!(e.contains("allowed cpus"), "{e}");
-        assert!(Exec::new(&t, Policy::Las, Threads::Os, Some(0)).is_err());
-        let e = "spars".parse::<Threads>().unwrap_err().to_string();
-        assert!(e.contains("sparse"), "{e}");
+        assert!(Exec::new(&t, Policy::Las, Strategy::os(), Some(0)).is_err());
+        let e = "spars".parse::<Strategy>().unwrap_err().to_string();
+        assert!(e.contains("sparse") && e.contains("compact"), "{e}");
         let e = "strikt".parse::<Locality>().unwrap_err().to_string();
         assert!(e.contains("balanced, strict"), "{e}");
         assert_eq!("strict".parse::<Locality>().unwrap(), Locality::Strict);

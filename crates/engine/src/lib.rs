@@ -28,8 +28,10 @@ pub mod reference;
 pub mod storage;
 pub mod wide;
 
-pub use exec::{parse_sched, Exec, Locality, Pass, Threads};
+pub use exec::{parse_sched, Exec, Locality, Pass};
 pub use gen::{AggGen, AggSpec, Dist, JoinSpec, Keys};
+/// How workers are placed on cpus: loci-place's strategies.
+pub use loci_place::Strategy;
 pub use loci_sched::Policy as Sched;
 pub use storage::{MemPolicy, Morsel, Table};
 

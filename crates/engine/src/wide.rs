@@ -617,7 +617,7 @@ mod tests {
     use super::*;
     use crate::exec::flat_topology;
     use crate::gen::{AggSpec, Dist, JoinSpec, Keys};
-    use crate::{generate_agg64, generate_join64, MemPolicy, Sched, Threads};
+    use crate::{generate_agg64, generate_join64, MemPolicy, Sched, Strategy};
 
     fn sorted2(mut g: Vec<Group64>) -> Vec<Group64> {
         g.sort_by_key(|x| x.key);
@@ -627,8 +627,8 @@ mod tests {
     fn execs() -> Vec<Exec> {
         let t = flat_topology();
         vec![
-            Exec::new(&t, Sched::Las, Threads::Sparse, None).unwrap(),
-            Exec::new(&t, Sched::Nls, Threads::Os, Some(1)).unwrap(),
+            Exec::new(&t, Sched::Las, Strategy::sparse(), None).unwrap(),
+            Exec::new(&t, Sched::Nls, Strategy::os(), Some(1)).unwrap(),
         ]
     }
 

@@ -11,7 +11,7 @@ use loci_engine::index::{build, probe, IndexKind};
 use loci_engine::join::{w3_partitioned, w3_shared};
 use loci_engine::{
     generate, generate_agg, generate_join, reference, AggSpec, Dist, Exec, JoinSpec, Locality,
-    MemPolicy, Sched, Table, Threads,
+    MemPolicy, Sched, Strategy, Table,
 };
 use proptest::prelude::*;
 
@@ -19,13 +19,13 @@ use proptest::prelude::*;
 fn execs() -> Vec<Exec> {
     let t = flat_topology();
     [
-        (Sched::Las, Threads::Sparse, None, Locality::Balanced),
-        (Sched::Las, Threads::Sparse, None, Locality::Strict),
-        (Sched::Las, Threads::Os, Some(1), Locality::Balanced),
-        (Sched::Las, Threads::Os, Some(1), Locality::Strict),
-        (Sched::Nls, Threads::Dense, None, Locality::Balanced),
-        (Sched::Nls, Threads::Sparse, Some(1), Locality::Strict),
-        (Sched::Unpinned, Threads::Os, None, Locality::Balanced),
+        (Sched::Las, Strategy::sparse(), None, Locality::Balanced),
+        (Sched::Las, Strategy::sparse(), None, Locality::Strict),
+        (Sched::Las, Strategy::os(), Some(1), Locality::Balanced),
+        (Sched::Las, Strategy::os(), Some(1), Locality::Strict),
+        (Sched::Nls, Strategy::compact(), None, Locality::Balanced),
+        (Sched::Nls, Strategy::sparse(), Some(1), Locality::Strict),
+        (Sched::Unpinned, Strategy::os(), None, Locality::Balanced),
     ]
     .into_iter()
     .map(|(s, th, n, l)| Exec::new(&t, s, th, n).unwrap().with_locality(l))
@@ -251,7 +251,7 @@ fn first_touch_homes_are_where_the_pages_are() {
 #[test]
 fn bad_configuration_is_named() {
     let t = flat_topology();
-    let pool = Exec::new(&t, Sched::Las, Threads::Sparse, None).unwrap();
+    let pool = Exec::new(&t, Sched::Las, Strategy::sparse(), None).unwrap();
     let spec = AggSpec {
         rows: 10,
         groups: 0,
@@ -282,7 +282,7 @@ proptest! {
     ) {
         let sched = [Sched::Las, Sched::Nls, Sched::Unpinned, Sched::Las][which];
         let loc = if which == 3 { Locality::Strict } else { Locality::Balanced };
-        let pool = &Exec::new(&flat_topology(), sched, Threads::Sparse, None).unwrap().with_locality(loc);
+        let pool = &Exec::new(&flat_topology(), sched, Strategy::sparse(), None).unwrap().with_locality(loc);
         let keys: Vec<u32> = rows.iter().map(|r| if sparse { r.0.wrapping_mul(0x9e37_79b9) } else { r.0 }).collect();
         let vals: Vec<u32> = rows.iter().map(|r| r.1).collect();
         let t = Table::from_rows(&keys, &vals, morsel).unwrap();

@@ -120,6 +120,30 @@ impl Strategy {
     pub fn pins(&self) -> bool {
         self.kind != Kind::Os
     }
+
+    /// `os`: not pinned, the OS scheduler places the threads.
+    pub fn os() -> Strategy {
+        Strategy {
+            kind: Kind::Os,
+            bind: None,
+        }
+    }
+
+    /// `compact`: fill one node's cores before the next.
+    pub fn compact() -> Strategy {
+        Strategy {
+            kind: Kind::Compact,
+            bind: None,
+        }
+    }
+
+    /// `sparse`: spread over nodes round robin.
+    pub fn sparse() -> Strategy {
+        Strategy {
+            kind: Kind::Sparse,
+            bind: None,
+        }
+    }
 }
 
 impl FromStr for Strategy {

@@ -25,7 +25,7 @@
 use loci_engine::agg::w2;
 use loci_engine::storage::local_access_ratio;
 use loci_engine::{
-    generate_agg, reference, AggSpec, Dist, Exec, Locality, MemPolicy, Sched, Threads,
+    generate_agg, reference, AggSpec, Dist, Exec, Locality, MemPolicy, Sched, Strategy,
 };
 use loci_vm::Checker;
 
@@ -62,7 +62,7 @@ fn main() {
     let morsel = 1 << 16;
 
     // 1. bind-per-node under LAS.
-    let mut pool = Exec::new(&topo, Sched::Las, Threads::Sparse, None).expect("scheduler");
+    let mut pool = Exec::new(&topo, Sched::Las, Strategy::sparse(), None).expect("scheduler");
     let t = generate_agg(&pool, spec, morsel, &MemPolicy::BindPerNode).expect("generate");
     let place = t.placement(8).expect("move_pages");
     c.check_noted("engine/bind-per-node/pages-on-home", || {
@@ -160,7 +160,7 @@ fn main() {
     let (got_las, run) = w2(&pool, &t).expect("w2");
     let las = local_access_ratio(&t, &place, &run.trace.touched).unwrap_or(0.0);
     drop(pool);
-    let nls_pool = Exec::new(&topo, Sched::Nls, Threads::Sparse, None).expect("scheduler");
+    let nls_pool = Exec::new(&topo, Sched::Nls, Strategy::sparse(), None).expect("scheduler");
     let (got, run) = w2(&nls_pool, &t).expect("w2");
     let nls = local_access_ratio(&t, &place, &run.trace.touched).unwrap_or(0.0);
     // A placement-unaware static split (morsel i to worker i mod n, as an OpenMP static

@@ -30,7 +30,7 @@ use anyhow::bail;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use loci_engine::{
-    parse_sched, AggSpec, Dist, Exec, JoinSpec, Keys, Locality, MemPolicy, Sched, Threads,
+    parse_sched, AggSpec, Dist, Exec, JoinSpec, Keys, Locality, MemPolicy, Sched, Strategy,
 };
 use loci_report::{Machine, Report};
 use serde_json::json;
@@ -91,9 +91,11 @@ pub struct EngineArgs {
     /// (keys 0..G, a labelled side case). Values are i64 either way.
     #[arg(long, value_delimiter = ',', default_value = "sparse")]
     pub keys: Vec<String>,
-    /// Thread placements, comma separated: which cpus carry the workers and whether they are
-    /// pinned. os (not pinned; the OS places them), sparse (round-robin over nodes, each worker
-    /// bound to its core group), dense (fill a node first, bound to its core group).
+    /// Thread placements, comma separated, in loci-place's strategy vocabulary (as `loci plan`
+    /// and `loci run --threads`): which cpus carry the workers, each pinned to its core group.
+    /// os (not pinned; the OS places them), sparse (round-robin over nodes), compact (fill a node
+    /// first), shared:G, group, nodes:LIST, cpus:LIST, random:SEED. Write lists inside a
+    /// strategy as ranges (nodes:0-1): commas separate strategies here.
     #[arg(long, value_delimiter = ',', default_value = "os,sparse")]
     pub threads: Vec<String>,
     /// Number of workers (default: every allowed cpu; at most one per cpu).
@@ -250,7 +252,14 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
     let sz = sizes(w, &a)?;
     let dists: Vec<Dist> = parse_all(&a.dist)?;
     let keyss: Vec<Keys> = parse_all(&a.keys)?;
-    let threads: Vec<Threads> = parse_all(&a.threads)?;
+    let threads: Vec<Strategy> = a
+        .threads
+        .iter()
+        .map(|s| {
+            s.parse::<Strategy>()
+                .map_err(|e| anyhow::anyhow!("--threads {s:?}: {e}"))
+        })
+        .collect::<anyhow::Result<_>>()?;
     let mems: Vec<MemPolicy> = parse_all(&a.mem)?;
     let vars = variants(w, &a)?;
     let scheds: Vec<Sched> = a
@@ -335,7 +344,8 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
     if here || child_alloc.is_some() {
         for d in &dist_list {
             for (sc, th) in &pairs {
-                let pool = Exec::new(&topo, *sc, *th, Some(nworkers))?.with_locality(locality);
+                let pool =
+                    Exec::new(&topo, *sc, th.clone(), Some(nworkers))?.with_locality(locality);
                 let sc = sc.name();
                 for mem in &mems {
                     pb.set_message(format!(
@@ -405,12 +415,16 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
 
 /// The (scheduler, threads) pairs to run: every scheduler with every thread placement, except
 /// that `unpinned` ignores placement and runs once, as `os`.
-fn sched_threads(scheds: &[Sched], threads: &[Threads]) -> Vec<(Sched, Threads)> {
-    let mut out: Vec<(Sched, Threads)> = Vec::new();
+fn sched_threads(scheds: &[Sched], threads: &[Strategy]) -> Vec<(Sched, Strategy)> {
+    let mut out: Vec<(Sched, Strategy)> = Vec::new();
     for &s in scheds {
-        for &t in threads {
-            let t = if s == Sched::Unpinned { Threads::Os } else { t };
-            if !out.contains(&(s, t)) {
+        for t in threads {
+            let t = if s == Sched::Unpinned {
+                Strategy::os()
+            } else {
+                t.clone()
+            };
+            if !out.iter().any(|(s2, t2)| *s2 == s && *t2 == t) {
                 out.push((s, t));
             }
         }

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context};
 use loci_engine::{
-    generate_agg64, generate_join, generate_join64, Exec, MemPolicy, Sched, Table, Threads,
+    generate_agg64, generate_join, generate_join64, Exec, MemPolicy, Sched, Strategy, Table,
 };
 use loci_report::{Report, Row};
 
@@ -85,7 +85,7 @@ pub(super) fn run_peers(
     }
     let topo = crate::this_machine()?;
     let nworkers = a.workers.unwrap_or(topo.allowed_cpus().len().max(1));
-    let pool = Exec::new(&topo, Sched::Las, Threads::Sparse, Some(nworkers))?;
+    let pool = Exec::new(&topo, Sched::Las, Strategy::sparse(), Some(nworkers))?;
     let (dir, temp) = match &a.peer_dir {
         Some(d) => (d.clone(), false),
         None => (
