@@ -405,28 +405,7 @@ impl Table {
 
     /// Builds a table from plain vectors (tests, small inputs): first touch by the caller.
     pub fn from_rows(keys: &[u32], vals: &[u32], morsel_rows: usize) -> Result<Table, EngineError> {
-        if keys.len() != vals.len() {
-            return Err(EngineError::Invalid(format!(
-                "{} keys but {} values",
-                keys.len(),
-                vals.len()
-            )));
-        }
-        let mut t = Table::alloc(
-            &Topology::flat(loci_topo::CpuSet::single(0), "from_rows"),
-            keys.len(),
-            morsel_rows,
-            &MemPolicy::FirstTouch,
-            &[0],
-        )?;
-        let mut at = 0;
-        for m in &mut t.morsels {
-            let n = m.rows;
-            let (k, v) = m.cols_mut();
-            k.copy_from_slice(&keys[at..at + n]);
-            v.copy_from_slice(&vals[at..at + n]);
-            at += n;
-        }
+        let mut t = Table::from_plain(keys, vals, morsel_rows)?;
         t.update_key_range();
         Ok(t)
     }
@@ -435,6 +414,15 @@ impl Table {
     pub fn from_rows64(
         keys: &[u64],
         vals: &[i64],
+        morsel_rows: usize,
+    ) -> Result<Table, EngineError> {
+        Table::from_plain(keys, vals, morsel_rows)
+    }
+
+    /// Either width from plain vectors: `K` and `V` (u32/u32 or u64/i64) set the width.
+    fn from_plain<K: Copy, V: Copy>(
+        keys: &[K],
+        vals: &[V],
         morsel_rows: usize,
     ) -> Result<Table, EngineError> {
         if keys.len() != vals.len() {
@@ -450,12 +438,12 @@ impl Table {
             morsel_rows,
             &MemPolicy::FirstTouch,
             &[0],
-            8,
+            std::mem::size_of::<K>(),
         )?;
         let mut at = 0;
         for m in &mut t.morsels {
             let n = m.rows;
-            let (k, v) = m.cols64_mut();
+            let (k, v) = m.cols_mut_of::<K, V>("from_rows");
             k.copy_from_slice(&keys[at..at + n]);
             v.copy_from_slice(&vals[at..at + n]);
             at += n;

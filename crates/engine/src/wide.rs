@@ -259,13 +259,8 @@ pub fn w2(exec: &Exec, table: &Table) -> Result<(Vec<Group64>, Run64), EngineErr
                 .collect::<Vec<_>>()
         },
     );
-    let total = outs.iter().map(Vec::len).sum();
-    let mut out = Vec::with_capacity(total);
-    for o in outs {
-        out.extend_from_slice(&o);
-    }
     Ok((
-        out,
+        outs.concat(),
         Run64 {
             plan: "hash-partitioned",
             bits,
@@ -354,13 +349,8 @@ pub fn w1(exec: &Exec, table: &Table) -> Result<(Vec<Median64>, Run64), EngineEr
             out
         },
     );
-    let total = outs.iter().map(Vec::len).sum();
-    let mut out = Vec::with_capacity(total);
-    for o in outs {
-        out.extend_from_slice(&o);
-    }
     Ok((
-        out,
+        outs.concat(),
         Run64 {
             plan: "hash-partitioned",
             bits,
