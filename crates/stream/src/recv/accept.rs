@@ -258,9 +258,7 @@ fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, Refusal> 
         }),
         changed: Condvar::new(),
         committed_bytes: AtomicU64::new(0),
-        hasher: Mutex::new(OrderedHasher {
-            h: StreamHasher::new(),
-        }),
+        hasher: Mutex::new(StreamHasher::new()),
         conns: Mutex::new(vec![]),
         last_seen: Mutex::new(Instant::now()),
         next_conn: AtomicU64::new(0),
@@ -306,7 +304,7 @@ fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, Refusal> 
     {
         let mut hs = st.hasher.lock().unwrap();
         for &(seq, hash) in &prior {
-            hs.h.add(seq, hash);
+            hs.add(seq, hash);
         }
     }
     streams.insert(h.stream, st.clone());

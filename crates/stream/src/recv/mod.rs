@@ -245,7 +245,10 @@ struct StreamState {
     state: Mutex<Progress>,
     changed: Condvar,
     committed_bytes: AtomicU64,
-    hasher: Mutex<OrderedHasher>,
+    /// The whole-stream checksum of what this receiver holds: each chunk's hash once its decoded
+    /// data passed the check against the frame's `c`; chunks the sink held before a restart with
+    /// the hashes the journal recorded (re-verified on disk when the sink was opened).
+    hasher: Mutex<StreamHasher>,
     /// Write halves of live connections (acks, nacks go to any of them).
     conns: Mutex<Vec<(u64, Arc<Mutex<Conn>>)>>,
     /// When a connection last arrived or ended (a stream with no connection for a while may be
@@ -266,14 +269,6 @@ struct StreamState {
 struct Progress {
     committed: BTreeSet<u64>,
     inflight: BTreeSet<u64>,
-}
-
-/// The whole-stream checksum ([`StreamHasher`]) of what this receiver holds: fed with each chunk's
-/// hash once its decoded data passed the check against the frame's `c`; chunks the sink held
-/// before a restart come with the hashes the journal recorded (re-verified on disk when the sink
-/// was opened).
-struct OrderedHasher {
-    h: StreamHasher,
 }
 
 impl StreamState {
@@ -454,10 +449,10 @@ fn end_of_stream(
         (2, 0)
     } else {
         let hs = st.hasher.lock().unwrap();
-        if hs.h.hashed() != st.t.total_chunks {
+        if hs.hashed() != st.t.total_chunks {
             (2, 0)
         } else {
-            let sum = hs.h.digest();
+            let sum = hs.digest();
             ((sum != hdr.c) as u64, sum)
         }
     };
@@ -566,7 +561,7 @@ fn decompress_loop(
         st.sink
             .write(job.seq, st.t.chunk_bytes, &raw)
             .map_err(|e| format!("stream {}: sink write of chunk {}: {e}", st.id, job.seq))?;
-        st.hasher.lock().unwrap().h.add(job.seq, hash);
+        st.hasher.lock().unwrap().add(job.seq, hash);
         st.dec_stats.chunks.fetch_add(1, Relaxed);
         st.dec_stats.busy_since(t0);
         if commit.send((job.seq, hash)).is_err() {
