@@ -72,6 +72,9 @@ pub enum SendError {
          or damaged chunks is repaired by a resume pass)"
     )]
     Lost { held: u64, total: u64 },
+    /// A frame from the receiver failed authentication (retried by the END exchange).
+    #[error("{}", ProtoError::FrameAuth)]
+    FrameAuth,
 }
 
 struct Frame {
@@ -525,12 +528,12 @@ fn send_pass(opts: SendOptions, session: u64) -> Result<StreamReport, SendError>
             Err(
                 e @ (SendError::Protocol(_) | SendError::Checksum { .. } | SendError::Lost { .. }),
             ) => return Err(e),
-            Err(SendError::Connect { err, .. }) if err.contains("failed authentication") => {
+            Err(e @ SendError::FrameAuth) => {
                 auth_failures += 1;
                 if auth_failures >= 3 {
                     return Err(SendError::Protocol(format!(
                         "the receiver's answer to END failed authentication {auth_failures} times \
-                         (something on the path alters frames): {err}"
+                         (something on the path alters frames): {e}"
                     )));
                 }
             }
@@ -612,10 +615,10 @@ fn end_exchange(sh: &Arc<Shared>, ours: u64) -> Result<u64, SendError> {
     s.set_read_timeout(Some(Duration::from_secs(60))).ok();
     let mut r = BufReader::new(s);
     loop {
-        let f = est
-            .open
-            .read_control(&mut r)
-            .map_err(|e| cerr(e.to_string()))?;
+        let f = est.open.read_control(&mut r).map_err(|e| match e {
+            ProtoError::FrameAuth => SendError::FrameAuth,
+            e => cerr(e.to_string()),
+        })?;
         if f.kind == kind::END_ACK {
             return match f.b {
                 0 if f.a == ours => Ok(f.a),
