@@ -39,22 +39,8 @@ fuzz_target!(|data: &[u8]| {
     let s = loci_fuzz::text(data);
     let (ts, ps) = s.split_once('\n').unwrap_or((&s, &s));
     let n = 1 + data.len() % 20;
-    let strategy = ts.parse::<Strategy>();
-    if let Ok(st) = &strategy {
-        let printed = st.to_string();
-        let back: Strategy = printed
-            .parse()
-            .unwrap_or_else(|e| panic!("{ts:?} parsed, its print {printed:?} does not: {e}"));
-        assert_eq!(&back, st, "{ts:?} -> {printed:?}");
-    }
-    let policy = ps.parse::<MemPolicy>();
-    if let Ok(p) = &policy {
-        let printed = p.to_string();
-        let back: MemPolicy = printed
-            .parse()
-            .unwrap_or_else(|e| panic!("{ps:?} parsed, its print {printed:?} does not: {e}"));
-        assert_eq!(&back, p, "{ps:?} -> {printed:?}");
-    }
+    let strategy = loci_fuzz::parse_round_trip::<Strategy>(ts);
+    let policy = loci_fuzz::parse_round_trip::<MemPolicy>(ps);
     for t in machines() {
         if let Ok(st) = &strategy {
             for over in [false, true] {

@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
         // Each whitespace-separated token is one distance.
         assert_eq!(row.len(), s.split_whitespace().count());
     }
-    let _ = sysfs::parse_cache_size(&s);
+    let _ = sysfs::parse_size(&s);
     let _ = sysfs::parse_cache_type(&s);
     if let Ok(v) = sysfs::parse_int(&s) {
         assert_eq!(sysfs::parse_int(&v.to_string()), Ok(v));

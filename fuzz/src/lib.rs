@@ -8,6 +8,21 @@ use loci_place::strategy::place_threads;
 use loci_place::{MemPolicy, Strategy};
 use loci_topo::{Topology, TopologyJson};
 
+/// `text` parsed as a `T`; a value that parses must print as text that parses back to it.
+pub fn parse_round_trip<T>(text: &str) -> Result<T, T::Err>
+where
+    T: std::str::FromStr + std::fmt::Display + PartialEq + std::fmt::Debug,
+    T::Err: std::fmt::Display,
+{
+    let v = text.parse::<T>()?;
+    let printed = v.to_string();
+    let back: T = printed
+        .parse()
+        .unwrap_or_else(|e| panic!("{text:?} parsed, its print {printed:?} does not: {e}"));
+    assert_eq!(back, v, "{text:?} -> {printed:?}");
+    Ok(v)
+}
+
 /// Planning is quadratic in the number of cpus (`compact_order` and `core_groups` look cpus up
 /// by linear search), so a parsed topology is planned on only up to this many cpus: a 65536-cpu
 /// synthetic machine takes 15 s per plan natively, minutes under instrumentation: a hang.

@@ -114,37 +114,16 @@ pub extern "C" fn loci_alloc_task_finished() {
     loci_alloc::task_finished()
 }
 
-/// Number of counters [`loci_alloc_stats`] writes.
-pub const LOCI_ALLOC_STATS_LEN: usize = 13;
-
-/// Writes the allocator's counters into `out[0..n]` (n <= 13) and returns how many it wrote:
-/// allocs, frees, bytes requested, live block bytes, cross-thread frees, recollected blocks,
-/// heaps, bytes held from the OS, superblocks in use, superblocks cached, large-block bytes,
-/// mbind failures (these five summed over nodes), memoryless fallbacks (thread heaps started
-/// on a node without memory, served by the nearest node with memory).
+/// Writes the allocator's counters into `out[0..n]` and returns how many it wrote (at most
+/// `loci_alloc::COUNTERS.len()`): the values of `loci_alloc::AllocStats::counters`, named and ordered
+/// by `loci_alloc::COUNTERS` (allocs, frees, bytes requested, ..., memoryless fallbacks).
 ///
 /// # Safety
 /// `out` is valid for `n` writes of u64.
 #[no_mangle]
 pub unsafe extern "C" fn loci_alloc_stats(out: *mut u64, n: usize) -> usize {
-    let s = loci_alloc::stats();
-    let sum = |f: fn(&loci_alloc::NodeStats) -> u64| s.nodes.iter().map(f).sum::<u64>();
-    let v: [u64; LOCI_ALLOC_STATS_LEN] = [
-        s.allocs,
-        s.frees,
-        s.bytes_requested,
-        s.live_block_bytes.max(0) as u64,
-        s.cross_thread_frees,
-        s.recollected,
-        s.heaps,
-        sum(|n| n.os_bytes),
-        sum(|n| n.superblocks_in_use),
-        sum(|n| n.superblocks_cached),
-        sum(|n| n.large_bytes),
-        sum(|n| n.mbind_failures),
-        s.memoryless_fallbacks,
-    ];
-    let k = n.min(LOCI_ALLOC_STATS_LEN);
+    let v = loci_alloc::stats().counters();
+    let k = n.min(v.len());
     for (i, x) in v.iter().take(k).enumerate() {
         // SAFETY: i < k <= n, the caller's buffer length.
         unsafe { *out.add(i) = *x };

@@ -3,8 +3,9 @@
 //! blocks, and `move_pages` must find at least 99% of their pages on node k; blocks that
 //! `alloc_on(k)` gives to a thread of another node must sit on k as well.
 //!
-//! Prints one `LOCI-CHECK ok|FAIL NAME -- DETAIL` line per fact (the loci-vm check format) and
-//! exits 1 if any failed. Nodes without memory cannot hold pages: there the blocks must be on
+//! Prints one check line per node with loci-vm's `Checker` (`LOCI-CHECK ok NAME` and a
+//! `# NAME: DETAIL` line with what it measured, or `LOCI-CHECK FAIL NAME -- DETAIL`) and exits 1
+//! if any failed. Nodes without memory cannot hold pages: there the blocks must be on
 //! the nearest node with memory (`NodeStats::memory_from`), the allocator must have counted the
 //! fallback (`NodeStats::fallback_heaps`), and `alloc_on` of the node must be an error.
 //! `cargo run --release -p loci-alloc --example placement_check`
@@ -47,6 +48,31 @@ impl NodeCheck {
             self.alloc_on_on_node as f64 / self.alloc_on_pages as f64
         }
     }
+    /// The check's name: `alloc/pinned/nodeK`, or `alloc/memoryless-nodeK/falls-back`.
+    pub fn name(&self) -> String {
+        if self.has_memory {
+            format!("alloc/pinned/node{}", self.node)
+        } else {
+            format!("alloc/memoryless-node{}/falls-back", self.node)
+        }
+    }
+
+    /// What was measured, for the check line.
+    pub fn detail(&self) -> String {
+        format!(
+            "{} of {} pages on node {} ({:.4}); alloc_on: {} of {} ({:.4}); node_of agrees: {}; fallback counted: {}",
+            self.on_node,
+            self.pages,
+            self.target,
+            self.ratio(),
+            self.alloc_on_on_node,
+            self.alloc_on_pages,
+            self.alloc_on_ratio(),
+            self.node_of_agrees,
+            self.fallback_reported
+        )
+    }
+
     pub fn ok(&self) -> bool {
         if !self.has_memory {
             return self.pages > 0
@@ -217,35 +243,19 @@ pub fn check_all() -> Vec<NodeCheck> {
 
 #[allow(dead_code)]
 fn main() {
+    let mut c = loci_vm::Checker::new();
     let res = check_all();
-    let mut ok = !res.is_empty();
     if res.is_empty() {
-        println!("LOCI-CHECK FAIL alloc/nodes -- no node with cpus found");
+        c.check("alloc/nodes", || Err("no node with cpus found".to_string()));
     }
     for r in &res {
-        let name = if r.has_memory {
-            format!("alloc/pinned/node{}", r.node)
-        } else {
-            format!("alloc/memoryless-node{}/falls-back", r.node)
-        };
-        let detail = format!(
-            "{} of {} pages on node {} ({:.4}); alloc_on: {} of {} ({:.4}); node_of agrees: {}; fallback counted: {}",
-            r.on_node,
-            r.pages,
-            r.target,
-            r.ratio(),
-            r.alloc_on_on_node,
-            r.alloc_on_pages,
-            r.alloc_on_ratio(),
-            r.node_of_agrees,
-            r.fallback_reported
-        );
-        if r.ok() {
-            println!("LOCI-CHECK ok {name} -- {detail}");
-        } else {
-            println!("LOCI-CHECK FAIL {name} -- {detail}");
-        }
-        ok &= r.ok();
+        c.check_noted(r.name(), || {
+            if r.ok() {
+                Ok(r.detail())
+            } else {
+                Err(r.detail())
+            }
+        });
     }
-    std::process::exit(if ok { 0 } else { 1 });
+    std::process::exit(c.exit_code());
 }

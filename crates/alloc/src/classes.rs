@@ -93,21 +93,13 @@ const fn first_class_at_least(size: usize) -> usize {
     c
 }
 
-// Table for small sizes: index (size + 15) / 16 up to 1024, then (size + 127) / 128 up to SMALL_MAX.
-const fn build_small_lut() -> [u8; 65] {
-    let mut t = [0u8; 65];
+// Tables for small sizes: entry i is the class of size i * step (the class of 1 B for i = 0),
+// indexed by (size + 15) / 16 up to 1024 (step 16), then (size + 127) / 128 up to SMALL_MAX.
+const fn build_lut<const N: usize>(step: usize) -> [u8; N] {
+    let mut t = [0u8; N];
     let mut i = 0;
-    while i <= 64 {
-        t[i] = first_class_at_least(if i == 0 { 1 } else { i * 16 }) as u8;
-        i += 1;
-    }
-    t
-}
-const fn build_mid_lut() -> [u8; 57] {
-    let mut t = [0u8; 57];
-    let mut i = 0;
-    while i <= 56 {
-        t[i] = first_class_at_least(if i == 0 { 1 } else { i * 128 }) as u8;
+    while i < N {
+        t[i] = first_class_at_least(if i == 0 { 1 } else { i * step }) as u8;
         i += 1;
     }
     t
@@ -137,8 +129,8 @@ const fn build_granule_lut() -> [u8; GRANULES] {
     t
 }
 static GRANULE_LUT: [u8; GRANULES] = build_granule_lut();
-static SMALL_LUT: [u8; 65] = build_small_lut();
-static MID_LUT: [u8; 57] = build_mid_lut();
+static SMALL_LUT: [u8; 65] = build_lut(16);
+static MID_LUT: [u8; 57] = build_lut(128);
 static MEDIUM_LUT: [u8; 1025] = build_medium_lut();
 
 /// Class for a request of `size` bytes (`1 <= size <= MEDIUM_MAX`).

@@ -16,9 +16,9 @@
 //!   [`task_finished`]. A thread that exits hands its heap to its node's pool; the next thread
 //!   there adopts it.
 //! * Threads on a node without memory get memory of the nearest node with memory, counted in
-//!   [`Stats::memoryless_fallbacks`] and said once on stderr.
+//!   [`AllocStats::memoryless_fallbacks`] and said once on stderr.
 //! * Below 8 KiB: small classes of the same design (or glibc, `LOCI_ALLOC_SMALL=system`); see
-//!   [`engine::Config::small_own`] for why own is the default. Above 512 KiB: one node-bound
+//!   [`engine::AllocConfig::small_own`] for why own is the default. Above 512 KiB: one node-bound
 //!   mapping per block.
 //!
 //! Use it as the global allocator of a Rust program:
@@ -35,8 +35,12 @@ use core::alloc::{GlobalAlloc, Layout};
 pub mod classes;
 pub mod engine;
 pub mod os;
+pub mod workloads;
 
-pub use engine::{config, node_of, stats, task_finished, AllocError, Config, NodeStats, Stats};
+pub use engine::{
+    config, node_of, stats, task_finished, AllocConfig, AllocError, AllocStats, NodeStats,
+    COUNTERS, MEMORYLESS_FALLBACKS,
+};
 
 /// The allocator as a [`GlobalAlloc`]. Stateless handle: all state is process-global.
 #[derive(Debug, Clone, Copy, Default)]

@@ -7,21 +7,11 @@ use std::alloc::{alloc, dealloc, GlobalAlloc, Layout};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::mpsc;
 
+use loci_alloc::workloads::Rng;
 use loci_alloc::{c, LociAlloc};
 
 #[global_allocator]
 static ALLOC: LociAlloc = LociAlloc;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
 
 /// Words of a block that carry the pattern: all of it up to 1 KiB, else the first and last
 /// 64 bytes and one word per 4 KiB page.
@@ -60,7 +50,7 @@ fn check_pattern(p: *mut u8, size: usize) {
 }
 
 fn random_layout(r: &mut Rng) -> Layout {
-    let x = r.next();
+    let x = r.next_u64();
     let size = match x % 1000 {
         0 => 512 * 1024 + (x >> 20) as usize % (2 << 20), // large: direct mapping
         1..=60 => 8 * 1024 + (x >> 20) as usize % (504 * 1024), // medium classes
@@ -99,7 +89,7 @@ fn stress_8_threads_cross_thread_frees_pattern_checked() {
                 let mut slots: Vec<Option<Block>> = (0..2048).map(|_| None).collect();
                 let mut sent = 0u64;
                 for i in 0..ops_per_thread {
-                    let s = (r.next() % slots.len() as u64) as usize;
+                    let s = (r.next_u64() % slots.len() as u64) as usize;
                     match slots[s].take() {
                         None => {
                             let l = random_layout(&mut r);
@@ -112,9 +102,10 @@ fn stress_8_threads_cross_thread_frees_pattern_checked() {
                         }
                         Some(b) => {
                             check_pattern(b.0, b.1.size());
-                            if r.next().is_multiple_of(4) {
+                            if r.next_u64().is_multiple_of(4) {
                                 // freed by another thread
-                                let to = (t + 1 + (r.next() as usize % (THREADS - 1))) % THREADS;
+                                let to =
+                                    (t + 1 + (r.next_u64() as usize % (THREADS - 1))) % THREADS;
                                 txs[to].send(b).unwrap();
                                 sent += 1;
                             } else {
@@ -174,9 +165,9 @@ fn collections_threads_strings_workload() {
         let mut tree = BTreeMap::new();
         let mut q = VecDeque::new();
         for i in 0..n {
-            let k = format!("key-{}", r.next() % 5000);
+            let k = format!("key-{}", r.next_u64() % 5000);
             map.entry(k.clone()).or_default().push(i as u64);
-            tree.insert(r.next() % 100_000, k.repeat((i % 7) + 1));
+            tree.insert(r.next_u64() % 100_000, k.repeat((i % 7) + 1));
             q.push_back(vec![i as u8; i % 3000]);
             if q.len() > 500 {
                 q.pop_front();
@@ -282,7 +273,7 @@ fn aligned_pointers_inside_class_blocks_free_whole_blocks() {
         }
         // free in random order, checking every block first
         while !live.is_empty() {
-            let i = (r.next() % live.len() as u64) as usize;
+            let i = (r.next_u64() % live.len() as u64) as usize;
             let (p, l) = live.swap_remove(i);
             check_pattern(p, l.size());
             // SAFETY: live block of this layout.

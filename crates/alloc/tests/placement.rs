@@ -10,11 +10,6 @@ fn pinned_threads_get_pages_of_their_node() {
     let res = placement_check::check_all();
     assert!(!res.is_empty(), "no node with cpus found");
     for r in res {
-        assert!(
-            r.ok(),
-            "{r:?}: ratio {:.4}, alloc_on ratio {:.4}",
-            r.ratio(),
-            r.alloc_on_ratio()
-        );
+        assert!(r.ok(), "{}: {} ({r:?})", r.name(), r.detail());
     }
 }

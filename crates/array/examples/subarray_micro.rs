@@ -44,16 +44,16 @@ fn main() -> Result<(), ArrayError> {
     )?;
     let gen = BuildOptions {
         huge_pages: true,
-        ..BuildOptions::first_touch(2)
+        ..BuildOptions::first_touch(&topo, 2)?
     };
     let src = Array::build(layout, &gen, &topo, |c| Seismic::default().fill(c))?;
     let span: Span = env("SPAN", "one".to_string()).parse()?;
     let q = Query::new(src.layout(), span, env("SEL", 0.2))?;
     let cpus: Vec<u32> = topo.allowed_cpus().iter().collect();
     let pin = if std::env::var("OS").is_ok() {
-        Pinning::unpinned(2)
+        pin::unpinned(&topo, 2)?
     } else {
-        Pinning::on_cpus(&[cpus[0], cpus[1 % cpus.len()]])
+        pin::plan_on_cpus(&topo, &[cpus[0], cpus[1 % cpus.len()]])?
     };
     let pool = std::env::args().nth(1).unwrap_or("on".into()) == "on";
     let opts = SubarrayOptions {

@@ -8,8 +8,10 @@ use loci_topo::Topology;
 
 use crate::error::ArrayError;
 use crate::layout::{Bounds, Layout, PerDim};
-use crate::mem::{ChunkMem, Home, Region};
-use crate::pin::{run_pinned, Pinning};
+use crate::mem::{chunk_homes, Home, Region};
+use crate::pin::{self, run_pinned};
+use loci_place::MemPolicy;
+use loci_place::Plan;
 
 /// One chunk: its cells (C order over its own shape), one attribute after the other.
 pub struct Chunk {
@@ -91,23 +93,24 @@ impl ChunkFill<'_> {
 /// How an array is built.
 #[derive(Debug, Clone)]
 pub struct BuildOptions {
-    /// Home nodes of the chunks.
-    pub mem: ChunkMem,
+    /// Home nodes of the chunks: loci-place's policy, chunk `i` of `n` on part `i` of its plan
+    /// (see [`crate::mem::chunk_homes`]).
+    pub mem: MemPolicy,
     /// Generator threads: chunks are dealt to them in contiguous blocks (thread `t` of `T` fills
     /// chunks `t*C/T .. (t+1)*C/T`), so with first touch a chunk lands on its generator's node.
-    pub pinning: Pinning,
+    pub plan: Plan,
     /// Ask for transparent huge pages (`madvise`).
     pub huge_pages: bool,
 }
 
 impl BuildOptions {
-    /// First touch, `threads` unpinned generator threads, no huge pages.
-    pub fn first_touch(threads: usize) -> Self {
-        Self {
-            mem: ChunkMem::FirstTouch,
-            pinning: Pinning::unpinned(threads.max(1)),
+    /// First touch, `threads` unpinned generator threads on `topo`, no huge pages.
+    pub fn first_touch(topo: &Topology, threads: usize) -> Result<Self, ArrayError> {
+        Ok(Self {
+            mem: MemPolicy::FirstTouch,
+            plan: pin::unpinned(topo, threads.max(1))?,
             huge_pages: false,
-        }
+        })
     }
 }
 
@@ -129,9 +132,10 @@ impl Array {
         topo: &Topology,
         fill: impl Fn(&mut ChunkFill<'_>) + Sync,
     ) -> Result<Self, ArrayError> {
-        opts.pinning.check(topo)?;
+        pin::check(&opts.plan, topo)?;
+        let homes = chunk_homes(&opts.mem, topo, layout.chunk_count())?;
         let (mut arena, mut chunks) =
-            Self::map_chunks(&layout, opts.huge_pages, |i| opts.mem.home_of(i))?;
+            Self::map_chunks(&layout, opts.huge_pages, |i| homes[i].clone())?;
         for c in &chunks {
             arena.place(c.offset, c.len, &c.home)?;
         }
@@ -146,7 +150,7 @@ impl Array {
             rest = tail;
             at = c.offset + c.len;
         }
-        let threads = opts.pinning.len();
+        let threads = opts.plan.threads.len();
         let n = chunks.len();
         // Contiguous blocks of chunks per generator thread; each thread gets exclusive `&mut`.
         #[allow(clippy::type_complexity)]
@@ -163,7 +167,7 @@ impl Array {
         let layout_ref = &layout;
         let fill = &fill;
         let blocks_ref = &blocks;
-        run_pinned(&opts.pinning, |t| {
+        run_pinned(&opts.plan, |t| {
             let mine = std::mem::take(&mut *blocks_ref[t].lock().expect("not poisoned"));
             for (id, c, bytes) in mine {
                 let touched = loci_place::sys::current_cpu()
@@ -249,7 +253,7 @@ impl Array {
         topo: &Topology,
         f: impl Fn(usize, &[usize]) -> f64 + Sync,
     ) -> Result<Self, ArrayError> {
-        Self::build(layout, &BuildOptions::first_touch(1), topo, |c| {
+        Self::build(layout, &BuildOptions::first_touch(topo, 1)?, topo, |c| {
             c.fill_with(&f)
         })
     }

@@ -5,6 +5,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::by_name;
+
 /// The type of one attribute's cells. Values are stored little-endian in native layout
 /// (loci only runs on little-endian Linux targets).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -28,6 +30,16 @@ impl DType {
             DType::F32 | DType::I32 => 4,
             DType::F64 => 8,
             DType::U16 => 2,
+        }
+    }
+
+    /// The name and its numpy-style alias (`f32`, `float32`).
+    const fn names(self) -> [&'static str; 2] {
+        match self {
+            DType::F32 => ["f32", "float32"],
+            DType::F64 => ["f64", "float64"],
+            DType::I32 => ["i32", "int32"],
+            DType::U16 => ["u16", "uint16"],
         }
     }
 
@@ -65,28 +77,14 @@ impl DType {
 
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DType::F32 => "f32",
-            DType::F64 => "f64",
-            DType::I32 => "i32",
-            DType::U16 => "u16",
-        })
+        f.write_str(self.names()[0])
     }
 }
 
 impl FromStr for DType {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim() {
-            "f32" | "float32" => Ok(DType::F32),
-            "f64" | "float64" => Ok(DType::F64),
-            "i32" | "int32" => Ok(DType::I32),
-            "u16" | "uint16" => Ok(DType::U16),
-            other => Err(format!(
-                "unknown cell type `{other}`; valid: {}",
-                DType::CHOICES
-            )),
-        }
+        by_name(&DType::ALL, DType::names, "cell type", DType::CHOICES, s)
     }
 }
 
@@ -101,6 +99,7 @@ mod tests {
             t.encode(1234.0, &mut b);
             assert_eq!(t.decode(&b), 1234.0, "{t}");
             assert_eq!(t.to_string().parse::<DType>().unwrap(), t);
+            assert_eq!(t.names()[1].parse::<DType>().unwrap(), t);
         }
         let mut b = [0u8; 2];
         DType::U16.encode(70000.0, &mut b);

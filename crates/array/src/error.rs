@@ -42,3 +42,19 @@ pub enum ArrayError {
     #[error("{0}")]
     Parse(String),
 }
+
+/// The member of `all` that `s` (trimmed) names, or an error naming `s` and the `choices`
+/// (`what`: what is named, for the message).
+pub(crate) fn by_name<T: Copy, const N: usize>(
+    all: &[T],
+    names: impl Fn(T) -> [&'static str; N],
+    what: &str,
+    choices: &str,
+    s: &str,
+) -> Result<T, String> {
+    let s = s.trim();
+    all.iter()
+        .copied()
+        .find(|&t| names(t).contains(&s))
+        .ok_or_else(|| format!("unknown {what} `{s}`; valid: {choices}"))
+}

@@ -114,32 +114,14 @@ impl Layout {
                 "an array needs at least one attribute".into(),
             ));
         }
-        for (i, d) in dims.iter().enumerate() {
-            if d.name.is_empty() {
-                return Err(ArrayError::Schema(format!(
-                    "dimension {i} has an empty name"
-                )));
-            }
-            if dims[..i].iter().any(|o| o.name == d.name) {
-                return Err(ArrayError::Schema(format!(
-                    "dimension name `{}` is used twice",
-                    d.name
-                )));
-            }
-        }
-        for (i, a) in attrs.iter().enumerate() {
-            if a.name.is_empty() {
-                return Err(ArrayError::Schema(format!(
-                    "attribute {i} has an empty name"
-                )));
-            }
-            if attrs[..i].iter().any(|o| o.name == a.name) {
-                return Err(ArrayError::Schema(format!(
-                    "attribute name `{}` is used twice",
-                    a.name
-                )));
-            }
-        }
+        check_names(
+            "dimension",
+            &dims.iter().map(|d| &*d.name).collect::<Vec<_>>(),
+        )?;
+        check_names(
+            "attribute",
+            &attrs.iter().map(|a| &*a.name).collect::<Vec<_>>(),
+        )?;
         let chunk = match chunking {
             Chunking::Shape(s) => {
                 if s.len() != dims.len() {
@@ -424,6 +406,21 @@ impl Layout {
     }
 }
 
+/// Every name of `what` (dimensions or attributes) is non-empty and used once.
+fn check_names(what: &str, names: &[&str]) -> Result<(), ArrayError> {
+    for (i, n) in names.iter().enumerate() {
+        if n.is_empty() {
+            return Err(ArrayError::Schema(format!("{what} {i} has an empty name")));
+        }
+        if names[..i].contains(n) {
+            return Err(ArrayError::Schema(format!(
+                "{what} name `{n}` is used twice"
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -443,22 +440,15 @@ mod tests {
 
     #[test]
     fn chunk_count_goes_to_outer_dims_first() {
-        assert_eq!(
-            vol([512, 512, 512], Chunking::Count(10)).grid()[..],
-            [10, 1, 1]
-        );
-        assert_eq!(
-            vol([512, 512, 512], Chunking::Count(1000)).grid()[..],
-            [512, 2, 1]
-        );
-        assert_eq!(
-            vol([512, 512, 512], Chunking::Count(100)).grid()[..],
-            [103, 1, 1]
-        );
-        assert_eq!(
-            vol([512, 512, 512], Chunking::Count(1)).grid()[..],
-            [1, 1, 1]
-        );
+        for (count, grid) in [
+            (10, [10, 1, 1]),
+            (1000, [512, 2, 1]),
+            (100, [103, 1, 1]),
+            (1, [1, 1, 1]),
+        ] {
+            let got = vol([512, 512, 512], Chunking::Count(count)).grid();
+            assert_eq!(got[..], grid, "{count} chunks");
+        }
         let l = vol([4, 4, 4], Chunking::Count(100));
         assert_eq!(l.grid()[..], [4, 4, 4]);
         assert_eq!(l.chunk_count(), 64);
@@ -536,11 +526,24 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("`x`"), "{e}");
-        assert!(Layout::new(
-            vec![Dim::new("x", 1), Dim::new("x", 1)],
-            vec![Attr::new("a", DType::F32)],
-            &Chunking::Count(1)
-        )
-        .is_err());
+        let named = |dims: &[&str], attrs: &[&str]| {
+            let dims = dims.iter().map(|n| Dim::new(n, 1)).collect();
+            let attrs = attrs.iter().map(|n| Attr::new(n, DType::F32)).collect();
+            Layout::new(dims, attrs, &Chunking::Count(1)).map(|_| ())
+        };
+        assert!(named(&["x", "y"], &["a", "b"]).is_ok());
+        for (dims, attrs, says) in [
+            (
+                &["x", "x"][..],
+                &["a"][..],
+                "dimension name `x` is used twice",
+            ),
+            (&["x", ""], &["a"], "dimension 1 has an empty name"),
+            (&["x"], &["a", "a"], "attribute name `a` is used twice"),
+            (&["x"], &["", "a"], "attribute 0 has an empty name"),
+        ] {
+            let e = named(dims, attrs).unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        }
     }
 }

@@ -7,9 +7,10 @@
 //! - **chunk**: one cell of the grid, one memory region, one **home** node;
 //! - **box**: one half-open range per dimension; `subarray(box)` copies its cells into a new array;
 //! - **part**: the unit of work of a subarray: a slab of one box ∩ chunk intersection;
-//! - **pinning**: the cpus of each worker thread (`None` = the OS chooses);
-//! - **strategy**: a rule that yields a pinning (`os`, `compact`, `sparse`, `shared`, `random:K`,
-//!   `elastic`, `search`).
+//! - **plan**: a loci-place [`Plan`]: the cpus of each worker thread (an `os` plan: the OS chooses);
+//! - **strategy**: a loci-place strategy that yields a plan (`os`, `compact`, `sparse`,
+//!   `shared:G`, `random:SEED`, ...; `shared` alone: G = threads per touched chunk);
+//! - **search**: tries plans and keeps the fastest (`best-of:K`, `elastic`, `search`).
 
 pub mod array;
 pub mod dtype;
@@ -32,12 +33,13 @@ pub use array::{Array, BuildOptions, Chunk, ChunkFill};
 pub use dtype::DType;
 pub use error::ArrayError;
 pub use layout::{Attr, Bounds, Chunking, Dim, Layout, PerDim, ShowBox, INLINE_DIMS};
-pub use mem::{ChunkMem, Home, Region};
+pub use loci_place::Plan;
+pub use mem::{chunk_homes, chunk_policy, Home, Region, CHUNK_POLICIES};
 pub use model::{CostModel, ModelLimits, ModelWorkload};
-pub use pin::{run_pinned, Pinning};
+pub use pin::run_pinned;
 pub use pool::{Binding, BufferPool, PoolStats};
 pub use query::{Query, Span};
 pub use search::{search, Evaluator, ModelEval, SearchCache, SearchConfig, SearchOutcome, Trial};
 pub use seismic::{seismic_layout, Seismic};
-pub use strategy::{choose, Choice, RunInfo, ThreadStrategy};
+pub use strategy::{choose, Choice, PlanSearch, RunInfo, ThreadPlacement};
 pub use subarray::{plan_parts, subarray, Part, PoolOutcome, RunStats, Schedule, SubarrayOptions};

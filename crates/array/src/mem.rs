@@ -1,14 +1,15 @@
-//! Chunk memory: anonymous mappings whose chunks are placed on their home nodes with `mbind`.
+//! Chunk memory: loci-place's memory policies give every chunk of an array its home, and one
+//! [`NodeRegion`] (the arena) holds the chunks, each placed with `mbind` before its first touch.
 //!
-//! Hand-written on `mmap`/`mbind` (through loci-place's checked syscalls) because the policy has
-//! to be set on the exact range of each chunk before its first touch, which no allocator API does.
+//! Chunk `i` of `n` gets part `i` of the policy's plan ([`MemPlan::part`]): `round-robin[:NODES]`
+//! binds it to the `i mod k`-th node, `per-node[:NODES]` gives each node a contiguous share.
 
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use loci_place::policy::MemPlan;
-use loci_place::sys::AnonMap;
+use loci_place::region::NodeRegion;
+use loci_place::{MemPlan, MemPolicy};
 use loci_topo::{NodeSet, Topology};
 use serde::{Deserialize, Serialize};
 
@@ -36,96 +37,52 @@ impl fmt::Display for Home {
     }
 }
 
-/// How the chunks of a new array get their home nodes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ChunkMem {
-    /// No policy: pages land where the generating thread runs (its node is recorded as home).
-    FirstTouch,
-    /// Chunk `i` is bound (`MPOL_BIND`) to the `i mod k`-th of these nodes.
-    Bind(NodeSet),
-    /// Every chunk's pages interleaved over these nodes (`MPOL_INTERLEAVE`).
-    Interleave(NodeSet),
+/// The memory policies that give every chunk of an array a home, for error messages and `--help`.
+pub const CHUNK_POLICIES: &str = "first-touch, localalloc, interleave[:NODES], bind:N, preferred:N, per-node[:NODES], round-robin[:NODES]";
+
+/// Parses a chunk memory policy (loci-place's spelling) and checks it against `topo`: nodes
+/// must be present, allowed and have memory, and the policy must give each chunk one home
+/// ([`CHUNK_POLICIES`]).
+pub fn chunk_policy(text: &str, topo: &Topology) -> Result<MemPolicy, ArrayError> {
+    let p: MemPolicy = text
+        .parse()
+        .map_err(|e| ArrayError::Parse(format!("chunk memory: {e}")))?;
+    chunk_homes(&p, topo, 1)?;
+    Ok(p)
 }
 
-impl ChunkMem {
-    /// Valid spellings, for error messages and `--help`.
-    pub const CHOICES: &'static str =
-        "first-touch, bind[:NODES], interleave[:NODES] (NODES defaults to every node with memory)";
-
-    /// Parses `first-touch`, `bind[:NODES]`, `interleave[:NODES]`; node lists are checked
-    /// against the nodes of `topo` that have memory and may be used.
-    pub fn parse(s: &str, topo: &Topology) -> Result<Self, ArrayError> {
-        let s = s.trim();
-        let (name, arg) = match s.split_once(':') {
-            Some((n, a)) => (n, Some(a)),
-            None => (s, None),
-        };
-        let mems = topo.allowed_mems();
-        let nodes = |arg: Option<&str>| -> Result<NodeSet, ArrayError> {
-            let set = match arg {
-                None => mems.clone(),
-                Some(a) => NodeSet::parse_in(a, &mems)
-                    .map_err(|e| ArrayError::Parse(format!("chunk memory `{s}`: {e}")))?,
-            };
-            if set.is_empty() {
-                return Err(ArrayError::Parse(format!(
-                    "chunk memory `{s}`: empty node list; nodes with memory: {mems}"
-                )));
-            }
-            let bad = set.difference(&mems);
-            if !bad.is_empty() {
-                return Err(ArrayError::Parse(format!(
-                    "chunk memory `{s}`: nodes {bad} have no usable memory here; valid nodes: {mems}"
-                )));
-            }
-            Ok(set)
-        };
-        match name {
-            "first-touch" | "firsttouch" if arg.is_none() => Ok(ChunkMem::FirstTouch),
-            "bind" => Ok(ChunkMem::Bind(nodes(arg)?)),
-            "interleave" => Ok(ChunkMem::Interleave(nodes(arg)?)),
+/// The planned home of each of `chunks` chunks placed by `policy` on `topo` (first touch and
+/// `localalloc`: not known until touched). A policy that leaves a chunk's node to the kernel
+/// among several nodes (`bind` or `preferred-many` over a set, `weighted-interleave`) is an
+/// error naming the valid ones.
+pub fn chunk_homes(
+    policy: &MemPolicy,
+    topo: &Topology,
+    chunks: usize,
+) -> Result<Vec<Home>, ArrayError> {
+    let (plan, _notes) = policy
+        .resolve(topo)
+        .map_err(|e| ArrayError::Parse(format!("chunk memory: {e}")))?;
+    (0..chunks)
+        .map(|i| match (plan.part_node(i, chunks), plan.policy) {
+            (Some(n), _) => Ok(Home::Node(n)),
+            (None, "interleave") => Ok(Home::Interleave(plan.nodes.clone())),
+            (None, "first-touch" | "localalloc") => Ok(Home::Unknown),
             _ => Err(ArrayError::Parse(format!(
-                "unknown chunk memory policy `{s}`; valid: {}",
-                Self::CHOICES
+                "chunk memory `{policy}` gives a chunk no single home; valid: {CHUNK_POLICIES} (round-robin:NODES deals chunks over the nodes)"
             ))),
-        }
-    }
-
-    /// The planned home of chunk `i` (first touch: not known until touched).
-    pub fn home_of(&self, i: usize) -> Home {
-        match self {
-            ChunkMem::FirstTouch => Home::Unknown,
-            ChunkMem::Bind(s) => {
-                let v: Vec<u32> = s.iter().collect();
-                Home::Node(v[i % v.len()])
-            }
-            ChunkMem::Interleave(s) => Home::Interleave(s.clone()),
-        }
-    }
-}
-
-impl fmt::Display for ChunkMem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ChunkMem::FirstTouch => f.write_str("first-touch"),
-            ChunkMem::Bind(s) => write!(f, "bind:{s}"),
-            ChunkMem::Interleave(s) => write!(f, "interleave:{s}"),
-        }
-    }
+        })
+        .collect()
 }
 
 /// One anonymous private mapping: unmapped on drop, or given back to the result-buffer pool it
 /// came from (see [`crate::pool`]). Zero-length regions map nothing.
 pub struct Region {
-    map: Option<AnonMap>,
+    map: Option<NodeRegion>,
     len: usize,
     /// Where the region goes when dropped, and the binding of its pages it goes there with.
     pool: Option<(Arc<BufferPool>, Binding)>,
 }
-
-/// Mappings at least this big are aligned (and sized) to 2 MiB when huge pages are asked for, so
-/// transparent huge pages can back all of them.
-const HUGE: usize = 2 << 20;
 
 impl Region {
     /// Maps `len` bytes (rounded up to pages), untouched: the pages are placed at first touch
@@ -140,19 +97,8 @@ impl Region {
                 pool: None,
             });
         }
-        let ps = loci_place::sys::page_size();
-        let (mapped, align) = if huge && len >= HUGE && HUGE.is_multiple_of(ps) {
-            (len.next_multiple_of(HUGE), HUGE)
-        } else {
-            (len.next_multiple_of(ps), ps)
-        };
-        let m = AnonMap::new(mapped, align, 0)
-            .map_err(|e| ArrayError::Memory(format!("mmap of {mapped} bytes failed: {e}")))?;
-        if huge {
-            // SAFETY: the range is the mapping just created. Advice only: failure is harmless
-            // (THP disabled), so the result is ignored on purpose.
-            unsafe { libc::madvise(m.as_ptr().cast(), mapped, libc::MADV_HUGEPAGE) };
-        }
+        let m = NodeRegion::map(len, &MemPlan::first_touch(), huge)
+            .map_err(|e| ArrayError::Memory(e.to_string()))?;
         Ok(Self {
             map: Some(m),
             len,
@@ -218,21 +164,14 @@ impl Region {
             offset.is_multiple_of(ps) && offset < mapped,
             "page-aligned offset inside the mapping"
         );
-        let len = len.next_multiple_of(ps).min(mapped - offset);
         let plan = match home {
-            Home::Node(n) => MemPlan {
-                policy: "bind",
-                nodes: NodeSet::single(*n),
-            },
-            Home::Interleave(s) => MemPlan {
-                policy: "interleave",
-                nodes: s.clone(),
-            },
+            Home::Node(n) => MemPlan::bind(*n),
+            Home::Interleave(s) => MemPlan::interleave(s.clone()),
             Home::Unknown => return Ok(()),
         };
-        // SAFETY: offset..offset+len is inside this Region's own mapping (checked above), and
-        // no page of it is touched yet.
-        unsafe { loci_place::apply::apply_range(&plan, self.base().add(offset), len, false) }
+        self.map
+            .as_ref()
+            .map_or(Ok(()), |m| m.place(offset, len, &plan))
             .map_err(|e| ArrayError::Memory(format!("placing a chunk on {home}: {e}")))
     }
 
@@ -301,6 +240,36 @@ mod tests {
         let nodes = r.nodes_at(&[0, 4096, 3 * 4096]).unwrap();
         assert_eq!(nodes, vec![0, 0, 0]);
         assert!(Region::map(0, false).unwrap().as_slice().is_empty());
+    }
+
+    #[test]
+    fn chunk_homes_follow_the_part_order_and_refuse_sets() {
+        let topo = loci_place::testing::regular(3, 2, 1, 1);
+        let homes = |p: &str| {
+            chunk_homes(&p.parse().unwrap(), &topo, 6).map(|v| {
+                v.iter()
+                    .map(|h| h.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+        };
+        let nodes = |v: &[u32]| {
+            v.iter()
+                .map(|n| format!("node {n}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        assert_eq!(homes("round-robin").unwrap(), nodes(&[0, 1, 2, 0, 1, 2]));
+        assert_eq!(homes("per-node:1-2").unwrap(), nodes(&[1, 1, 1, 2, 2, 2]));
+        assert_eq!(homes("bind:2").unwrap(), nodes(&[2; 6]));
+        assert!(homes("interleave")
+            .unwrap()
+            .starts_with("interleaved over 0-2,"));
+        assert_eq!(homes("first-touch").unwrap(), ["unknown"; 6].join(","));
+        let e = homes("bind:0-1").unwrap_err().to_string();
+        assert!(e.contains("bind:0-1") && e.contains(CHUNK_POLICIES), "{e}");
+        let e = chunk_policy("bind", &topo).unwrap_err().to_string();
+        assert!(e.contains("needs a node list"), "{e}");
     }
 
     #[test]

@@ -1,12 +1,12 @@
-//! A MODELED cost of a subarray run under a pinning, for machines loci is not running on
+//! A MODELED cost of a subarray run under a plan, for machines loci is not running on
 //! (presets) and for testing the search. Never a measurement: everything it returns is labelled
 //! modeled.
 //!
 //! The model (all numbers are parameters of [`CostModel`]):
 //! - the work is the parts of the run, each with its bytes, the home of its source chunk and the
 //!   thread that copies it (static schedule: thread `t` of `T` takes parts `t*P/T..(t+1)*P/T`);
-//! - where a thread runs: its single cpu; a thread bound to several cpus (or unpinned, `None` =
-//!   all allowed cpus) is modeled as the OS spreading the threads that share that set over its
+//! - where a thread runs: its single cpu; a thread bound to several cpus (or unpinned: an `os`
+//!   plan's threads have all allowed cpus) is modeled as the OS spreading the threads that share that set over its
 //!   cpus in id order (the `k`-th thread with set `S` on the `k mod |S|`-th cpu of `S`);
 //! - a thread copies at `core_gbps` scaled by the copy's distance: half of the traffic is the read
 //!   of the source, slowed by `distance(thread node, source node) / 10` (the SLIT ratio, so 21 =
@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::layout::Layout;
 use crate::mem::Home;
-use crate::pin::Pinning;
 use crate::subarray::plan_parts;
+use loci_place::Plan;
 
 /// Parameters of the modeled machine.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -130,14 +130,14 @@ fn split_home(h: &Home, bytes: f64) -> Vec<(u32, f64)> {
     }
 }
 
-/// The cpu each thread is modeled on (see the module doc for sets and `None`).
-pub fn modeled_cpus(topo: &Topology, p: &Pinning) -> Vec<u32> {
+/// The cpu each thread is modeled on (see the module doc for sets).
+pub fn modeled_cpus(topo: &Topology, p: &Plan) -> Vec<u32> {
     let allowed = topo.allowed_cpus();
     let mut seen: Vec<(loci_topo::CpuSet, usize)> = Vec::new();
     p.threads
         .iter()
         .map(|t| {
-            let set = t.clone().unwrap_or_else(|| allowed.clone());
+            let set = if p.pinned { &t.cpus } else { &allowed }.clone();
             let k = match seen.iter_mut().find(|(s, _)| *s == set) {
                 Some(e) => {
                     e.1 += 1;
@@ -175,18 +175,18 @@ impl ModelLimits {
 }
 
 impl CostModel {
-    /// Modeled seconds of `w` under pinning `p` on `topo`.
-    pub fn cost(&self, topo: &Topology, w: &ModelWorkload, p: &Pinning) -> f64 {
+    /// Modeled seconds of `w` under plan `p` on `topo`.
+    pub fn cost(&self, topo: &Topology, w: &ModelWorkload, p: &Plan) -> f64 {
         self.limits(topo, w, p).time()
     }
 
     /// The three limits of `w` under `p` (see the module doc); [`CostModel::cost`] is their
     /// maximum.
-    pub fn limits(&self, topo: &Topology, w: &ModelWorkload, p: &Pinning) -> ModelLimits {
+    pub fn limits(&self, topo: &Topology, w: &ModelWorkload, p: &Plan) -> ModelLimits {
         assert_eq!(
-            p.len(),
+            p.threads.len(),
             w.threads,
-            "pinning and workload disagree on the thread count"
+            "plan and workload disagree on the thread count"
         );
         let cpus = modeled_cpus(topo, p);
         let node_of = |c: u32| topo.node_of_cpu(c).unwrap_or(0);

@@ -26,7 +26,7 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use loci_place::sys::AnonMap;
+use loci_place::region::NodeRegion;
 use serde::{Deserialize, Serialize};
 
 /// The node each page of a buffer is bound to: segments `[start, end) -> node` that cover the
@@ -140,7 +140,7 @@ impl fmt::Display for Binding {
 
 /// A buffer in the pool, or on loan to a result.
 pub(crate) struct Pooled {
-    pub(crate) map: AnonMap,
+    pub(crate) map: NodeRegion,
     pub(crate) binding: Binding,
 }
 
@@ -393,7 +393,7 @@ mod tests {
         let ps = loci_place::sys::page_size();
         let len = len.next_multiple_of(ps);
         Pooled {
-            map: AnonMap::new(len, ps, 0).unwrap(),
+            map: NodeRegion::map(len, &loci_place::MemPlan::first_touch(), false).unwrap(),
             binding: Binding::node(len, node),
         }
     }

@@ -8,7 +8,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ArrayError;
+use crate::error::{by_name, ArrayError};
 use crate::layout::{Bounds, Layout};
 
 /// Which chunks a query touches.
@@ -25,30 +25,27 @@ pub enum Span {
 
 impl Span {
     pub const CHOICES: &'static str = "one, fifth, all";
+    const ALL: [Span; 3] = [Span::One, Span::Fifth, Span::All];
+
+    const fn name(self) -> &'static str {
+        match self {
+            Span::One => "one",
+            Span::Fifth => "fifth",
+            Span::All => "all",
+        }
+    }
 }
 
 impl fmt::Display for Span {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Span::One => "one",
-            Span::Fifth => "fifth",
-            Span::All => "all",
-        })
+        f.write_str(self.name())
     }
 }
 
 impl FromStr for Span {
     type Err = ArrayError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim() {
-            "one" => Ok(Span::One),
-            "fifth" => Ok(Span::Fifth),
-            "all" => Ok(Span::All),
-            o => Err(ArrayError::Parse(format!(
-                "unknown span `{o}`; valid: {}",
-                Span::CHOICES
-            ))),
-        }
+        by_name(&Span::ALL, |x| [x.name()], "span", Span::CHOICES, s).map_err(ArrayError::Parse)
     }
 }
 
@@ -174,6 +171,9 @@ mod tests {
         assert!(Query::new(&l, Span::All, 0.0).is_err());
         assert!(Query::new(&l, Span::All, 1.5).is_err());
         assert_eq!(Query::new(&l, Span::All, 1.0).unwrap().fraction, 1.0);
+        for x in Span::ALL {
+            assert_eq!(format!(" {x} ").parse::<Span>().unwrap(), x);
+        }
         assert!("most"
             .parse::<Span>()
             .unwrap_err()

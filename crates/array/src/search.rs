@@ -29,13 +29,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ArrayError;
 use crate::model::{modeled_cpus, CostModel, ModelWorkload};
-use crate::pin::Pinning;
+use crate::pin;
 use crate::seismic::mix64;
+use loci_place::Plan;
 
-/// Something that can say how long a run takes under a pinning (lower is better).
+/// Something that can say how long a run takes under a plan (lower is better).
 pub trait Evaluator {
     /// Seconds (measured or modeled) of one run under `p`.
-    fn eval(&mut self, p: &Pinning) -> Result<f64, ArrayError>;
+    fn eval(&mut self, p: &Plan) -> Result<f64, ArrayError>;
     /// Whether the seconds are modeled rather than measured.
     fn modeled(&self) -> bool;
 }
@@ -48,7 +49,7 @@ pub struct ModelEval<'a> {
 }
 
 impl Evaluator for ModelEval<'_> {
-    fn eval(&mut self, p: &Pinning) -> Result<f64, ArrayError> {
+    fn eval(&mut self, p: &Plan) -> Result<f64, ArrayError> {
         Ok(self.model.cost(self.topo, self.workload, p))
     }
     fn modeled(&self) -> bool {
@@ -61,7 +62,7 @@ impl Evaluator for ModelEval<'_> {
 pub struct Trial {
     /// Where it came from: a candidate name, `cache`, or the move that produced it.
     pub label: String,
-    pub pinning: Pinning,
+    pub plan: Plan,
     pub cost: f64,
 }
 
@@ -155,19 +156,19 @@ fn nodes_by_distance(topo: &Topology, from: u32) -> Vec<u32> {
 /// that they never share a core with a thread that works. With more threads than cpus, a thread
 /// that finds no free cpu joins the core whose slowest thread would finish soonest with it there
 /// (so the biggest threads keep a core each and the surplus shares cores with the smallest).
-pub fn home_pinning(topo: &Topology, bytes_by_node: &[Vec<(u32, f64)>]) -> Pinning {
-    home_pinning_weighted(topo, bytes_by_node, 0.0)
+pub fn home_cpus(topo: &Topology, bytes_by_node: &[Vec<(u32, f64)>]) -> Vec<u32> {
+    home_cpus_weighted(topo, bytes_by_node, 0.0)
 }
 
-/// Like [`home_pinning`], plus `alpha` x the bytes each node's memory already serves (source
+/// Like [`home_cpus`], plus `alpha` x the bytes each node's memory already serves (source
 /// bytes read from it and result bytes written by the threads placed there so far) in a node's
 /// score, so that writers spread away from busy memory. `alpha = 10` weighs a byte of node load
 /// like a byte read locally (distance 10).
-pub fn home_pinning_weighted(
+pub fn home_cpus_weighted(
     topo: &Topology,
     bytes_by_node: &[Vec<(u32, f64)>],
     alpha: f64,
-) -> Pinning {
+) -> Vec<u32> {
     let mut load: BTreeMap<u32, f64> = BTreeMap::new();
     for row in bytes_by_node {
         for &(n, b) in row {
@@ -264,12 +265,12 @@ pub fn home_pinning_weighted(
         };
         on_core.entry(core_of(topo, out[t])).or_default().0 += 1;
     }
-    Pinning::on_cpus(&out)
+    out
 }
 
 /// Takes a free cpu for a thread without work: on a core nobody uses (from the node with most
 /// such cores, ties to the lower id), else the next free cpu of the node with most free cpus.
-/// `free` holds each node's free cpus in reverse compact order (as [`home_pinning_weighted`]
+/// `free` holds each node's free cpus in reverse compact order (as [`home_cpus_weighted`]
 /// keeps them); `busy` the cores in use, updated.
 fn take_idle_core_cpu(
     topo: &Topology,
@@ -303,16 +304,21 @@ fn take_idle_core_cpu(
 }
 
 /// Every thread on the cpus of one node, in compact order (wrapping when there are more threads).
-pub fn node_pinning(topo: &Topology, node: u32, threads: usize) -> Option<Pinning> {
+pub fn one_node_cpus(topo: &Topology, node: u32, threads: usize) -> Option<Vec<u32>> {
     let cpus = node_cpus_compact(topo, node);
     if cpus.is_empty() {
         return None;
     }
-    Some(Pinning::on_cpus(
-        &(0..threads)
-            .map(|i| cpus[i % cpus.len()])
-            .collect::<Vec<_>>(),
-    ))
+    Some((0..threads).map(|i| cpus[i % cpus.len()]).collect())
+}
+
+/// Each thread's cpus, `None` where the plan does not pin: the identity of a plan for the search
+/// (two candidates with the same are one) and the form of a cached winner.
+fn cpu_lists(p: &Plan) -> Vec<Option<CpuSet>> {
+    p.threads
+        .iter()
+        .map(|t| p.pinned.then(|| t.cpus.clone()))
+        .collect()
 }
 
 /// A deterministic pseudo-random sequence (SplitMix64 over a counter).
@@ -527,39 +533,39 @@ fn moves(
     out
 }
 
-/// Runs the search. `candidates` are the starting points in order (name, pinning); `hint` is
+/// Runs the search. `candidates` are the starting points in order (name, plan); `hint` is
 /// each thread's bytes by source node when known (enables the data-aware moves).
 pub fn search(
     topo: &Topology,
-    candidates: &[(String, Pinning)],
+    candidates: &[(String, Plan)],
     hint: Option<&[Vec<(u32, f64)>]>,
     eval: &mut dyn Evaluator,
     cfg: &SearchConfig,
 ) -> Result<SearchOutcome, ArrayError> {
-    let Some(threads) = candidates.first().map(|c| c.1.len()) else {
+    let Some(threads) = candidates.first().map(|c| c.1.threads.len()) else {
         return Err(ArrayError::Parse(
             "search needs at least one starting candidate".into(),
         ));
     };
-    if candidates.iter().any(|c| c.1.len() != threads) {
+    if candidates.iter().any(|c| c.1.threads.len() != threads) {
         return Err(ArrayError::Parse(
             "search candidates disagree on the thread count".into(),
         ));
     }
     let budget = cfg.budget.max(1);
     let mut trials: Vec<Trial> = Vec::new();
-    let mut seen: std::collections::HashSet<Pinning> = std::collections::HashSet::new();
+    let mut seen: std::collections::HashSet<Vec<Option<CpuSet>>> = std::collections::HashSet::new();
     for (label, p) in candidates {
         if trials.len() >= budget {
             break;
         }
-        if !seen.insert(p.clone()) {
+        if !seen.insert(cpu_lists(p)) {
             continue;
         }
         let cost = eval.eval(p)?;
         trials.push(Trial {
             label: label.clone(),
-            pinning: p.clone(),
+            plan: p.clone(),
             cost,
         });
     }
@@ -572,10 +578,8 @@ pub fn search(
     let mut best = best_of(&trials);
     let mut rng = Rng(cfg.seed);
     // Hill climbing on one cpu per thread (sets are spread as the model spreads them).
-    let mut cur: Vec<u32> = best
-        .pinning
-        .single_cpus()
-        .unwrap_or_else(|| modeled_cpus(topo, &best.pinning));
+    let mut cur: Vec<u32> =
+        pin::single_cpus(&best.plan).unwrap_or_else(|| modeled_cpus(topo, &best.plan));
     // The kind of move that last paid off is tried first in the next round.
     let mut prefer: Option<u8> = None;
     // The kind of move that last went sideways (tried last in the next round).
@@ -609,14 +613,14 @@ pub fn search(
             if trials.len() >= budget {
                 break 'climb;
             }
-            let p = Pinning::on_cpus(&cand);
-            if !seen.insert(p.clone()) {
+            let p = pin::plan_on_cpus(topo, &cand)?;
+            if !seen.insert(cpu_lists(&p)) {
                 continue;
             }
             let cost = eval.eval(&p)?;
             let t = Trial {
                 label,
-                pinning: p,
+                plan: p,
                 cost,
             };
             trials.push(t.clone());
@@ -767,12 +771,17 @@ impl SearchCache {
 
     /// The cached winner for this machine and workload, if its thread count matches and its
     /// cpus are still allowed.
-    pub fn get(&self, topo: &Topology, workload: &str, threads: usize) -> Option<Pinning> {
+    pub fn get(&self, topo: &Topology, workload: &str, threads: usize) -> Option<Plan> {
         let e = self.file.entries.get(&Self::key(topo, workload))?;
-        let p = Pinning {
-            threads: e.threads.clone(),
-        };
-        (p.len() == threads && p.check(topo).is_ok()).then_some(p)
+        if e.threads.len() != threads {
+            return None;
+        }
+        let sets: Option<Vec<CpuSet>> = e.threads.iter().cloned().collect();
+        match sets {
+            Some(sets) => pin::plan_on(topo, sets).ok(),
+            None if e.threads.iter().all(Option::is_none) => pin::unpinned(topo, threads).ok(),
+            None => None,
+        }
     }
 
     /// Records a winner (in memory; [`SearchCache::save`] writes it).
@@ -781,7 +790,7 @@ impl SearchCache {
         self.file.entries.insert(
             Self::key(topo, workload),
             CacheEntry {
-                threads: out.best.pinning.threads.clone(),
+                threads: cpu_lists(&out.best.plan),
                 cost: out.best.cost,
                 modeled: out.modeled,
                 trials: out.trials.len(),

@@ -1,62 +1,73 @@
-//! The thread strategies of the subarray workload (seed 000) and how each one picks a pinning.
+//! How the threads of a subarray run are placed (seed 000's strategies), and how each choice
+//! becomes a loci-place [`Plan`].
 //!
-//! | strategy | pinning |
+//! | `--threads` | plan |
 //! |---|---|
-//! | `os` | not pinned: the OS places the threads (the baseline) |
-//! | `compact` | loci-place `compact`: fill node 0's cores, then node 1's, ... |
-//! | `sparse` | loci-place `sparse`: thread `i` on node `i mod N` |
-//! | `shared` | loci-place `shared:G` with `G` = threads per chunk the query touches (threads that work on the same chunk share a node); `shared:G` fixes `G` |
-//! | `random:K` | the best of `K` seeded random pinnings (loci-place `random:0` .. `random:K-1`), each measured once: what seed 000 did with K = 20 |
-//! | `elastic` | all threads bound to a growing set of active cpus (compact order, one node at a time); grows while the run gets faster, keeps the best (the idea of seed 000's Petri-net baseline) |
-//! | `search` | the placement search of [`crate::search`], started from a cached winner when there is one |
-//! | `place:SPEC` | any other loci-place strategy, e.g. `place:cpus:0-3`, `place:random:7` |
+//! | `os`, `compact`, `sparse`, `shared:G`, `random:SEED`, `group`, `nodes:LIST`, `cpus:LIST`, each optionally `@BIND` | the loci-place strategy itself, as `loci plan --threads` spells it |
+//! | `shared` | loci-place `shared:G` with `G` = threads per chunk the query touches (threads that work on the same chunk share a node) |
+//! | `best-of:K` | search: the best of `K` random plans (loci-place `random:0` .. `random:K-1`), each measured once: what seed 000 did with K = 20 |
+//! | `elastic` | search: all threads bound to a growing set of active cpus (compact order, one node at a time); grows while the run gets faster, keeps the best (the idea of seed 000's Petri-net baseline) |
+//! | `search` | search: the placement search of [`crate::search`], started from a cached winner when there is one |
 //!
-//! Static strategies cost no trial; `random:K`, `elastic` and `search` evaluate pinnings (measured
-//! runs here, modeled costs on presets) and report every trial.
+//! Strategies cost no trial; the searches evaluate plans (measured runs here, modeled costs on
+//! presets) and report every trial.
 
 use std::fmt;
 use std::str::FromStr;
 
-use loci_place::strategy::{place_threads, Kind};
+use loci_place::strategy::{compact_order, Kind};
+use loci_place::{Plan, Strategy};
 use loci_topo::Topology;
 
 use crate::error::ArrayError;
-use crate::pin::Pinning;
+use crate::pin;
 use crate::search::{
-    home_pinning, home_pinning_weighted, node_pinning, search, Evaluator, SearchCache,
-    SearchConfig, Trial,
+    home_cpus, home_cpus_weighted, one_node_cpus, search, Evaluator, SearchCache, SearchConfig,
+    Trial,
 };
 
-/// A thread strategy of the subarray workload.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum ThreadStrategy {
-    Os,
-    Compact,
-    Sparse,
-    /// Group size, or `None` for threads per touched chunk.
-    Shared(Option<usize>),
-    /// Best of this many random pinnings.
-    Random(usize),
+/// A search over plans: it tries several and keeps the fastest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PlanSearch {
+    /// `best-of:K`: the best of this many random plans.
+    BestOf(usize),
+    /// `elastic`: a growing set of cpus shared by all threads.
     Elastic,
+    /// `search`: the placement search.
     Search,
-    /// Any loci-place strategy.
-    Place(loci_place::Strategy),
 }
 
-impl ThreadStrategy {
-    /// Valid spellings, for errors and `--help`.
-    pub const CHOICES: &'static str =
-        "os, compact, sparse, shared[:G], random:K, elastic, search, place:SPEC";
+/// How the threads of a subarray run are placed: the value of `loci bench subarray --threads`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ThreadPlacement {
+    /// A loci-place strategy (no trial).
+    Strategy(Strategy),
+    /// `shared`: loci-place `shared:G` with `G` = threads per touched chunk.
+    SharedPerChunk,
+    /// A search (trials).
+    Search(PlanSearch),
+}
 
-    /// Whether choosing the pinning needs trials.
-    pub fn adaptive(&self) -> bool {
-        matches!(
-            self,
-            ThreadStrategy::Random(_) | ThreadStrategy::Elastic | ThreadStrategy::Search
+impl ThreadPlacement {
+    /// `search`.
+    pub const SEARCH: ThreadPlacement = ThreadPlacement::Search(PlanSearch::Search);
+    /// What `loci bench subarray` runs by default: seed 000's strategies and the searches.
+    pub const DEFAULTS: &'static str = "os,compact,sparse,shared,best-of:20,elastic,search";
+
+    /// Valid spellings, for errors and `--help`.
+    pub fn choices() -> String {
+        format!(
+            "{}; shared (G = threads per touched chunk); searches: best-of:K, elastic, search",
+            Strategy::CHOICES
         )
     }
 
-    /// Parses a comma-separated list (`os,compact,random:20,search`).
+    /// Whether choosing the plan needs trials.
+    pub fn adaptive(&self) -> bool {
+        matches!(self, ThreadPlacement::Search(_))
+    }
+
+    /// Parses a comma-separated list (`os,compact,best-of:20,search`).
     pub fn parse_list(s: &str) -> Result<Vec<Self>, ArrayError> {
         s.split(',')
             .filter(|x| !x.trim().is_empty())
@@ -65,63 +76,71 @@ impl ThreadStrategy {
     }
 }
 
-impl FromStr for ThreadStrategy {
+impl FromStr for ThreadPlacement {
     type Err = ArrayError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let s = s.trim();
         let bad = |why: String| ArrayError::Parse(format!("thread strategy `{s}`: {why}"));
-        let num = |v: &str, what: &str| -> Result<usize, ArrayError> {
-            match v.parse::<usize>() {
-                Ok(n) if n >= 1 => Ok(n),
-                _ => Err(bad(format!("`{v}` is not a {what} (a positive integer)"))),
-            }
+        let name = s.split([':', '@']).next().unwrap_or(s);
+        // What follows the name: ``, `:ARG`, `@BIND` or `:ARG@BIND`.
+        let rest = &s[name.len()..];
+        let search = |p: PlanSearch| match rest {
+            "" => Ok(ThreadPlacement::Search(p)),
+            _ => Err(bad(format!(
+                "`{name}` is a search and takes nothing after its name, got `{rest}`"
+            ))),
         };
-        if let Some(spec) = s.strip_prefix("place:") {
-            return spec
-                .parse::<loci_place::Strategy>()
-                .map(ThreadStrategy::Place)
-                .map_err(|e| bad(e.to_string()));
+        match (name, rest.strip_prefix(':')) {
+            ("shared", _) if rest.is_empty() => Ok(ThreadPlacement::SharedPerChunk),
+            ("best-of", Some(k)) => match k.parse::<usize>() {
+                Ok(k) if k >= 1 => Ok(ThreadPlacement::Search(PlanSearch::BestOf(k))),
+                _ => Err(bad(format!(
+                    "`{k}` is not a number of random plans to try (a positive integer)"
+                ))),
+            },
+            ("best-of", None) => Err(bad(
+                "needs the number of random plans to try, e.g. `best-of:20`".into(),
+            )),
+            ("elastic", _) => search(PlanSearch::Elastic),
+            ("search", _) => search(PlanSearch::Search),
+            // `random:K` was the best of K before it meant loci-place's seed: say so.
+            ("random", None) => Err(bad(
+                "needs a seed, e.g. `random:7` (one random plan); the best of K random plans is `best-of:K`"
+                    .into(),
+            )),
+            ("place", Some(spec)) => Err(bad(format!(
+                "the `place:` prefix is gone: write the loci-place strategy itself, `{spec}`"
+            ))),
+            _ => s.parse::<Strategy>().map(ThreadPlacement::Strategy).map_err(|e| {
+                if e.to_string().starts_with("unknown thread strategy") {
+                    ArrayError::Parse(format!(
+                        "unknown thread strategy `{s}`; valid: {}",
+                        Self::choices()
+                    ))
+                } else {
+                    bad(e.to_string())
+                }
+            }),
         }
-        let (name, arg) = match s.split_once(':') {
-            Some((n, a)) => (n, Some(a)),
-            None => (s, None),
-        };
-        Ok(match (name, arg) {
-            ("os", None) => ThreadStrategy::Os,
-            ("compact", None) => ThreadStrategy::Compact,
-            ("sparse", None) => ThreadStrategy::Sparse,
-            ("shared", None) => ThreadStrategy::Shared(None),
-            ("shared", Some(g)) => ThreadStrategy::Shared(Some(num(g, "group size")?)),
-            ("random", Some(k)) => ThreadStrategy::Random(num(k, "number of pinnings")?),
-            ("random", None) => {
-                return Err(bad(
-                    "needs the number of pinnings to try, e.g. `random:20`".into()
-                ))
-            }
-            ("elastic", None) => ThreadStrategy::Elastic,
-            ("search", None) => ThreadStrategy::Search,
-            _ => {
-                return Err(ArrayError::Parse(format!(
-                    "unknown thread strategy `{s}`; valid: {}",
-                    Self::CHOICES
-                )))
-            }
-        })
     }
 }
 
-impl fmt::Display for ThreadStrategy {
+impl fmt::Display for PlanSearch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ThreadStrategy::Os => f.write_str("os"),
-            ThreadStrategy::Compact => f.write_str("compact"),
-            ThreadStrategy::Sparse => f.write_str("sparse"),
-            ThreadStrategy::Shared(None) => f.write_str("shared"),
-            ThreadStrategy::Shared(Some(g)) => write!(f, "shared:{g}"),
-            ThreadStrategy::Random(k) => write!(f, "random:{k}"),
-            ThreadStrategy::Elastic => f.write_str("elastic"),
-            ThreadStrategy::Search => f.write_str("search"),
-            ThreadStrategy::Place(p) => write!(f, "place:{p}"),
+            PlanSearch::BestOf(k) => write!(f, "best-of:{k}"),
+            PlanSearch::Elastic => f.write_str("elastic"),
+            PlanSearch::Search => f.write_str("search"),
+        }
+    }
+}
+
+impl fmt::Display for ThreadPlacement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ThreadPlacement::Strategy(s) => s.fmt(f),
+            ThreadPlacement::SharedPerChunk => f.write_str("shared"),
+            ThreadPlacement::Search(p) => p.fmt(f),
         }
     }
 }
@@ -137,13 +156,13 @@ pub struct RunInfo {
     pub workload: String,
 }
 
-/// A chosen pinning and how it was chosen.
+/// A chosen plan and how it was chosen.
 #[derive(Debug, Clone)]
 pub struct Choice {
-    pub pinning: Pinning,
-    /// What the pinning is (`compact`, `random:13`, `elastic:8 cpus`, a search move...).
+    pub plan: Plan,
+    /// What the plan is (`compact`, `random:13`, `elastic:8 cpus`, a search move...).
     pub label: String,
-    /// Every evaluation made to choose (empty for static strategies).
+    /// Every evaluation made to choose (empty for strategies).
     pub trials: Vec<Trial>,
     /// Whether `search` started from a cached winner.
     pub from_cache: bool,
@@ -152,6 +171,17 @@ pub struct Choice {
 }
 
 impl Choice {
+    /// A choice without trials.
+    fn of(plan: Plan, label: String, notes: Vec<String>) -> Self {
+        Choice {
+            plan,
+            label,
+            trials: vec![],
+            from_cache: false,
+            notes,
+        }
+    }
+
     /// The cheapest of `trials` (at least one), keeping every trial.
     fn best_of(trials: Vec<Trial>) -> Self {
         let b = trials
@@ -160,34 +190,14 @@ impl Choice {
             .expect("at least one trial")
             .clone();
         Choice {
-            pinning: b.pinning,
-            label: b.label,
             trials,
-            from_cache: false,
-            notes: vec![],
+            ..Choice::of(b.plan, b.label, vec![])
         }
     }
 }
 
-/// A loci-place strategy as a pinning of `threads` threads (oversubscribing when there are more
-/// threads than cpus, as a database's worker pool would).
-pub fn place_pinning(
-    topo: &Topology,
-    s: &loci_place::Strategy,
-    threads: usize,
-) -> Result<Pinning, ArrayError> {
-    let (places, _notes) = place_threads(topo, s, threads, true)
-        .map_err(|e| ArrayError::Parse(format!("thread strategy `{s}`: {e}")))?;
-    Ok(Pinning {
-        threads: places
-            .into_iter()
-            .map(|p| s.pins().then_some(p.cpus))
-            .collect(),
-    })
-}
-
-fn kind(k: Kind) -> loci_place::Strategy {
-    loci_place::Strategy {
+fn kind(k: Kind) -> Strategy {
+    Strategy {
         kind: k,
         bind: None,
     }
@@ -206,58 +216,55 @@ pub fn shared_group(topo: &Topology, threads: usize, chunks: usize) -> usize {
     (threads / chunks.max(1)).clamp(1, node_max)
 }
 
-/// The pinning of a static strategy (`None` for the adaptive ones).
-pub fn static_pinning(
+/// The loci-place strategy of a placement (`shared` resolved to `shared:G`; `None` for the
+/// searches).
+pub fn strategy_of(
     topo: &Topology,
-    s: &ThreadStrategy,
+    p: &ThreadPlacement,
     threads: usize,
     info: &RunInfo,
-) -> Result<Option<Pinning>, ArrayError> {
-    let p = match s {
-        ThreadStrategy::Os => kind(Kind::Os),
-        ThreadStrategy::Compact => kind(Kind::Compact),
-        ThreadStrategy::Sparse => kind(Kind::Sparse),
-        ThreadStrategy::Shared(g) => kind(Kind::Shared(
-            g.unwrap_or_else(|| shared_group(topo, threads, info.chunks)),
-        )),
-        ThreadStrategy::Place(p) => p.clone(),
-        _ => return Ok(None),
-    };
-    place_pinning(topo, &p, threads).map(Some)
+) -> Option<Strategy> {
+    match p {
+        ThreadPlacement::Strategy(s) => Some(s.clone()),
+        ThreadPlacement::SharedPerChunk => {
+            Some(kind(Kind::Shared(shared_group(topo, threads, info.chunks))))
+        }
+        ThreadPlacement::Search(_) => None,
+    }
 }
 
 /// The starting candidates of `search`: a cached winner, the data-aware `home` placement, the
-/// static strategies, and whole-node subsets of the nodes holding most data.
+/// strategies `compact`, `sparse` and `shared`, and whole-node subsets of the nodes holding most
+/// data.
 pub fn search_candidates(
     topo: &Topology,
     threads: usize,
     info: &RunInfo,
-    cached: Option<Pinning>,
-) -> Result<Vec<(String, Pinning)>, ArrayError> {
+    cached: Option<Plan>,
+) -> Result<Vec<(String, Plan)>, ArrayError> {
     let mut out = Vec::new();
     if let Some(p) = cached {
         out.push(("cache".to_string(), p));
     }
     if let Some(h) = &info.bytes_by_node {
-        out.push(("home".to_string(), home_pinning(topo, h)));
-        // Two weights of node load against distance: heavy (writers keep off busy memory)
-        // and light (mostly distance, but no second thread on a core while a core is idle).
-        out.push((
-            "home-balanced".to_string(),
-            home_pinning_weighted(topo, h, 10.0),
-        ));
-        out.push((
-            "home-balanced-light".to_string(),
-            home_pinning_weighted(topo, h, 2.0),
-        ));
+        // Two weights of node load against distance besides none: heavy (writers keep off busy
+        // memory) and light (mostly distance, but no second thread on a core while a core is
+        // idle).
+        for (label, cpus) in [
+            ("home", home_cpus(topo, h)),
+            ("home-balanced", home_cpus_weighted(topo, h, 10.0)),
+            ("home-balanced-light", home_cpus_weighted(topo, h, 2.0)),
+        ] {
+            out.push((label.to_string(), pin::plan_on_cpus(topo, &cpus)?));
+        }
     }
     for s in [
-        ThreadStrategy::Compact,
-        ThreadStrategy::Sparse,
-        ThreadStrategy::Shared(None),
+        ThreadPlacement::Strategy(Strategy::compact()),
+        ThreadPlacement::Strategy(Strategy::sparse()),
+        ThreadPlacement::SharedPerChunk,
     ] {
-        if let Some(p) = static_pinning(topo, &s, threads, info)? {
-            out.push((s.to_string(), p));
+        if let Some(st) = strategy_of(topo, &s, threads, info) {
+            out.push((s.to_string(), pin::plan(topo, &st, threads)?));
         }
     }
     // Whole-node subsets, nodes with most data first (all nodes in order when homes are unknown).
@@ -273,52 +280,57 @@ pub fn search_candidates(
     }
     by_bytes.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     for (n, _) in by_bytes.into_iter().take(2) {
-        if let Some(p) = node_pinning(topo, n, threads) {
-            out.push((format!("node {n}"), p));
+        if let Some(cpus) = one_node_cpus(topo, n, threads) {
+            out.push((format!("node {n}"), pin::plan_on_cpus(topo, &cpus)?));
         }
     }
     Ok(out)
 }
 
-/// Chooses the pinning of `strategy` for `threads` threads. Adaptive strategies call `eval` for
-/// each trial; `search` reads and updates `cache` when given.
+/// Chooses the plan of `placement` for `threads` threads. Searches call `eval` for each trial;
+/// `search` reads and updates `cache` when given.
 pub fn choose(
     topo: &Topology,
-    strategy: &ThreadStrategy,
+    placement: &ThreadPlacement,
     threads: usize,
     info: &RunInfo,
     eval: &mut dyn Evaluator,
     cache: Option<&mut SearchCache>,
     cfg: &SearchConfig,
 ) -> Result<Choice, ArrayError> {
-    if let Some(p) = static_pinning(topo, strategy, threads, info)? {
-        return Ok(Choice {
-            pinning: p,
-            label: strategy.to_string(),
-            trials: vec![],
-            from_cache: false,
-            notes: vec![],
-        });
-    }
-    match strategy {
-        ThreadStrategy::Random(k) => {
-            let mut trials = Vec::with_capacity(*k);
-            for seed in 0..*k as u64 {
-                let p = place_pinning(topo, &kind(Kind::Random(seed)), threads)?;
-                let cost = eval.eval(&p)?;
-                trials.push(Trial {
-                    label: format!("random:{seed}"),
-                    pinning: p,
-                    cost,
-                });
+    let search_kind = match placement {
+        ThreadPlacement::Search(k) => *k,
+        _ => {
+            let s = strategy_of(topo, placement, threads, info).expect("not a search");
+            let mut notes = vec![];
+            if let Kind::Random(seed) = s.kind {
+                notes.push(format!(
+                    "`random:{seed}` is one random plan (seed {seed}); the best of {seed} random plans is `best-of:{seed}`"
+                ));
             }
+            return Ok(Choice::of(
+                pin::plan(topo, &s, threads)?,
+                placement.to_string(),
+                notes,
+            ));
+        }
+    };
+    let mut trial = |label: String, plan: Plan| -> Result<Trial, ArrayError> {
+        let cost = eval.eval(&plan)?;
+        Ok(Trial { label, plan, cost })
+    };
+    match search_kind {
+        PlanSearch::BestOf(k) => {
+            let trials = (0..k as u64)
+                .map(|seed| {
+                    let p = pin::plan(topo, &kind(Kind::Random(seed)), threads)?;
+                    trial(format!("random:{seed}"), p)
+                })
+                .collect::<Result<_, _>>()?;
             Ok(Choice::best_of(trials))
         }
-        ThreadStrategy::Elastic => {
-            let order: Vec<u32> =
-                place_pinning(topo, &kind(Kind::Compact), topo.allowed_cpus().len())?
-                    .single_cpus()
-                    .unwrap_or_default();
+        PlanSearch::Elastic => {
+            let order = compact_order(topo, &topo.allowed_cpus());
             let step = topo
                 .nodes
                 .iter()
@@ -330,18 +342,14 @@ pub fn choose(
             let mut k = step.min(order.len());
             loop {
                 let set: loci_topo::CpuSet = order[..k].iter().copied().collect();
-                let p = Pinning {
-                    threads: vec![Some(set); threads],
-                };
-                let cost = eval.eval(&p)?;
+                let t = trial(
+                    format!("elastic:{k} cpus"),
+                    pin::plan_on(topo, vec![set; threads])?,
+                )?;
                 let better = trials
                     .last()
-                    .is_none_or(|last| cost < last.cost * (1.0 - cfg.tolerance.max(0.0)));
-                trials.push(Trial {
-                    label: format!("elastic:{k} cpus"),
-                    pinning: p,
-                    cost,
-                });
+                    .is_none_or(|last| t.cost < last.cost * (1.0 - cfg.tolerance.max(0.0)));
+                trials.push(t);
                 // Grow while it pays; stop at the first step that does not, or when all are on.
                 if !better || k >= order.len() || trials.len() >= cfg.budget.max(1) {
                     break;
@@ -350,7 +358,7 @@ pub fn choose(
             }
             Ok(Choice::best_of(trials))
         }
-        ThreadStrategy::Search => {
+        PlanSearch::Search => {
             let mut notes = Vec::new();
             let cached = cache.as_ref().and_then(|c| {
                 if let Some(w) = &c.warning {
@@ -367,13 +375,14 @@ pub fn choose(
                 }
             }
             Ok(Choice {
-                pinning: out.best.pinning.clone(),
-                label: format!("search ({})", out.best.label),
                 trials: out.trials,
                 from_cache: out.from_cache,
-                notes,
+                ..Choice::of(
+                    out.best.plan.clone(),
+                    format!("search ({})", out.best.label),
+                    notes,
+                )
             })
         }
-        _ => unreachable!("static strategies returned above"),
     }
 }

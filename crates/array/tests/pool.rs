@@ -7,21 +7,21 @@ use std::sync::Arc;
 use loci_array::*;
 use loci_topo::Topology;
 
-fn here() -> Topology {
-    Topology::flat(loci_place::sys::get_affinity(0).unwrap(), "test:affinity")
-}
-
-fn source(topo: &Topology) -> Array {
+/// This machine as one node with the cpus this process may use, and a two-attribute source
+/// array of 48x40x32 cells on it.
+fn here_and_source() -> (Topology, Array) {
+    let topo = Topology::flat(loci_place::sys::get_affinity(0).unwrap(), "test:affinity");
     let layout = Layout::new(
         vec![Dim::new("z", 48), Dim::new("y", 40), Dim::new("x", 32)],
         vec![Attr::new("v", DType::F32), Attr::new("w", DType::U16)],
         &Chunking::Shape(vec![12, 20, 16]),
     )
     .unwrap();
-    Array::from_fn(layout, topo, |a, c| {
+    let src = Array::from_fn(layout, &topo, |a, c| {
         (a * 1_000_000 + c[0] * 10_000 + c[1] * 100 + c[2]) as f64 % 60_000.0
     })
-    .unwrap()
+    .unwrap();
+    (topo, src)
 }
 
 fn check(src: &Array, b: &[Range<usize>], out: &Array) {
@@ -51,21 +51,20 @@ fn opts(pool: &Arc<BufferPool>, threads_copy: bool) -> SubarrayOptions {
     }
 }
 
-fn pin(topo: &Topology, n: usize) -> Pinning {
-    let cpus: Vec<u32> = topo.allowed_cpus().iter().collect();
-    Pinning::on_cpus(&(0..n).map(|i| cpus[i % cpus.len()]).collect::<Vec<_>>())
+/// `n` threads on this process's cpus in id order, wrapping (loci-place `cpus:all`).
+fn on_cpus(topo: &Topology, n: usize) -> Plan {
+    pin::plan(topo, &"cpus:all".parse().unwrap(), n).unwrap()
 }
 
 #[test]
 fn a_dropped_result_serves_the_next_one_bound_the_same() {
-    let topo = here();
-    let src = source(&topo);
+    let (topo, src) = here_and_source();
     let pool = BufferPool::new(64 << 20);
     let b = vec![3..40, 5..35, 0..32];
     for threads_copy in [false, true] {
         pool.clear();
         pool.reset_stats();
-        let p = pin(&topo, 2);
+        let p = on_cpus(&topo, 2);
         let (first, st) = subarray(&src, &b, &p, &opts(&pool, threads_copy), &topo).unwrap();
         assert_eq!(st.pool, PoolOutcome::Miss);
         check(&src, &b, &first);
@@ -105,14 +104,13 @@ fn a_dropped_result_serves_the_next_one_bound_the_same() {
 
 #[test]
 fn pool_off_maps_fresh_memory_and_keeps_nothing() {
-    let topo = here();
-    let src = source(&topo);
+    let (topo, src) = here_and_source();
     let b = vec![0..48, 0..40, 0..32];
     let o = SubarrayOptions {
         pool: None,
         ..Default::default()
     };
-    let (out, st) = subarray(&src, &b, &pin(&topo, 2), &o, &topo).unwrap();
+    let (out, st) = subarray(&src, &b, &on_cpus(&topo, 2), &o, &topo).unwrap();
     assert_eq!(st.pool, PoolOutcome::Off);
     assert!(out.arena().binding().is_none());
     check(&src, &b, &out);
@@ -121,7 +119,7 @@ fn pool_off_maps_fresh_memory_and_keeps_nothing() {
     let (e, st) = subarray(
         &src,
         &[4..4, 0..40, 0..32],
-        &pin(&topo, 2),
+        &on_cpus(&topo, 2),
         &opts(&pool, true),
         &topo,
     )
@@ -133,13 +131,12 @@ fn pool_off_maps_fresh_memory_and_keeps_nothing() {
 
 #[test]
 fn the_cap_bounds_what_dropped_results_leave_behind() {
-    let topo = here();
-    let src = source(&topo);
+    let (topo, src) = here_and_source();
     let ps = loci_place::sys::page_size();
     // Every whole-array result (about 190 KB) is larger than the cap: unmapped when dropped.
     let pool = BufferPool::new(16 * ps);
     let full = vec![0..48, 0..40, 0..32];
-    let (out, _) = subarray(&src, &full, &pin(&topo, 1), &opts(&pool, false), &topo).unwrap();
+    let (out, _) = subarray(&src, &full, &on_cpus(&topo, 1), &opts(&pool, false), &topo).unwrap();
     assert!(out.arena().mapped() > pool.cap());
     drop(out);
     let s = pool.stats();
@@ -149,7 +146,7 @@ fn the_cap_bounds_what_dropped_results_leave_behind() {
     let boxes: Vec<Vec<Range<usize>>> = (1..=6).map(|k| vec![0..2 * k, 0..40, 0..32]).collect();
     let mut held = Vec::new();
     for b in &boxes {
-        let (r, st) = subarray(&src, b, &pin(&topo, 1), &opts(&pool, false), &topo).unwrap();
+        let (r, st) = subarray(&src, b, &on_cpus(&topo, 1), &opts(&pool, false), &topo).unwrap();
         assert_eq!(st.pool, PoolOutcome::Miss);
         check(&src, b, &r);
         held.push(r);
@@ -183,8 +180,7 @@ fn the_cap_bounds_what_dropped_results_leave_behind() {
 /// equals the source, and at the end every buffer the pool ever made is accounted for.
 #[test]
 fn stress_concurrent_subarrays_share_one_pool() {
-    let topo = here();
-    let src = source(&topo);
+    let (topo, src) = here_and_source();
     let pool = BufferPool::new(160 << 10);
     let rounds = 60;
     std::thread::scope(|s| {
@@ -214,7 +210,8 @@ fn stress_concurrent_subarrays_share_one_pool() {
                         stream_bytes: if round % 2 == 0 { 0 } else { usize::MAX },
                         ..opts(pool, threads_copy)
                     };
-                    let (out, st) = subarray(src, &b, &pin(topo, 1 + next(3)), &o, topo).unwrap();
+                    let (out, st) =
+                        subarray(src, &b, &on_cpus(topo, 1 + next(3)), &o, topo).unwrap();
                     assert!(matches!(st.pool, PoolOutcome::Hit | PoolOutcome::Miss));
                     check(src, &b, &out);
                     held.push((b, out));
@@ -235,13 +232,12 @@ fn stress_concurrent_subarrays_share_one_pool() {
     assert_eq!(s.misses, s.buffers_held as u64 + s.evicted, "{s:?}");
 }
 
-/// A result between `inline_bytes` and `inline_bytes_pooled` goes to the pinning's threads when
+/// A result between `inline_bytes` and `inline_bytes_pooled` goes to the plan's threads when
 /// it needs fresh memory, and is copied inline (the calling thread and at most 2 helpers) when a
 /// pooled buffer serves it.
 #[test]
 fn warm_results_under_inline_bytes_pooled_are_copied_inline() {
-    let topo = here();
-    let src = source(&topo);
+    let (topo, src) = here_and_source();
     let pool = BufferPool::new(64 << 20);
     let b = vec![0..48, 0..40, 0..32];
     let o = SubarrayOptions {
@@ -250,7 +246,7 @@ fn warm_results_under_inline_bytes_pooled_are_copied_inline() {
         inline_bytes_pooled: 1 << 30,
         ..Default::default()
     };
-    let p = pin(&topo, 3);
+    let p = on_cpus(&topo, 3);
     let (first, st) = subarray(&src, &b, &p, &o, &topo).unwrap();
     assert_eq!(st.pool, PoolOutcome::Miss);
     assert!(!st.inline, "fresh memory: the threads copy");

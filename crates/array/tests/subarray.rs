@@ -13,6 +13,11 @@ fn here() -> Topology {
     Topology::flat(loci_place::sys::get_affinity(0).unwrap(), "test:affinity")
 }
 
+/// `n` threads on this process's cpus in id order, wrapping (loci-place `cpus:all`).
+fn on_cpus(topo: &Topology, n: usize) -> Plan {
+    pin::plan(topo, &"cpus:all".parse().unwrap(), n).unwrap()
+}
+
 /// A value that differs in every cell and attribute and is exact in every type.
 fn value(a: usize, cell: &[usize]) -> f64 {
     let h = cell.iter().fold(a as u64 * 7919 + 1, |h, &x| {
@@ -67,12 +72,7 @@ fn run(
     part: Option<usize>,
 ) -> Array {
     let topo = here();
-    let cpus: Vec<u32> = topo.allowed_cpus().iter().collect();
-    let pin = Pinning::on_cpus(
-        &(0..threads)
-            .map(|i| cpus[i % cpus.len()])
-            .collect::<Vec<_>>(),
-    );
+    let plan = on_cpus(&topo, threads);
     let opts = SubarrayOptions {
         schedule,
         part_bytes: part,
@@ -93,7 +93,7 @@ fn run(
         // other sizes and boxes), so stale bytes would show up as differences.
         pool: Some(BufferPool::global().clone()),
     };
-    let (out, stats) = subarray(src, b, &pin, &opts, &topo).unwrap();
+    let (out, stats) = subarray(src, b, &plan, &opts, &topo).unwrap();
     assert_eq!(stats.inline, threads % 2 == 1);
     assert!(stats.bytes_per_thread.len() <= threads);
     // One node here: every thread's node is known, so a non-empty result is bound and pooled.
@@ -210,27 +210,16 @@ fn chunk_boundary_empty_and_full_boxes() {
 fn bad_boxes_are_clear_errors() {
     let topo = here();
     let src = array(&[12, 10], &[4, 5], &[DType::F32], &topo);
-    let e = src
-        .subarray(&[0..12, std::ops::Range { start: 7, end: 3 }], &topo)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        e.contains("`d1`") && e.contains("7..3") && e.contains("reversed") && e.contains("0..10"),
-        "{e}"
-    );
-    let e = src
-        .subarray(&[5..13, 0..3], &topo)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        e.contains("`d0`") && e.contains("5..13") && e.contains("outside") && e.contains("0..12"),
-        "{e}"
-    );
+    // The error of box `b` names every one of `says`.
+    let refused = |b: &[Range<usize>], says: &[&str]| {
+        let e = src.subarray(b, &topo).err().unwrap().to_string();
+        assert!(says.iter().all(|w| e.contains(w)), "{e}");
+    };
+    let reversed = Range { start: 7, end: 3 };
+    refused(&[0..12, reversed], &["`d1`", "7..3", "reversed", "0..10"]);
+    refused(&[5..13, 0..3], &["`d0`", "5..13", "outside", "0..12"]);
     #[allow(clippy::single_range_in_vec_init)]
-    let e = src.subarray(&[0..1], &topo).err().unwrap().to_string();
-    assert!(e.contains("1 ranges") && e.contains("2 dimensions"), "{e}");
+    refused(&[0..1], &["1 ranges", "2 dimensions"]);
 }
 
 #[test]
@@ -258,15 +247,14 @@ fn seismic_chunks_match_the_reference_formula_whatever_the_chunking() {
     let s = Seismic { seed: 7, layers: 5 };
     let whole = Array::build(
         seismic_layout(shape, DType::F64, &Chunking::Count(1)).unwrap(),
-        &BuildOptions::first_touch(1),
+        &BuildOptions::first_touch(&topo, 1).unwrap(),
         &topo,
         |c| s.fill(c),
     )
     .unwrap();
-    let cpus: Vec<u32> = topo.allowed_cpus().iter().collect();
     let opts = BuildOptions {
-        mem: ChunkMem::Bind(topo.allowed_mems()),
-        pinning: Pinning::on_cpus(&cpus),
+        mem: "round-robin".parse().unwrap(),
+        plan: on_cpus(&topo, topo.allowed_cpus().len()),
         huge_pages: true,
     };
     let chunked = Array::build(
@@ -311,10 +299,9 @@ fn seismic_chunks_match_the_reference_formula_whatever_the_chunking() {
 #[test]
 fn first_touch_records_the_generator_node() {
     let topo = here();
-    let cpus: Vec<u32> = topo.allowed_cpus().iter().collect();
     let opts = BuildOptions {
-        mem: ChunkMem::FirstTouch,
-        pinning: Pinning::on_cpus(&cpus),
+        mem: loci_place::MemPolicy::FirstTouch,
+        plan: on_cpus(&topo, topo.allowed_cpus().len()),
         huge_pages: false,
     };
     let a = Array::build(
@@ -325,12 +312,21 @@ fn first_touch_records_the_generator_node() {
     )
     .unwrap();
     assert!(a.chunks().iter().all(|c| c.home == Home::Node(0)));
-    let e = ChunkMem::parse("bind:7", &topo).unwrap_err().to_string();
-    assert!(e.contains('7') && e.contains("valid nodes: 0"), "{e}");
-    assert!(ChunkMem::parse("spread", &topo).is_err());
+    let e = chunk_policy("round-robin:7", &topo)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("node 7") && e.contains("present nodes: 0"),
+        "{e}"
+    );
+    let e = chunk_policy("spread", &topo).unwrap_err().to_string();
+    assert!(
+        e.contains("spread") && e.contains("round-robin[:NODES]"),
+        "{e}"
+    );
     assert_eq!(
-        ChunkMem::parse("interleave", &topo).unwrap(),
-        ChunkMem::Interleave(topo.allowed_mems())
+        chunk_policy("interleave", &topo).unwrap(),
+        loci_place::MemPolicy::Interleave(None)
     );
 }
 
@@ -352,15 +348,14 @@ fn stress_many_threads_many_parts() {
 }
 
 /// A result under `inline_bytes` is copied by the calling thread and at most threads - 1 helpers
-/// (with a one-thread pinning, the caller alone reports every part and every byte); with
-/// `inline_bytes: 0` the same box goes to the pinning's threads. All equal the reference.
+/// (with a one-thread plan, the caller alone reports every part and every byte); with
+/// `inline_bytes: 0` the same box goes to the plan's threads. All equal the reference.
 #[test]
 fn small_results_are_copied_by_the_callers_team_unless_told_otherwise() {
     let topo = here();
     let src = array(&[40, 30, 20], &[10, 10, 10], &[DType::F32], &topo);
     let b = vec![0..40, 0..30, 0..20]; // 96 KB
-    let cpus: Vec<u32> = topo.allowed_cpus().iter().collect();
-    let on = |n: usize| Pinning::on_cpus(&(0..n).map(|i| cpus[i % cpus.len()]).collect::<Vec<_>>());
+    let on = |n: usize| on_cpus(&topo, n);
     let bytes = 40 * 30 * 20 * 4;
     for (pin, inline, most, least) in [
         (on(1), loci_array::subarray::INLINE_BYTES, 1, 1),
@@ -380,7 +375,7 @@ fn small_results_are_copied_by_the_callers_team_unless_told_otherwise() {
         assert!(
             (least..=most).contains(&used),
             "{} threads, inline_bytes {inline}: {used} copied",
-            pin.len()
+            pin.threads.len()
         );
         assert_eq!(stats.bytes_per_thread.iter().sum::<usize>(), bytes);
         assert!(
@@ -394,7 +389,7 @@ fn small_results_are_copied_by_the_callers_team_unless_told_otherwise() {
     // With a second cpu on the node, its helper (spinning after the first call) takes parts.
     // The other tests of this binary may keep that cpu busy for a while (the caller then takes
     // back the helper's offers, as it should), so calls go on for up to 10 s, not a fixed count.
-    if cpus.len() >= 2 {
+    if topo.allowed_cpus().len() >= 2 {
         let opts = SubarrayOptions {
             inline_bytes_pooled: 0,
             part_bytes: Some(4 << 10),
@@ -414,4 +409,39 @@ fn small_results_are_copied_by_the_callers_team_unless_told_otherwise() {
         };
         assert!(shared, "no helper took a part in {calls} calls over 10 s");
     }
+}
+
+/// A run built from a loci-place plan copies where the plan says: under `cpus:C` (C the last
+/// allowed cpu: cpu 1 on a 2-cpu machine) every part of both threads ran on cpu C, and under
+/// `os` the threads ran on the caller's cpus.
+#[test]
+fn a_plan_from_a_strategy_places_the_copying_threads() {
+    let topo = here();
+    let src = array(&[40, 30, 20], &[10, 10, 10], &[DType::F32], &topo);
+    let b = vec![0..40, 0..30, 0..20];
+    let opts = SubarrayOptions {
+        inline_bytes: 0,
+        inline_bytes_pooled: 0,
+        part_bytes: Some(4 << 10),
+        ..Default::default()
+    };
+    let last = topo.allowed_cpus().iter().last().unwrap();
+    let plan = pin::plan(&topo, &format!("cpus:{last}").parse().unwrap(), 2).unwrap();
+    let (out, stats) = subarray(&src, &b, &plan, &opts, &topo).unwrap();
+    check_against_reference(&src, &b, &out);
+    assert!(!stats.inline && stats.part_thread.len() > 2, "{stats:?}");
+    assert!(
+        stats.part_thread.iter().all(|&(_, cpu)| cpu == Some(last)),
+        "{stats:?}"
+    );
+    let os = pin::unpinned(&topo, 2).unwrap();
+    let (_, stats) = subarray(&src, &b, &os, &opts, &topo).unwrap();
+    let mine = loci_place::sys::get_affinity(0).unwrap();
+    assert!(
+        stats
+            .part_thread
+            .iter()
+            .all(|&(_, cpu)| cpu.is_some_and(|c| mine.contains(c))),
+        "{stats:?}"
+    );
 }

@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod advise;
 mod bench;
 mod os_cmd;
 mod plan_cmd;
@@ -19,6 +20,8 @@ pub mod topo_args;
     long_about = None,
     after_help = "\
 A first session:
+  loci advise                                how a workload should run here (threads, memory,
+                                             allocator, THP): rules, then measured trials
   loci topo                                  this machine: nodes, cpus, caches, distances, NICs
   loci plan --preset opteron-8220-8s --threads sparse -n 8
                                              where 8 threads would go on another machine
@@ -36,6 +39,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    Advise(advise::AdviseCmd),
     /// Show a machine: nodes, cpus, caches, memory, distances, devices (this one or another).
     ///
     /// Shows nodes, cpus, cores and SMT siblings, caches and which cpus share them, memory per
@@ -78,6 +82,7 @@ fn main() -> std::process::ExitCode {
 fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Topo(t) => topo::run(t),
+        Cmd::Advise(a) => advise::run(a),
         Cmd::Bench(b) => bench::run(b),
         Cmd::Plan(c) => plan_cmd::run(c),
         Cmd::Run(c) => run_cmd::run(c),

@@ -15,6 +15,7 @@ use loci_place::verify::{self, Comparison, Sample, TaskSample};
 use loci_place::{sys, MemPolicy, Plan, Strategy};
 use serde::Serialize;
 
+use crate::bench::common::{allocator, find_system_lib, system_lib_dirs, LOCI_CRATE, LOCI_LIB};
 use crate::plan_cmd::{make_plan, MEM_HELP, THREADS_HELP};
 use crate::topo_args::TopoArgs;
 
@@ -101,74 +102,31 @@ pub enum Alloc {
     Loci,
 }
 
-/// Where a preloadable allocator comes from.
-enum AllocSource {
-    /// A system library: file name and the Debian package that ships it.
-    System(&'static str, &'static str),
-    /// A library built with loci, next to the `loci` binary: file name and crate.
-    Bundled(&'static str, &'static str),
-}
-
 impl Alloc {
-    /// Extension point: a new allocator is a variant here and a row in this table.
-    fn source(self) -> Option<AllocSource> {
-        match self {
-            Alloc::Glibc => None,
-            Alloc::Jemalloc => Some(AllocSource::System("libjemalloc.so.2", "libjemalloc2")),
-            Alloc::Tcmalloc => Some(AllocSource::System(
-                "libtcmalloc_minimal.so.4",
-                "libtcmalloc-minimal4",
-            )),
-            Alloc::Tbbmalloc => Some(AllocSource::System(
-                "libtbbmalloc_proxy.so.2",
-                "libtbbmalloc2",
-            )),
-            Alloc::Mimalloc => Some(AllocSource::System("libmimalloc.so.2", "libmimalloc2.0")),
-            Alloc::Loci => Some(AllocSource::Bundled(
-                "libloci_malloc.so",
-                "loci-alloc-preload",
-            )),
-        }
-    }
-
-    /// The library to preload, or an error naming the package or crate that provides it.
+    /// The library to preload (from the allocator table of `bench::common`), or an error naming
+    /// the package or crate that provides it.
     pub fn library(self, exe_dir: &Path) -> anyhow::Result<Option<PathBuf>> {
-        match self.source() {
-            None => Ok(None),
-            Some(AllocSource::System(file, pkg)) => {
-                let triple = format!("{}-linux-gnu", std::env::consts::ARCH);
-                let dirs = [
-                    format!("/usr/lib/{triple}"),
-                    format!("/lib/{triple}"),
-                    "/usr/lib64".into(),
-                    "/usr/lib".into(),
-                    "/usr/local/lib".into(),
-                ];
-                dirs.iter()
-                    .map(|d| Path::new(d).join(file))
-                    .find(|p| p.exists())
-                    .map(Some)
-                    .with_context(|| {
-                        format!(
-                            "--alloc {}: {file} not found in {}; install the Debian package {pkg} (apt-get install {pkg})",
-                            self.name(),
-                            dirs.join(", ")
-                        )
-                    })
+        let name = self.name();
+        if self == Alloc::Loci {
+            let p = exe_dir.join(LOCI_LIB);
+            if !p.exists() {
+                bail!(
+                    "--alloc {name}: {} not found; build it with `cargo build --release -p {LOCI_CRATE}`",
+                    p.display()
+                );
             }
-            Some(AllocSource::Bundled(file, krate)) => {
-                let p = exe_dir.join(file);
-                if p.exists() {
-                    Ok(Some(p))
-                } else {
-                    bail!(
-                        "--alloc {}: {} not found; build it with `cargo build --release -p {krate}`",
-                        self.name(),
-                        p.display()
-                    )
-                }
-            }
+            return Ok(Some(p));
         }
+        let al = allocator(&name).expect("every --alloc value is in the allocator table");
+        let (Some(file), pkg) = (al.lib, al.package) else {
+            return Ok(None);
+        };
+        find_system_lib(file).map(Some).with_context(|| {
+            format!(
+                "--alloc {name}: {file} not found in {}; install the Debian package {pkg} (apt-get install {pkg})",
+                system_lib_dirs().join(", ")
+            )
+        })
     }
 
     fn name(self) -> String {
@@ -201,7 +159,7 @@ pub fn pin_library(exe_dir: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// Resolves a command name through PATH as execvp would.
-fn resolve(cmd: &OsString) -> Option<PathBuf> {
+pub fn resolve(cmd: &OsString) -> Option<PathBuf> {
     let p = Path::new(cmd);
     if p.components().count() > 1 {
         return Some(p.to_path_buf());

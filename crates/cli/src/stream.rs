@@ -21,15 +21,30 @@ pub enum StreamCmd {
     Plan(PlanArgs),
 }
 
-/// The shared secret's file, taken by both sides.
+/// What both sides take: the report format, the shared secret's file, the frame protection.
 #[derive(Args)]
-pub struct SecretArg {
+pub struct SideArgs {
+    /// Print the final report as JSON on stdout (the text report goes to stderr).
+    #[arg(long)]
+    pub json: bool,
     /// File holding the shared secret, the same on both sides (at least 16 bytes; one trailing
     /// newline is ignored). It must be a regular file only its owner can read (chmod 600). Make
     /// one with `head -c 32 /dev/urandom | base64 > FILE && chmod 600 FILE`. Overrides the
     /// config's `secret_file` and `secret` and the environment variable LOCI_STREAM_SECRET.
     #[arg(long, value_name = "FILE")]
     pub secret_file: Option<PathBuf>,
+    /// send: encrypt every chunk on the wire (AES-256-GCM, key derived from the shared secret
+    /// per connection); recv: accept only senders that encrypt, refusing the others at the
+    /// handshake. Without it, frames are authenticated (tampering is detected) but readable by
+    /// anyone on the path. Overrides the config's `encrypt`.
+    #[arg(long, conflicts_with = "unauthenticated")]
+    pub encrypt: bool,
+    /// send: frames carry only a checksum, which anyone on the network path can forge (altered
+    /// data would be accepted), saving the authentication's CPU; recv: also accept such senders
+    /// (the receiver must allow it). For measurements and isolated links only; the handshake
+    /// still checks the shared secret. Overrides the config's `unauthenticated`.
+    #[arg(long)]
+    pub unauthenticated: bool,
 }
 
 #[derive(Args)]
@@ -48,21 +63,8 @@ pub struct RecvArgs {
     /// Exit after this many streams ended (default: every stream in the config, or 1).
     #[arg(long, value_name = "N")]
     pub streams: Option<usize>,
-    /// Print the final report as JSON on stdout (the text report goes to stderr).
-    #[arg(long)]
-    pub json: bool,
     #[command(flatten)]
-    pub secret: SecretArg,
-    /// Accept only senders that encrypt (`loci stream send --encrypt`); refuse the others at the
-    /// handshake. Without it, senders that only authenticate their frames are accepted too.
-    /// Overrides the config's `encrypt`.
-    #[arg(long, conflicts_with = "unauthenticated")]
-    pub encrypt: bool,
-    /// Also accept senders run with --unauthenticated, whose frames carry only a checksum that
-    /// anyone on the network path can forge (the handshake still checks the shared secret).
-    /// For measurements and isolated links only. Overrides the config's `unauthenticated`.
-    #[arg(long)]
-    pub unauthenticated: bool,
+    pub side: SideArgs,
     /// Before confirming a stream to its sender, flush the sink file to disk, drop its pages from
     /// the page cache, read every chunk back and check the whole-stream checksum over what the
     /// disk returns, not over what was written (catches storage that lost or changed data).
@@ -101,22 +103,8 @@ pub struct SendArgs {
     /// Give up when a lost connection cannot be re-established for this many seconds.
     #[arg(long, default_value_t = 60)]
     pub reconnect_timeout: u64,
-    /// Print the final report as JSON on stdout (the text report goes to stderr).
-    #[arg(long)]
-    pub json: bool,
     #[command(flatten)]
-    pub secret: SecretArg,
-    /// Encrypt every chunk on the wire (AES-256-GCM, key derived from the shared secret per
-    /// connection). Without it, frames are authenticated (tampering is detected) but readable
-    /// by anyone on the path. Overrides the config's `encrypt`.
-    #[arg(long, conflicts_with = "unauthenticated")]
-    pub encrypt: bool,
-    /// Frames carry only a checksum, which anyone on the network path can forge: altered data
-    /// would be accepted. Saves the authentication's CPU; for measurements and isolated links
-    /// only. The receiver must allow it (`loci stream recv --unauthenticated`). The handshake
-    /// still checks the shared secret. Overrides the config's `unauthenticated`.
-    #[arg(long)]
-    pub unauthenticated: bool,
+    pub side: SideArgs,
     /// Fault injection for tests: flip a payload byte in the first transmission of these chunks
     /// (a cpu-list style list of sequence numbers, e.g. 3,7-9).
     #[arg(long, value_name = "SEQS", hide = true)]
@@ -262,17 +250,36 @@ fn protection_flags(
     }
 }
 
+impl SideArgs {
+    /// Applies `--encrypt` / `--unauthenticated` over the config's values ([`protection_flags`]).
+    fn protection(&self, encrypt: &mut bool, unauthenticated: &mut bool) {
+        protection_flags(encrypt, unauthenticated, self.encrypt, self.unauthenticated);
+    }
+
+    /// The shared secret: `--secret-file`, else the config's `(secret_file, secret)`
+    /// ([`secret_file_of`], [`secret`]); then prints `warning`, if any, on stderr.
+    fn secret(
+        &self,
+        config_file: Option<&Path>,
+        (file, text): (Option<&Path>, Option<&str>),
+        warning: Option<&str>,
+    ) -> anyhow::Result<Vec<u8>> {
+        let file = secret_file_of(self.secret_file.as_deref(), config_file, file);
+        let s = secret(file.as_deref(), text)?;
+        if let Some(w) = warning {
+            eprintln!("{w}");
+        }
+        Ok(s)
+    }
+}
+
 fn recv(a: RecvArgs) -> anyhow::Result<()> {
     let mut config = match &a.config {
         Some(p) => ReceiverConfig::load(p)?,
         None => ReceiverConfig::default(),
     };
-    protection_flags(
-        &mut config.encrypt,
-        &mut config.unauthenticated,
-        a.encrypt,
-        a.unauthenticated,
-    );
+    a.side
+        .protection(&mut config.encrypt, &mut config.unauthenticated);
     if let Some(n) = a.max_connections {
         config.max_connections = n as usize;
     }
@@ -283,32 +290,28 @@ fn recv(a: RecvArgs) -> anyhow::Result<()> {
              --sink DIR/"
         );
     }
-    let file = secret_file_of(
-        a.secret.secret_file.as_deref(),
+    let secret = a.side.secret(
         a.config.as_deref(),
-        config.secret_file.as_deref(),
-    );
-    let secret = secret(file.as_deref(), config.secret.as_deref())?;
-    if config.unauthenticated {
-        eprintln!(
+        (config.secret_file.as_deref(), config.secret.as_deref()),
+        config.unauthenticated.then_some(
             "loci stream recv: WARNING: accepting senders whose frames carry only a checksum \
-             (--unauthenticated): anyone on the network path can alter their data undetected"
-        );
-    }
+             (--unauthenticated): anyone on the network path can alter their data undetected",
+        ),
+    )?;
     let r = Receiver::bind(
         &a.listen,
         RecvOptions {
             config,
             secret,
             sink: a.sink,
-            progress: !a.json,
+            progress: !a.side.json,
             streams: a.streams,
             verify_on_disk: a.verify_on_disk,
         },
     )?;
     eprintln!("loci stream recv: listening on {}", r.local_addr());
     let reps = r.run()?;
-    print_reports(&reps, a.json)?;
+    print_reports(&reps, a.side.json)?;
     if reps.iter().any(|r| !r.verified) {
         bail!("a stream's whole-stream checksum did not match");
     }
@@ -320,12 +323,8 @@ fn send(a: SendArgs) -> anyhow::Result<()> {
         Some(p) => SenderConfig::load(p)?,
         None => SenderConfig::default(),
     };
-    protection_flags(
-        &mut config.encrypt,
-        &mut config.unauthenticated,
-        a.encrypt,
-        a.unauthenticated,
-    );
+    a.side
+        .protection(&mut config.encrypt, &mut config.unauthenticated);
     config.validate()?;
     let source = match (&a.source, a.synthetic) {
         (Some(p), None) => SourceSpec::File(p.clone()),
@@ -344,29 +343,25 @@ fn send(a: SendArgs) -> anyhow::Result<()> {
             .collect();
     }
     faults.delay = Duration::from_millis(a.fault_delay_ms);
-    let file = secret_file_of(
-        a.secret.secret_file.as_deref(),
+    let secret = a.side.secret(
         a.config.as_deref(),
-        config.secret_file.as_deref(),
-    );
-    let secret = secret(file.as_deref(), config.secret.as_deref())?;
-    if config.unauthenticated {
-        eprintln!(
+        (config.secret_file.as_deref(), config.secret.as_deref()),
+        config.unauthenticated.then_some(
             "loci stream send: WARNING: frames carry only a checksum (--unauthenticated): anyone \
-             on the network path can alter the data undetected"
-        );
-    }
+             on the network path can alter the data undetected",
+        ),
+    )?;
     let rep = loci_stream::send(SendOptions {
         to: a.to,
         config,
         secret,
         source,
         resume: a.resume,
-        progress: !a.json,
+        progress: !a.side.json,
         reconnect_timeout: Duration::from_secs(a.reconnect_timeout),
         faults,
     })?;
-    print_reports(&[rep], a.json)
+    print_reports(&[rep], a.side.json)
 }
 
 fn plan_cmd(a: PlanArgs) -> anyhow::Result<()> {
@@ -484,9 +479,9 @@ mod tests {
         let StreamCmd::Recv(r) = c.cmd else {
             panic!("not recv")
         };
-        assert!(r.encrypt && r.verify_on_disk && !r.unauthenticated);
+        assert!(r.side.encrypt && r.verify_on_disk && !r.side.unauthenticated);
         assert_eq!(r.max_connections, Some(9));
-        assert_eq!(r.secret.secret_file, Some(PathBuf::from("/k")));
+        assert_eq!(r.side.secret_file, Some(PathBuf::from("/k")));
         for bad in ["0", "65537"] {
             assert!(Cli::try_parse_from([
                 "stream",
@@ -513,8 +508,8 @@ mod tests {
         let StreamCmd::Send(s) = c.cmd else {
             panic!("not send")
         };
-        assert!(s.unauthenticated && !s.encrypt);
-        assert_eq!(s.secret.secret_file, Some(PathBuf::from("k")));
+        assert!(s.side.unauthenticated && !s.side.encrypt);
+        assert_eq!(s.side.secret_file, Some(PathBuf::from("k")));
         for cmd in [
             &[
                 "stream",

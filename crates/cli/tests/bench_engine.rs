@@ -1,12 +1,22 @@
 //! `loci bench w1|w2|w3|w4` end to end on tiny sizes: the scheduler axis (`--sched`), the rows
 //! and configs of the result JSON, the local-access ratio, and clear errors for bad choices.
 
+use std::path::Path;
+
 use serde_json::Value;
 
 mod common;
 use common::loci;
 
-fn rows(json: &std::path::Path) -> Vec<Value> {
+/// `loci bench ARGS` (space-separated) writing its `--json` to `json`: (success, stdout, stderr).
+fn bench(args: &str, json: &Path) -> (bool, String, String) {
+    let mut all = vec!["bench"];
+    all.extend(args.split_whitespace());
+    all.extend(["--json", json.to_str().unwrap()]);
+    loci(&all)
+}
+
+fn rows(json: &Path) -> Vec<Value> {
     let v: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
     v["results"].as_array().unwrap().clone()
 }
@@ -19,26 +29,11 @@ fn cfg<'a>(r: &'a Value, k: &str) -> &'a str {
 fn scheduler_axis_runs_every_pair_once_and_agrees() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("w2.json");
-    let (ok, out, err) = loci(&[
-        "bench",
-        "w2",
-        "--rows",
-        "30000",
-        "--groups",
-        "500",
-        "--reps",
-        "1",
-        "--morsel-rows",
-        "4000",
-        "--sched",
-        "las,nls,unpinned",
-        "--threads",
-        "os,sparse",
-        "--mem",
-        "first-touch,bind-per-node",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+    let (ok, out, err) = bench(
+        "w2 --rows 30000 --groups 500 --reps 1 --morsel-rows 4000 --sched las,nls,unpinned \
+         --threads os,sparse --mem first-touch,per-node",
+        &json,
+    );
     assert!(ok, "{err}");
     let rs = rows(&json);
     // las x {os, sparse} + nls x {os, sparse} + unpinned once (as os), times 2 policies.
@@ -73,26 +68,11 @@ fn scheduler_axis_runs_every_pair_once_and_agrees() {
 fn joins_run_on_each_scheduler() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("w4.json");
-    let (ok, _, err) = loci(&[
-        "bench",
-        "w4",
-        "--rows",
-        "32000",
-        "--reps",
-        "1",
-        "--morsel-rows",
-        "3000",
-        "--sched",
-        "las,nls",
-        "--threads",
-        "sparse",
-        "--mem",
-        "interleave",
-        "--variant",
-        "sorted,art",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = bench(
+        "w4 --rows 32000 --reps 1 --morsel-rows 3000 --sched las,nls --threads sparse \
+         --mem interleave --variant sorted,art",
+        &json,
+    );
     assert!(ok, "{err}");
     let rs = rows(&json);
     // 2 schedulers x 2 indexes x (build, probe).
@@ -111,33 +91,18 @@ fn joins_run_on_each_scheduler() {
 #[test]
 fn w1_and_w3_agree_across_schedulers() {
     let dir = tempfile::tempdir().unwrap();
-    for (w, extra) in [("w1", ["--groups", "700"]), ("w3", ["--seed", "9"])] {
+    for (w, extra) in [("w1", "--groups 700"), ("w3", "--seed 9")] {
         let json = dir.path().join(format!("{w}.json"));
-        let (ok, _, err) = loci(&[
-            "bench",
-            w,
-            "--rows",
-            "48000",
-            extra[0],
-            extra[1],
-            "--reps",
-            "1",
-            "--morsel-rows",
-            "5000",
-            "--sched",
-            "las,nls,unpinned",
-            "--threads",
-            "compact",
-            "--mem",
-            "first-touch-1,interleave",
-            "--keys",
-            "sparse,dense",
-            "--json",
-            json.to_str().unwrap(),
-        ]);
+        let (ok, _, err) = bench(
+            &format!(
+                "{w} --rows 48000 {extra} --reps 1 --morsel-rows 5000 --sched las,nls,unpinned \
+                 --threads compact --mem first-touch --gen workers,one-thread --keys sparse,dense"
+            ),
+            &json,
+        );
         assert!(ok, "{w}: {err}");
         let rs = rows(&json);
-        // 3 schedulers x 2 policies x 2 key layouts (sparse, dense), one variant each.
+        // 3 schedulers x 2 generations x 2 key layouts (sparse, dense), one variant each.
         assert_eq!(rs.len(), 12, "{w}");
         for r in &rs {
             let case = r["case"].as_str().unwrap();
@@ -164,24 +129,30 @@ fn w1_and_w3_agree_across_schedulers() {
 
 #[test]
 fn bad_choices_are_named_with_the_valid_ones() {
-    let (ok, _, err) = loci(&["bench", "w2", "--rows", "100", "--sched", "las,lass"]);
-    assert!(!ok);
-    assert!(
-        err.contains("lass") && err.contains("las, nls, unpinned"),
-        "{err}"
-    );
-    let (ok, _, err) = loci(&["bench", "w1", "--rows", "100", "--threads", "sparce"]);
-    assert!(!ok);
-    assert!(err.contains("sparce") && err.contains("compact"), "{err}");
-    let (ok, _, err) = loci(&["bench", "w2", "--rows", "100", "--keys", "sparce"]);
-    assert!(!ok);
-    assert!(
-        err.contains("sparce") && err.contains("sparse, dense"),
-        "{err}"
-    );
-    let (ok, _, err) = loci(&["bench", "w2", "--rows", "100", "--workers", "100000"]);
-    assert!(!ok);
-    assert!(err.contains("allowed cpus"), "{err}");
+    // (arguments after `bench`, what the error must say)
+    let cases: [(&str, &[&str]); 6] = [
+        (
+            "w2 --rows 100 --sched las,lass",
+            &["lass", "las, nls, unpinned"],
+        ),
+        ("w1 --rows 100 --threads sparce", &["sparce", "compact"]),
+        ("w2 --rows 100 --keys sparce", &["sparce", "sparse, dense"]),
+        (
+            "w2 --rows 100 --mem first-touch-1",
+            &["first-touch-1", "per-node[:NODES]", "--gen one-thread"],
+        ),
+        ("w2 --rows 100 --gen one", &["'one'", "workers, one-thread"]),
+        ("w2 --rows 100 --workers 100000", &["allowed cpus"]),
+    ];
+    for (args, says) in cases {
+        let mut all = vec!["bench"];
+        all.extend(args.split_whitespace());
+        let (ok, _, err) = loci(&all);
+        assert!(!ok, "{args} succeeded");
+        for s in says {
+            assert!(err.contains(s), "{args}: no {s:?} in {err}");
+        }
+    }
 }
 
 #[test]
@@ -190,28 +161,13 @@ fn locality_option_is_recorded_agrees_and_rejects_bad_names() {
     let mut sums = Vec::new();
     for loc in ["balanced", "strict"] {
         let json = dir.path().join(format!("w2-{loc}.json"));
-        let (ok, _, err) = loci(&[
-            "bench",
-            "w2",
-            "--rows",
-            "20000",
-            "--groups",
-            "300",
-            "--reps",
-            "1",
-            "--morsel-rows",
-            "3000",
-            "--sched",
-            "las",
-            "--threads",
-            "sparse",
-            "--mem",
-            "bind-per-node",
-            "--locality",
-            loc,
-            "--json",
-            json.to_str().unwrap(),
-        ]);
+        let (ok, _, err) = bench(
+            &format!(
+                "w2 --rows 20000 --groups 300 --reps 1 --morsel-rows 3000 --sched las \
+                 --threads sparse --mem per-node --locality {loc}"
+            ),
+            &json,
+        );
         assert!(ok, "{err}");
         let rs = rows(&json);
         assert_eq!(rs.len(), 1);

@@ -4,39 +4,45 @@
 //! loci in all three modes (checksum, auth, encrypt), each with positive goodput and a verified
 //! stream, and states a verdict for each goal.
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
 
 use serde_json::Value;
 
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool} > /dev/null")])
-        .status()
-        .is_ok_and(|s| s.success())
+/// `loci bench stream ARGS`, which must succeed: its stdout.
+fn bench_stream(args: &[&str]) -> String {
+    let (ok, out, err) = common::loci(&[&["bench", "stream"], args].concat());
+    assert!(ok, "{out}\n{err}");
+    out
+}
+
+/// Whether `lz4` or `nc` is missing (the peers need both); says so on stderr.
+fn lz4_or_nc_missing() -> bool {
+    let have = |tool: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {tool} > /dev/null")])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let missing = !(have("lz4") && have("nc"));
+    if missing {
+        eprintln!("NOTE: lz4 or nc missing (scripts/install-deps installs them); skipped");
+    }
+    missing
 }
 
 #[test]
 fn tiny_run_reports_every_peer_the_limit_and_cpu_per_gb() {
-    if !(have("lz4") && have("nc")) {
-        eprintln!("NOTE: lz4 or nc missing (scripts/install-deps installs them); skipped");
+    if lz4_or_nc_missing() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("r.json");
-    let o = Command::new(PathBuf::from(env!("CARGO_BIN_EXE_loci")))
-        .args([
-            "bench", "stream", "--bytes", "8M", "--reps", "1", "--no-os", "--json",
-        ])
-        .arg(&json)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{out}\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let json_arg = json.to_str().unwrap();
+    let out = bench_stream(&[
+        "--bytes", "8M", "--reps", "1", "--no-os", "--json", json_arg,
+    ]);
     assert!(out.contains("machine limit for this data:"), "{out}");
     assert!(
         out.contains("goal loci plan: at least 0.90 of the machine limit:"),
@@ -101,26 +107,16 @@ fn tiny_run_reports_every_peer_the_limit_and_cpu_per_gb() {
 fn protection_comparison_runs_all_three_modes_verified() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("p.json");
-    let o = Command::new(PathBuf::from(env!("CARGO_BIN_EXE_loci")))
-        .args([
-            "bench",
-            "stream",
-            "--bytes",
-            "4M",
-            "--reps",
-            "2",
-            "--protection-only",
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{out}\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let json_arg = json.to_str().unwrap();
+    let out = bench_stream(&[
+        "--bytes",
+        "4M",
+        "--reps",
+        "2",
+        "--protection-only",
+        "--json",
+        json_arg,
+    ]);
     assert!(
         out.contains("frame protection: loci with the plan"),
         "{out}"
@@ -181,36 +177,26 @@ fn protection_comparison_runs_all_three_modes_verified() {
 #[test]
 fn protection_flag_selects_modes_and_refuses_unknown_ones() {
     let run = |modes: &str| {
-        Command::new(PathBuf::from(env!("CARGO_BIN_EXE_loci")))
-            .args([
-                "bench",
-                "stream",
-                "--bytes",
-                "2M",
-                "--reps",
-                "1",
-                "--protection-only",
-                "--protection",
-                modes,
-            ])
-            .output()
-            .unwrap()
+        let args = [
+            "--bytes",
+            "2M",
+            "--reps",
+            "1",
+            "--protection-only",
+            "--protection",
+            modes,
+        ];
+        common::loci(&[&["bench", "stream"], &args[..]].concat())
     };
-    let o = run("auth,checksum");
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{out}\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let (ok, out, err) = run("auth,checksum");
+    assert!(ok, "{out}\n{err}");
     assert!(
         out.contains("goal protection auth: costs at most 10%"),
         "{out}"
     );
     assert!(!out.contains("goal protection encrypt"), "{out}");
-    let o = run("auth,aes");
-    assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
+    let (ok, _, err) = run("auth,aes");
+    assert!(!ok);
     assert!(
         err.contains("unknown protection \"aes\"") && err.contains("checksum, auth, encrypt"),
         "{err}"

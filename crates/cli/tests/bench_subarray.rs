@@ -2,7 +2,7 @@
 //! same result checksum, adaptive strategies report their trials, and bad input is refused
 //! before any work is done.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
@@ -11,7 +11,7 @@ fn loci() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_loci"))
 }
 
-fn bench(args: &[&str], cache: &std::path::Path) -> Output {
+fn bench(args: &[&str], cache: &Path) -> Output {
     Command::new(loci())
         .args(["bench", "subarray"])
         .args(args)
@@ -21,34 +21,37 @@ fn bench(args: &[&str], cache: &std::path::Path) -> Output {
         .unwrap()
 }
 
-#[test]
-fn tiny_sweep_gives_a_row_per_case_and_strategy() {
-    let dir = std::env::temp_dir().join(format!("loci-bench-subarray-{}", std::process::id()));
+/// `loci bench subarray` on the tiny volume (256 Ki values, selectivity 0.5) with the
+/// space-separated `flags`, writing `--json` to `json` when given; it must succeed.
+fn tiny(dir: &Path, flags: &str, json: Option<&Path>) -> Output {
+    let mut args = vec!["--size", "262144", "--selectivity", "0.5"];
+    args.extend(flags.split_whitespace());
+    let json = json.map(|j| j.to_str().unwrap());
+    if let Some(j) = json {
+        args.extend(["--json", j]);
+    }
+    let o = bench(&args, dir);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    o
+}
+
+/// An empty private directory for one test's files (and search cache).
+fn fresh_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn tiny_sweep_gives_a_row_per_case_and_strategy() {
+    let dir = fresh_dir("loci-bench-subarray");
     let json = dir.join("r.json");
-    let o = bench(
-        &[
-            "--size",
-            "262144",
-            "--chunks",
-            "1,10",
-            "--selectivity",
-            "0.5",
-            "--span",
-            "one,all",
-            "--threads",
-            "os,compact,random:3,search",
-            "--peers",
-            "memcpy",
-            "--reps",
-            "1",
-            "--json",
-            json.to_str().unwrap(),
-        ],
+    let o = tiny(
         &dir,
+        "--chunks 1,10 --span one,all --threads os,compact,best-of:3,search --peers memcpy --reps 1",
+        Some(&json),
     );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // Not a terminal: progress comes as one line per step (4 cases x 4 strategies + 4 memcpy).
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("[1/20 "), "{err}");
@@ -75,7 +78,7 @@ fn tiny_sweep_gives_a_row_per_case_and_strategy() {
     for r in &loci {
         let trials = r["extra"]["trials"].as_u64().unwrap();
         match r["config"]["threads"].as_str().unwrap() {
-            "random:3" => assert_eq!(trials, 3, "{r}"),
+            "best-of:3" => assert_eq!(trials, 3, "{r}"),
             "search" => assert!((1..=19).contains(&trials), "{r}"),
             _ => assert_eq!(trials, 0, "{r}"),
         }
@@ -107,30 +110,11 @@ fn tiny_sweep_gives_a_row_per_case_and_strategy() {
     );
     // --pool off: fresh memory for every result, no pool counters, the same results.
     let off = dir.join("off.json");
-    let o = bench(
-        &[
-            "--size",
-            "262144",
-            "--chunks",
-            "10",
-            "--selectivity",
-            "0.5",
-            "--span",
-            "all",
-            "--threads",
-            "compact",
-            "--peers",
-            "memcpy",
-            "--reps",
-            "2",
-            "--pool",
-            "off",
-            "--json",
-            off.to_str().unwrap(),
-        ],
+    let o = tiny(
         &dir,
+        "--chunks 10 --span all --threads compact --peers memcpy --reps 2 --pool off",
+        Some(&off),
     );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let w: Value = serde_json::from_str(&std::fs::read_to_string(&off).unwrap()).unwrap();
     assert_eq!(w["params"]["pool"], "off");
     assert!(w["params"].get("pool_stats").is_none(), "{}", w["params"]);
@@ -176,9 +160,7 @@ fn bad_input_is_refused_before_work() {
 /// numpy-prealloc and numpy-threads run with as many threads as loci and match its checksums.
 #[test]
 fn like_for_like_rows_and_goals() {
-    let dir = std::env::temp_dir().join(format!("loci-bench-subarray-lfl-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("loci-bench-subarray-lfl");
     let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bench/peers/.venv/bin/python");
     let python = venv.is_file();
     let peers = if python {
@@ -188,30 +170,13 @@ fn like_for_like_rows_and_goals() {
         "memcpy,loci-nopool"
     };
     let json = dir.join("r.json");
-    let o = bench(
-        &[
-            "--size",
-            "262144",
-            "--chunks",
-            "1,10",
-            "--selectivity",
-            "0.5",
-            "--span",
-            "all",
-            "--threads",
-            "os,search",
-            "--nthreads",
-            "3",
-            "--peers",
-            peers,
-            "--reps",
-            "2",
-            "--json",
-            json.to_str().unwrap(),
-        ],
+    let o = tiny(
         &dir,
+        &format!(
+            "--chunks 1,10 --span all --threads os,search --nthreads 3 --reps 2 --peers {peers}"
+        ),
+        Some(&json),
     );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = v["results"].as_array().unwrap();
     for case in ["c1/all/s0.5", "c10/all/s0.5"] {
@@ -254,28 +219,11 @@ fn like_for_like_rows_and_goals() {
         assert!(out.contains("loci 3, numpy-threads 3 (equal)"), "{out}");
     }
     // With --pool off, loci-nopool would repeat the loci rows: it is skipped, with a note.
-    let o = bench(
-        &[
-            "--size",
-            "262144",
-            "--chunks",
-            "10",
-            "--selectivity",
-            "0.5",
-            "--span",
-            "all",
-            "--threads",
-            "compact",
-            "--peers",
-            "loci-nopool",
-            "--reps",
-            "1",
-            "--pool",
-            "off",
-        ],
+    let o = tiny(
         &dir,
+        "--chunks 10 --span all --threads compact --peers loci-nopool --reps 1 --pool off",
+        None,
     );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stderr).contains("loci-nopool skipped"));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,6 +7,8 @@ use std::sync::Once;
 
 use serde_json::Value;
 
+mod common;
+
 fn loci() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_loci"))
 }
@@ -38,6 +40,11 @@ fn run(args: &[&str]) -> Output {
         .expect("running loci")
 }
 
+/// Runs `loci` with the whitespace-separated `args`.
+fn run_words(args: &str) -> Output {
+    run(&args.split_whitespace().collect::<Vec<_>>())
+}
+
 /// Runs `loci run ARGS --verify-json FILE -- loci-probe PROBE_ARGS`, which must succeed; returns
 /// its output and the verify JSON (FILE, named after `tag`, is removed).
 fn run_probe_verified(tag: &str, args: &[&str], probe_args: &[&str]) -> (Output, Value) {
@@ -60,28 +67,15 @@ fn text(b: &[u8]) -> String {
 }
 
 fn allowed() -> Vec<u32> {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = s
-        .lines()
-        .find(|l| l.starts_with("Cpus_allowed_list:"))
-        .unwrap();
-    let set = loci_topo::CpuSet::parse(line.split(':').nth(1).unwrap()).unwrap();
-    set.iter().collect()
+    common::allowed_cpus().iter().collect()
 }
 
 #[test]
 fn cpus_and_bind_show_in_proc_status() {
     let cpu = *allowed().last().unwrap();
-    let o = run(&[
-        "run",
-        "--threads",
-        &format!("cpus:{cpu}"),
-        "--mem",
-        "bind:0",
-        "--",
-        "cat",
-        "/proc/self/status",
-    ]);
+    let o = run_words(&format!(
+        "run --threads cpus:{cpu} --mem bind:0 -- cat /proc/self/status"
+    ));
     assert!(o.status.success(), "{}", text(&o.stderr));
     let out = text(&o.stdout);
     assert!(
@@ -139,14 +133,7 @@ fn probe_reports_the_planned_affinity_and_policy_per_thread() {
     assert!(o.status.success(), "{}", text(&o.stderr));
     let r: Value = serde_json::from_slice(&o.stdout).unwrap();
     // Plan on this machine (what `loci plan --json` says) is the reference.
-    let p = run(&[
-        "plan",
-        "--threads",
-        "compact",
-        "-n",
-        &n.to_string(),
-        "--json",
-    ]);
+    let p = run_words(&format!("plan --threads compact -n {n} --json"));
     let plan: Value = serde_json::from_slice(&p.stdout).unwrap();
     assert_eq!(r["cpus"], plan["threads"][0]["cpus"], "{r}");
     for t in r["threads"].as_array().unwrap() {
@@ -272,24 +259,9 @@ fn bad_input_names_the_bad_part_and_the_choices() {
     let o = run(&["plan", "--threads", "compact", "-n", &n.to_string()]);
     assert!(!o.status.success());
     assert!(text(&o.stderr).contains("--oversubscribe"));
-    let o = run(&[
-        "plan",
-        "--threads",
-        "compact",
-        "-n",
-        &n.to_string(),
-        "--oversubscribe",
-    ]);
+    let o = run_words(&format!("plan --threads compact -n {n} --oversubscribe"));
     assert!(o.status.success(), "{}", text(&o.stderr));
-    let o = run(&[
-        "run",
-        "--threads",
-        "compact",
-        "-n",
-        &n.to_string(),
-        "--",
-        "true",
-    ]);
+    let o = run_words(&format!("run --threads compact -n {n} -- true"));
     assert!(!o.status.success());
     assert!(text(&o.stderr).contains("--oversubscribe"));
 }
@@ -351,16 +323,7 @@ fn os_status_reads_the_knobs_and_set_needs_root() {
 
 #[test]
 fn plan_json_schema_on_this_machine() {
-    let o = run(&[
-        "plan",
-        "--threads",
-        "compact",
-        "-n",
-        "1",
-        "--mem",
-        "bind:0",
-        "--json",
-    ]);
+    let o = run_words("plan --threads compact -n 1 --mem bind:0 --json");
     assert!(o.status.success(), "{}", text(&o.stderr));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
@@ -441,16 +404,7 @@ fn newer_policies_apply_where_the_kernel_has_them() {
 
 #[test]
 fn plan_for_another_machine_from_a_preset() {
-    let o = run(&[
-        "plan",
-        "--preset",
-        "opteron-8220-8s",
-        "--threads",
-        "sparse",
-        "-n",
-        "8",
-        "--json",
-    ]);
+    let o = run_words("plan --preset opteron-8220-8s --threads sparse -n 8 --json");
     assert!(o.status.success(), "{}", text(&o.stderr));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     let nodes: Vec<&str> = v["threads"]
@@ -461,15 +415,7 @@ fn plan_for_another_machine_from_a_preset() {
         .collect();
     assert_eq!(nodes, ["0", "1", "2", "3", "4", "5", "6", "7"]);
     // Running a plan made for another machine is refused with the cpus that do not exist here.
-    let o = run(&[
-        "run",
-        "--preset",
-        "opteron-8220-8s",
-        "--threads",
-        "cpus:15",
-        "--",
-        "true",
-    ]);
+    let o = run_words("run --preset opteron-8220-8s --threads cpus:15 -- true");
     if allowed().contains(&15) {
         return;
     }
@@ -485,19 +431,7 @@ fn verify_waits_a_bounded_time_for_missing_threads() {
         eprintln!("note: needs 2 cpus");
         return;
     }
-    let o = run(&[
-        "run",
-        "--threads",
-        "compact",
-        "-n",
-        "2",
-        "--verify",
-        "--verify-wait",
-        "0.2",
-        "--",
-        "sleep",
-        "0.6",
-    ]);
+    let o = run_words("run --threads compact -n 2 --verify --verify-wait 0.2 -- sleep 0.6");
     assert!(o.status.success(), "{}", text(&o.stderr));
     let e = text(&o.stderr);
     assert!(

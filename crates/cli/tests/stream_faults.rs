@@ -35,26 +35,6 @@ use faults::{
 };
 
 #[test]
-fn loopback_receiver_kill_9_and_restart() {
-    receiver_killed_and_restarted(&Net::loopback(), HOST);
-}
-
-#[test]
-fn loopback_sender_kill_9_and_resume() {
-    sender_killed_and_resumed(&Net::loopback(), HOST);
-}
-
-#[test]
-fn loopback_corrupt_frames() {
-    corrupt_frames_are_resent(&Net::loopback(), HOST);
-}
-
-#[test]
-fn loopback_corrupt_frames_unauthenticated_are_nacked() {
-    corrupt_frames_are_nacked_unauthenticated(&Net::loopback(), HOST);
-}
-
-#[test]
 fn namespaces_with_veth_all_faults() {
     let (_ns, net) = match namespaces("f") {
         Ok(x) => x,
@@ -78,34 +58,34 @@ fn mitm_all(attack: Attack) {
     }
 }
 
-#[test]
-fn mitm_forged_data() {
-    mitm_all(Attack::ForgeData);
+/// One test per line: `NAME: BODY`.
+macro_rules! tests {
+    ($($name:ident: $body:expr),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $body;
+            }
+        )*
+    };
 }
 
-#[test]
-fn mitm_forged_ack() {
-    mitm_all(Attack::ForgeAck);
-}
-
-#[test]
-fn mitm_replayed_data() {
-    mitm_all(Attack::Replay);
-}
-
-#[test]
-fn mitm_reordered_data() {
-    mitm_all(Attack::Reorder);
-}
-
-#[test]
-fn mitm_spliced_data() {
-    mitm_all(Attack::Splice);
-}
-
-#[test]
-fn mitm_forged_end_ack() {
-    mitm_all(Attack::ForgeEndAck);
+tests! {
+    loopback_receiver_kill_9_and_restart: receiver_killed_and_restarted(&Net::loopback(), HOST),
+    loopback_sender_kill_9_and_resume: sender_killed_and_resumed(&Net::loopback(), HOST),
+    loopback_corrupt_frames: corrupt_frames_are_resent(&Net::loopback(), HOST),
+    loopback_corrupt_frames_unauthenticated_are_nacked:
+        corrupt_frames_are_nacked_unauthenticated(&Net::loopback(), HOST),
+    mitm_forged_data: mitm_all(Attack::ForgeData),
+    mitm_forged_ack: mitm_all(Attack::ForgeAck),
+    mitm_replayed_data: mitm_all(Attack::Replay),
+    mitm_reordered_data: mitm_all(Attack::Reorder),
+    mitm_spliced_data: mitm_all(Attack::Splice),
+    mitm_forged_end_ack: mitm_all(Attack::ForgeEndAck),
+    power_loss_sender_reconnects: power_loss(HOST, true),
+    power_loss_sender_resumes: power_loss(HOST, false),
+    two_streams_into_one_file_sink: two_streams_one_file(HOST),
+    half_open_connection_flood: half_open_flood(HOST),
 }
 
 /// The ranges travel in the handshake, the same in both modes; forged on every connection the
@@ -117,26 +97,6 @@ fn mitm_forged_resume_ranges() {
     for mode in Mode::ALL {
         mitm(Attack::ForgeRanges, Persist::Once, mode);
     }
-}
-
-#[test]
-fn power_loss_sender_reconnects() {
-    power_loss(HOST, true);
-}
-
-#[test]
-fn power_loss_sender_resumes() {
-    power_loss(HOST, false);
-}
-
-#[test]
-fn two_streams_into_one_file_sink() {
-    two_streams_one_file(HOST);
-}
-
-#[test]
-fn half_open_connection_flood() {
-    half_open_flood(HOST);
 }
 
 /// Runs every loopback scenario `LOCI_FAULT_RUNS` times (default 3; the goal is 20) and prints

@@ -1,5 +1,6 @@
 //! `loci topo` end to end: the JSON schema on this machine and on presets, the tree, and errors.
 
+use loci_topo::json::{CACHE_KEYS, CPU_KEYS, NODE_KEYS, TOP_KEYS};
 use serde_json::Value;
 
 mod common;
@@ -16,30 +17,14 @@ fn json_of_this_machine_follows_the_schema() {
     let (ok, out, err) = loci(&["topo", "--json"]);
     assert!(ok, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(
-        keys(&v),
-        ["caches", "cpus", "devices", "nodes", "notes", "source"]
-    );
+    assert_eq!(keys(&v), TOP_KEYS);
     assert!(v["notes"].is_array());
     assert_eq!(v["source"], "sysfs:/");
     let nodes = v["nodes"].as_array().unwrap();
     assert!(!nodes.is_empty());
     let cpus = v["cpus"].as_array().unwrap();
     for n in nodes {
-        assert_eq!(
-            keys(n),
-            [
-                "allowed",
-                "cpus",
-                "distances",
-                "free_bytes",
-                "id",
-                "initiators",
-                "kind",
-                "memory_bytes",
-                "merged"
-            ]
-        );
+        assert_eq!(keys(n), NODE_KEYS);
         assert_eq!(n["kind"], "dram");
         assert_eq!(n["distances"].as_array().unwrap().len(), nodes.len());
         assert!(
@@ -50,10 +35,7 @@ fn json_of_this_machine_follows_the_schema() {
         assert!(n["cpus"].is_string());
     }
     for c in cpus {
-        assert_eq!(
-            keys(c),
-            ["allowed", "core", "id", "node", "online", "package"]
-        );
+        assert_eq!(keys(c), CPU_KEYS);
     }
     // Every cpu is listed in the node it names.
     for c in cpus {
@@ -62,15 +44,10 @@ fn json_of_this_machine_follows_the_schema() {
         assert!(list.contains(c["id"].as_u64().unwrap() as u32));
     }
     for c in v["caches"].as_array().unwrap() {
-        assert_eq!(keys(c), ["cpus", "kind", "level", "size_bytes"]);
+        assert_eq!(keys(c), CACHE_KEYS);
     }
     // The cpus this test process may use are the allowed ones.
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("Cpus_allowed_list:"))
-        .unwrap();
-    let mine = loci_topo::CpuSet::parse(line.split(':').nth(1).unwrap()).unwrap();
+    let mine = common::allowed_cpus();
     let allowed: loci_topo::CpuSet = cpus
         .iter()
         .filter(|c| c["allowed"] == true)

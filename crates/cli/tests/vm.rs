@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+mod advise_vm;
 mod faults;
 
 const SCRIPT: &str = r#"

@@ -30,8 +30,6 @@
 //! (the pinned group's node, or for unpinned workers the node of the cpu it was on when the item
 //! started), which is what the local-access ratio is computed from.
 
-use std::fmt;
-use std::str::FromStr;
 use std::sync::Mutex;
 
 use loci_place::strategy::Strategy;
@@ -51,34 +49,10 @@ pub enum Locality {
     Strict,
 }
 
-impl Locality {
-    /// Names accepted by [`FromStr`].
-    pub const CHOICES: &'static str = "balanced, strict";
-}
-
-impl fmt::Display for Locality {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Locality::Balanced => "balanced",
-            Locality::Strict => "strict",
-        })
-    }
-}
-
-impl FromStr for Locality {
-    type Err = EngineError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "balanced" => Ok(Locality::Balanced),
-            "strict" => Ok(Locality::Strict),
-            _ => Err(EngineError::BadChoice {
-                what: "locality",
-                given: s.into(),
-                valid: Self::CHOICES,
-            }),
-        }
-    }
-}
+named_choices!(Locality, "locality", "balanced, strict",
+    Balanced => "balanced",
+    Strict => "strict",
+);
 
 /// Parses a scheduler name: `las`, `nls` or `unpinned`.
 pub fn parse_sched(s: &str) -> Result<Policy, EngineError> {
@@ -88,6 +62,15 @@ pub fn parse_sched(s: &str) -> Result<Policy, EngineError> {
         valid: "las, nls, unpinned",
     })
 }
+
+/// The operators' own regions and their policies on a machine of several memory nodes (on one,
+/// first touch): the radix partitions, part `i` bound to the `i`-th node, and W3's shared hash
+/// table, interleaved.
+pub const REGIONS: [(&str, &str); 2] = [(PARTITIONS, "per-node"), (HASH_TABLE, "interleave")];
+/// Region name of the radix partitions (one part per allowed memory node).
+pub const PARTITIONS: &str = "partitions";
+/// Region name of W3's shared hash table.
+pub const HASH_TABLE: &str = "hash-table";
 
 /// The workers an operator runs on: a loci-sched scheduler over the chosen cpus.
 pub struct Exec {
@@ -99,6 +82,8 @@ pub struct Exec {
     locality: Locality,
     /// Workers stay on their group's cpus (so a worker's node is its group's node).
     pinned: bool,
+    /// The plan the scheduler was built from, with the operators' regions.
+    plan: loci_place::Plan,
     /// Nodes that have workers, ascending.
     nodes: Vec<u32>,
     workers: usize,
@@ -131,9 +116,9 @@ impl Exec {
         } else {
             Strategy::compact()
         };
-        // The workers' memory is placed per table and morsel by the storage layer, not by the
-        // plan: its policy is left to first touch.
-        let plan = loci_place::Plan::new(
+        // The workers' own memory is left to first touch; tables are placed per table by the
+        // storage layer, and the operators' regions as the plan names them (see `REGIONS`).
+        let mut plan = loci_place::Plan::new(
             topo,
             &layout_strategy,
             n,
@@ -141,6 +126,14 @@ impl Exec {
             false,
         )
         .map_err(|e| EngineError::Invalid(format!("placing {n} workers: {e}")))?;
+        if topo.allowed_mems().len() > 1 {
+            for (name, policy) in REGIONS {
+                let p: loci_place::MemPolicy = policy.parse().expect("a valid policy");
+                plan = plan
+                    .with_region(topo, name, &p)
+                    .map_err(|e| EngineError::Invalid(format!("region {name}: {e}")))?;
+            }
+        }
         let pinned = threads.pins() && policy != Policy::Unpinned;
         let config = Config {
             policy,
@@ -164,6 +157,7 @@ impl Exec {
             threads,
             locality: Locality::default(),
             pinned,
+            plan,
             nodes,
             workers,
         })
@@ -193,6 +187,11 @@ impl Exec {
     /// The machine's topology (memory nodes, distances).
     pub fn topology(&self) -> &Topology {
         &self.topo
+    }
+
+    /// The plan: the workers' cpus and the memory plan of the operators' regions ([`REGIONS`]).
+    pub fn plan(&self) -> &loci_place::Plan {
+        &self.plan
     }
 
     /// The scheduling policy.

@@ -18,9 +18,6 @@
 //! (so keys are sparse and unique), payload uniform in `[0, 2^30)`; S has `16 * r_rows` rows
 //! whose key is `perm(j)` for `j` uniform in `0..r_rows` (every S key matches exactly one R key).
 
-use std::fmt;
-use std::str::FromStr;
-
 use crate::EngineError;
 
 /// SplitMix64 finalizer: a bijective 64-bit mixer.
@@ -31,9 +28,28 @@ pub fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The generators' independent random streams. Their numbers are part of the data: changing
+/// one changes every dataset drawn from it.
+#[derive(Debug, Clone, Copy)]
+pub enum Stream {
+    /// Aggregation keys.
+    Key = 1,
+    /// 32-bit values (aggregation tables, R).
+    Val = 2,
+    /// S's foreign keys.
+    SKey = 3,
+    /// S's 32-bit values.
+    SVal = 4,
+    /// 64-bit values (aggregation tables, R).
+    Val64 = 5,
+    /// S's 64-bit values.
+    SVal64 = 6,
+}
+
 /// Random 64 bits for row `i` of stream `stream`.
 #[inline(always)]
-pub fn rand_at(seed: u64, stream: u64, i: u64) -> u64 {
+pub fn rand_at(seed: u64, stream: Stream, i: u64) -> u64 {
+    let stream = stream as u64;
     mix64(seed.wrapping_mul(0x9e3779b97f4a7c15) ^ stream.wrapping_mul(0xd1b54a32d192ed03) ^ i)
 }
 
@@ -55,17 +71,11 @@ pub fn perm32(seed: u64, i: u32) -> u32 {
     h
 }
 
-const STREAM_KEY: u64 = 1;
-const STREAM_VAL: u64 = 2;
-const STREAM_SKEY: u64 = 3;
-const STREAM_SVAL: u64 = 4;
 /// Values are uniform in `[0, VAL_RANGE)`.
 pub const VAL_RANGE: u64 = 1 << 30;
 /// Width of the moving-cluster window.
 pub const MOVING_WINDOW: u64 = 1024;
 
-const STREAM_VAL64: u64 = 5;
-const STREAM_SVAL64: u64 = 6;
 const SALT_KEY64: u64 = 0x6c6f_6369_6b65_7973;
 
 /// How a 64-bit table's keys are laid over the domain.
@@ -79,10 +89,12 @@ pub enum Keys {
     Dense,
 }
 
-impl Keys {
-    /// Names accepted by [`FromStr`].
-    pub const CHOICES: &'static str = "sparse, dense";
+named_choices!(Keys, "key layout", "sparse, dense",
+    Sparse => "sparse",
+    Dense => "dense",
+);
 
+impl Keys {
     /// Key of zero-based rank `r` for data seeded by `seed`.
     #[inline(always)]
     pub fn key(self, seed: u64, r: u64) -> u64 {
@@ -93,35 +105,11 @@ impl Keys {
     }
 }
 
-impl fmt::Display for Keys {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Keys::Sparse => "sparse",
-            Keys::Dense => "dense",
-        })
-    }
-}
-
-impl FromStr for Keys {
-    type Err = EngineError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "sparse" => Ok(Keys::Sparse),
-            "dense" => Ok(Keys::Dense),
-            _ => Err(EngineError::BadChoice {
-                what: "key layout",
-                given: s.into(),
-                valid: Self::CHOICES,
-            }),
-        }
-    }
-}
-
 /// The `i64` value of row `i` of a 64-bit aggregation table or R: uniform in `[-2^31, 2^31)`
 /// (sums of 2^32 rows cannot overflow).
 #[inline(always)]
 pub fn val64(seed: u64, i: u64) -> i64 {
-    (rand_at(seed, STREAM_VAL64, i) as i64) >> 32
+    (rand_at(seed, Stream::Val64, i) as i64) >> 32
 }
 
 /// Key distribution of an aggregation dataset.
@@ -134,9 +122,15 @@ pub enum Dist {
     Uniform,
 }
 
+named_choices!(Dist, "distribution", "moving-cluster, sequential, zipf, heavy-hitter, uniform",
+    MovingCluster => "moving-cluster" | "moving" | "mc",
+    Sequential => "sequential" | "seq",
+    Zipf => "zipf",
+    HeavyHitter => "heavy-hitter" | "hh",
+    Uniform => "uniform",
+);
+
 impl Dist {
-    /// Names accepted by [`FromStr`].
-    pub const CHOICES: &'static str = "moving-cluster, sequential, zipf, heavy-hitter, uniform";
     /// Every distribution.
     pub const ALL: [Dist; 5] = [
         Dist::MovingCluster,
@@ -145,38 +139,6 @@ impl Dist {
         Dist::HeavyHitter,
         Dist::Uniform,
     ];
-}
-
-impl fmt::Display for Dist {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Dist::MovingCluster => "moving-cluster",
-            Dist::Sequential => "sequential",
-            Dist::Zipf => "zipf",
-            Dist::HeavyHitter => "heavy-hitter",
-            Dist::Uniform => "uniform",
-        })
-    }
-}
-
-impl FromStr for Dist {
-    type Err = EngineError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "moving-cluster" | "moving" | "mc" => Dist::MovingCluster,
-            "sequential" | "seq" => Dist::Sequential,
-            "zipf" => Dist::Zipf,
-            "heavy-hitter" | "hh" => Dist::HeavyHitter,
-            "uniform" => Dist::Uniform,
-            _ => {
-                return Err(EngineError::BadChoice {
-                    what: "distribution",
-                    given: s.into(),
-                    valid: Self::CHOICES,
-                })
-            }
-        })
-    }
 }
 
 /// Inverse CDF of the discrete zipf distribution over ranks `1..=n` with weight `r^-e`, with a
@@ -259,7 +221,7 @@ impl AggGen {
     pub fn fill(&self, start: u64, keys: &mut [u32], vals: &mut [u32]) {
         let seed = self.spec.seed;
         for (j, v) in vals.iter_mut().enumerate() {
-            *v = below(rand_at(seed, STREAM_VAL, start + j as u64), VAL_RANGE) as u32;
+            *v = below(rand_at(seed, Stream::Val, start + j as u64), VAL_RANGE) as u32;
         }
         self.fill_ranks(start, keys);
     }
@@ -290,7 +252,7 @@ impl AggGen {
         match s.dist {
             Dist::Uniform => {
                 for (j, k) in keys.iter_mut().enumerate() {
-                    *k = below(rand_at(seed, STREAM_KEY, start + j as u64), g) as u32;
+                    *k = below(rand_at(seed, Stream::Key, start + j as u64), g) as u32;
                 }
             }
             Dist::Sequential => {
@@ -305,12 +267,12 @@ impl AggGen {
                 for (j, k) in keys.iter_mut().enumerate() {
                     let i = start + j as u64;
                     let base = (i as u128 * span / n) as u64;
-                    *k = (base + below(rand_at(seed, STREAM_KEY, i), w)) as u32;
+                    *k = (base + below(rand_at(seed, Stream::Key, i), w)) as u32;
                 }
             }
             Dist::HeavyHitter => {
                 for (j, k) in keys.iter_mut().enumerate() {
-                    let r = rand_at(seed, STREAM_KEY, start + j as u64);
+                    let r = rand_at(seed, Stream::Key, start + j as u64);
                     *k = if r >> 63 == 0 {
                         0
                     } else {
@@ -321,7 +283,7 @@ impl AggGen {
             Dist::Zipf => {
                 let z = self.zipf.as_ref().expect("zipf table built in new");
                 for (j, k) in keys.iter_mut().enumerate() {
-                    let r = rand_at(seed, STREAM_KEY, start + j as u64);
+                    let r = rand_at(seed, Stream::Key, start + j as u64);
                     let u = (r >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
                     *k = z.index(u);
                 }
@@ -370,7 +332,7 @@ impl JoinSpec {
         for (j, (k, v)) in keys.iter_mut().zip(vals.iter_mut()).enumerate() {
             let i = start + j as u64;
             *k = perm32(self.seed, i as u32);
-            *v = below(rand_at(self.seed, STREAM_VAL, i), VAL_RANGE) as u32;
+            *v = below(rand_at(self.seed, Stream::Val, i), VAL_RANGE) as u32;
         }
     }
 
@@ -388,8 +350,8 @@ impl JoinSpec {
         let r = self.r_rows as u64;
         for (j, (k, v)) in keys.iter_mut().zip(vals.iter_mut()).enumerate() {
             let i = start + j as u64;
-            *k = kind.key(self.seed, below(rand_at(self.seed, STREAM_SKEY, i), r));
-            *v = (rand_at(self.seed, STREAM_SVAL64, i) as i64) >> 32;
+            *k = kind.key(self.seed, below(rand_at(self.seed, Stream::SKey, i), r));
+            *v = (rand_at(self.seed, Stream::SVal64, i) as i64) >> 32;
         }
     }
 
@@ -398,9 +360,9 @@ impl JoinSpec {
         let r = self.r_rows as u64;
         for (j, (k, v)) in keys.iter_mut().zip(vals.iter_mut()).enumerate() {
             let i = start + j as u64;
-            let target = below(rand_at(self.seed, STREAM_SKEY, i), r);
+            let target = below(rand_at(self.seed, Stream::SKey, i), r);
             *k = perm32(self.seed, target as u32);
-            *v = below(rand_at(self.seed, STREAM_SVAL, i), VAL_RANGE) as u32;
+            *v = below(rand_at(self.seed, Stream::SVal, i), VAL_RANGE) as u32;
         }
     }
 }
@@ -408,6 +370,24 @@ impl JoinSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn agg_gen(rows: usize, groups: u32, dist: Dist, seed: u64) -> AggGen {
+        AggGen::new(AggSpec {
+            rows,
+            groups,
+            dist,
+            seed,
+        })
+        .unwrap()
+    }
+
+    /// The keys and values of rows `0..rows` of a dataset, generated in one call.
+    fn dataset(rows: usize, groups: u32, dist: Dist, seed: u64) -> (Vec<u32>, Vec<u32>) {
+        let g = agg_gen(rows, groups, dist, seed);
+        let (mut k, mut v) = (vec![0; rows], vec![0; rows]);
+        g.fill(0, &mut k, &mut v);
+        (k, v)
+    }
 
     #[test]
     fn zipf_inverse_cdf_matches_linear_search() {
@@ -421,16 +401,7 @@ mod tests {
 
     #[test]
     fn zipf_frequencies_follow_rank_weights() {
-        let g = AggGen::new(AggSpec {
-            rows: 200_000,
-            groups: 100,
-            dist: Dist::Zipf,
-            seed: 7,
-        })
-        .unwrap();
-        let mut k = vec![0; 200_000];
-        let mut v = vec![0; 200_000];
-        g.fill(0, &mut k, &mut v);
+        let (k, v) = dataset(200_000, 100, Dist::Zipf, 7);
         let mut c = vec![0f64; 100];
         for &x in &k {
             c[x as usize] += 1.0;
@@ -444,15 +415,8 @@ mod tests {
     #[test]
     fn generation_does_not_depend_on_chunking() {
         for dist in Dist::ALL {
-            let g = AggGen::new(AggSpec {
-                rows: 5000,
-                groups: 37,
-                dist,
-                seed: 3,
-            })
-            .unwrap();
-            let (mut k1, mut v1) = (vec![0; 5000], vec![0; 5000]);
-            g.fill(0, &mut k1, &mut v1);
+            let (k1, v1) = dataset(5000, 37, dist, 3);
+            let g = agg_gen(5000, 37, dist, 3);
             let (mut k2, mut v2) = (vec![0; 5000], vec![0; 5000]);
             for s in (0..5000).step_by(333) {
                 let e = (s + 333).min(5000);
@@ -466,18 +430,7 @@ mod tests {
 
     #[test]
     fn distributions_have_their_shape() {
-        let gen = |dist| {
-            let g = AggGen::new(AggSpec {
-                rows: 100_000,
-                groups: 10_000,
-                dist,
-                seed: 1,
-            })
-            .unwrap();
-            let (mut k, mut v) = (vec![0; 100_000], vec![0; 100_000]);
-            g.fill(0, &mut k, &mut v);
-            k
-        };
+        let gen = |dist| dataset(100_000, 10_000, dist, 1).0;
         let hh = gen(Dist::HeavyHitter);
         let zeros = hh.iter().filter(|&&k| k == 0).count();
         assert!((45_000..55_000).contains(&zeros), "{zeros}");

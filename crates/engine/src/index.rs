@@ -12,8 +12,6 @@
 //! Probes run on all workers against the shared, read-only index.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::str::FromStr;
 
 use crossbeam_skiplist::SkipMap;
 
@@ -32,9 +30,14 @@ pub enum IndexKind {
     Art,
 }
 
+named_choices!(IndexKind, "index", "sorted, btree, skiplist, art",
+    Sorted => "sorted" | "array",
+    BTree => "btree" | "b-tree",
+    SkipList => "skiplist" | "skip-list",
+    Art => "art",
+);
+
 impl IndexKind {
-    /// Names accepted by [`FromStr`].
-    pub const CHOICES: &'static str = "sorted, btree, skiplist, art";
     /// Every kind.
     pub const ALL: [IndexKind; 4] = [
         IndexKind::Sorted,
@@ -42,36 +45,6 @@ impl IndexKind {
         IndexKind::SkipList,
         IndexKind::Art,
     ];
-}
-
-impl fmt::Display for IndexKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            IndexKind::Sorted => "sorted",
-            IndexKind::BTree => "btree",
-            IndexKind::SkipList => "skiplist",
-            IndexKind::Art => "art",
-        })
-    }
-}
-
-impl FromStr for IndexKind {
-    type Err = EngineError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "sorted" | "array" => IndexKind::Sorted,
-            "btree" | "b-tree" => IndexKind::BTree,
-            "skiplist" | "skip-list" => IndexKind::SkipList,
-            "art" => IndexKind::Art,
-            _ => {
-                return Err(EngineError::BadChoice {
-                    what: "index",
-                    given: s.into(),
-                    valid: Self::CHOICES,
-                })
-            }
-        })
-    }
 }
 
 /// A built index on R.

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::exec::Exec;
 use crate::partition::{hash, key_of, pack, partition, val_of, HashPart};
-use crate::storage::{interleave_plan, Region, Table};
+use crate::storage::{map_region, Table};
 use crate::{EngineError, Trace};
 
 /// Slot value meaning "empty". A real row `(u32::MAX, u32::MAX)` packs to the same value, so
@@ -54,13 +54,7 @@ fn slots_for(n: usize) -> usize {
 pub fn w3_shared(exec: &Exec, r: &Table, s: &Table) -> Result<(JoinResult, JoinRun), EngineError> {
     let n = slots_for(r.rows());
     let bits = n.trailing_zeros();
-    let nodes = crate::mem_nodes(exec);
-    let plan = if nodes.len() > 1 {
-        Some(interleave_plan(exec.topology(), &nodes)?)
-    } else {
-        None
-    };
-    let region = Region::map(n * 8, plan.as_ref())?;
+    let region = map_region(n * 8, exec.plan().region(crate::exec::HASH_TABLE))?;
     // SAFETY: the region holds n u64 slots; AtomicU64 has the layout of u64; every slot is
     // initialised below (by the workers, so first touch spreads pages) before any other use.
     let slots: &[AtomicU64] =

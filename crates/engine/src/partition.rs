@@ -11,7 +11,7 @@
 //! the hot loop touches one line per partition instead of one random store per row.
 
 use crate::exec::Exec;
-use crate::storage::{bind_plan, Morsel, Region, Table};
+use crate::storage::{map_region, Morsel, Table};
 use crate::{EngineError, SendPtr, Trace};
 
 /// Packs a row.
@@ -96,7 +96,7 @@ impl PartFn for HashPart {
 
 /// The partitions of one table: rows of type `T` (packed `u64` for 32-bit tables).
 pub struct Partitioned<T = u64> {
-    regions: Vec<Option<Region>>,
+    regions: Vec<Option<loci_place::NodeRegion>>,
     /// (region index, first element, length) per partition.
     parts: Vec<(usize, usize, usize)>,
     /// Home node of each partition.
@@ -270,17 +270,14 @@ where
         parts.push((r, node_len[r], totals[p]));
         node_len[r] += totals[p];
     }
+    // Partition region i is part i of the plan's `partitions` region (bound to node i).
+    let plan = exec.plan().region(crate::exec::PARTITIONS);
     let mut regions = Vec::with_capacity(nodes.len());
     for (i, &len) in node_len.iter().enumerate() {
         regions.push(if len == 0 {
             None
         } else {
-            let plan = if nodes.len() > 1 {
-                Some(bind_plan(exec.topology(), nodes[i])?)
-            } else {
-                None
-            };
-            Some(Region::map(len * size, plan.as_ref())?)
+            Some(map_region(len * size, &plan.part(i, nodes.len()))?)
         });
     }
     // starts[m * np + p]: first slot of morsel m's rows of partition p (element offset inside the

@@ -16,42 +16,62 @@ pub fn w2(keys: &[u32], vals: &[u32]) -> Vec<GroupAgg> {
 
 /// W1 by sorting each group's values.
 pub fn w1(keys: &[u32], vals: &[u32]) -> Vec<GroupMedian> {
-    let mut m: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for (&k, &v) in keys.iter().zip(vals) {
-        m.entry(k).or_default().push(v);
-    }
-    m.into_iter()
+    medians(keys, vals, |key, count, lo, hi| GroupMedian {
+        key,
+        count,
+        twice_median: lo as u64 + hi as u64,
+    })
+}
+
+/// Sorts each group's values and makes its answer with `median(key, count, lo, hi)`: `lo` and
+/// `hi` are the two middle values (the same one for an odd count). Keys in order.
+pub fn medians<K: Ord + Copy, V: Ord + Copy, T>(
+    keys: &[K],
+    vals: &[V],
+    median: impl Fn(K, u64, V, V) -> T,
+) -> Vec<T> {
+    groups(keys, vals)
+        .into_iter()
         .map(|(key, mut v)| {
             v.sort_unstable();
             let n = v.len();
-            let twice_median = if n % 2 == 1 {
-                2 * v[n / 2] as u64
-            } else {
-                v[n / 2 - 1] as u64 + v[n / 2] as u64
-            };
-            GroupMedian {
-                key,
-                count: n as u64,
-                twice_median,
-            }
+            median(key, n as u64, v[(n - 1) / 2], v[n / 2])
         })
         .collect()
 }
 
-/// Join count and checksum by a BTreeMap of R's keys to all their payloads.
-pub fn join(rk: &[u32], rv: &[u32], sk: &[u32], sv: &[u32]) -> JoinResult {
-    let mut m: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for (&k, &v) in rk.iter().zip(rv) {
+/// Every value of each key, keys in order (the grouping all the reference answers start from).
+pub fn groups<K: Ord + Copy, V: Copy>(keys: &[K], vals: &[V]) -> BTreeMap<K, Vec<V>> {
+    let mut m: BTreeMap<K, Vec<V>> = BTreeMap::new();
+    for (&k, &v) in keys.iter().zip(vals) {
         m.entry(k).or_default().push(v);
     }
-    let mut res = JoinResult::default();
-    for (&k, &v) in sk.iter().zip(sv) {
-        if let Some(ps) = m.get(&k) {
-            for &p in ps {
-                res.count += 1;
-                res.checksum = res.checksum.wrapping_add(p as u64 + v as u64);
-            }
+    m
+}
+
+/// Calls `pair(key, r_val, s_val)` for every matching pair of an R row and an S row (S in row
+/// order, R's payloads of a key in row order).
+pub fn join_pairs<K: Ord + Copy, V: Copy>(
+    rk: &[K],
+    rv: &[V],
+    sk: &[K],
+    sv: &[V],
+    mut pair: impl FnMut(K, V, V),
+) {
+    let m = groups(rk, rv);
+    for (&k, &q) in sk.iter().zip(sv) {
+        for &p in m.get(&k).into_iter().flatten() {
+            pair(k, p, q);
         }
     }
+}
+
+/// Join count and checksum of every matching pair.
+pub fn join(rk: &[u32], rv: &[u32], sk: &[u32], sv: &[u32]) -> JoinResult {
+    let mut res = JoinResult::default();
+    join_pairs(rk, rv, sk, sv, |_, p, v| {
+        res.count += 1;
+        res.checksum = res.checksum.wrapping_add(p as u64 + v as u64);
+    });
     res
 }

@@ -1,181 +1,48 @@
 //! Node-homed storage: tables of `(key, val)` rows split into morsels, each morsel in
-//! its own anonymous mapping whose pages are placed by a [`MemPolicy`] before they are touched.
+//! its own [`NodeRegion`] whose pages are placed by a loci-place memory plan before they are
+//! touched.
 //!
 //! Why one mapping per morsel: `mbind(2)` works on page ranges, so giving every morsel its own
-//! mapping lets any morsel size carry its own policy (bind-per-node homes morsel `i` on its
-//! node's share) without rounding morsel sizes to pages. Columns of one morsel share the mapping:
-//! keys first, values at the next page boundary.
+//! mapping lets any morsel size carry its own policy (`per-node` homes morsel `i` on its node's
+//! share, [`MemPlan::part`]) without rounding morsel sizes to pages. Columns of one morsel share
+//! the mapping: keys first, values at the next page boundary.
 //!
 //! Two row layouts share the type: `(key: u32, val: u32)` (width 4: W4's index tables, the
 //! VM checks) and `(key: u64, val: i64)` (width 8: the 64-bit tables of [`crate::wide`], what the
 //! benchmarks W1-W3 run on). A morsel knows its width; the accessors of the other width panic.
 
-use std::fmt;
 use std::io;
-use std::str::FromStr;
 
-use loci_place::policy::{MemPlan, MemPolicy as PlacePolicy};
+use loci_place::region::{NodeRegion, RegionError};
 use loci_place::sys;
-use loci_topo::{NodeSet, Topology};
+use loci_place::{MemPlan, MemPolicy};
+use loci_topo::Topology;
 
 use crate::EngineError;
 
 /// Resolves a loci-place policy against the machine: nodes must be present, allowed and have
 /// memory (loci-place's checks and messages); interleaving over one node becomes `preferred`.
-fn resolve(topo: &Topology, p: PlacePolicy) -> Result<MemPlan, EngineError> {
+pub fn resolve(topo: &Topology, p: &MemPolicy) -> Result<MemPlan, EngineError> {
     let (plan, _notes) = p
         .resolve(topo)
         .map_err(|e| EngineError::Invalid(format!("memory policy: {e}")))?;
     Ok(plan)
 }
 
-/// `bind:NODE` on the machine.
-pub fn bind_plan(topo: &Topology, node: u32) -> Result<MemPlan, EngineError> {
-    resolve(topo, PlacePolicy::Bind(node.to_string()))
-}
-
-/// `interleave:NODES` on the machine.
-pub fn interleave_plan(topo: &Topology, nodes: &[u32]) -> Result<MemPlan, EngineError> {
-    let set: NodeSet = nodes.iter().copied().collect();
-    resolve(topo, PlacePolicy::Interleave(Some(set.to_string())))
-}
-
-/// Where the pages of a table go.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MemPolicy {
-    /// No policy: pages land on the node of the worker that writes them first (the generator).
-    FirstTouch,
-    /// First touch, but a single thread generates the whole table (the classic accident: every
-    /// page on that thread's node).
-    FirstTouchSingle,
-    /// `MPOL_INTERLEAVE` over all allowed nodes, page by page.
-    Interleave,
-    /// `MPOL_BIND` to one node.
-    Node(u32),
-    /// Morsel `i` of `m` is bound (`MPOL_BIND`) to node `nodes[i * k / m]`: each of the `k` nodes
-    /// holds a contiguous share (seed 004's WIN layout inside one process).
-    BindPerNode,
-}
-
-impl MemPolicy {
-    /// Names accepted by [`FromStr`].
-    pub const CHOICES: &'static str =
-        "first-touch, first-touch-1, interleave, node:N, bind-per-node";
-}
-
-impl fmt::Display for MemPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            MemPolicy::FirstTouch => write!(f, "first-touch"),
-            MemPolicy::FirstTouchSingle => write!(f, "first-touch-1"),
-            MemPolicy::Interleave => write!(f, "interleave"),
-            MemPolicy::Node(n) => write!(f, "node:{n}"),
-            MemPolicy::BindPerNode => write!(f, "bind-per-node"),
-        }
-    }
-}
-
-impl FromStr for MemPolicy {
-    type Err = EngineError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || EngineError::BadChoice {
-            what: "memory policy",
-            given: s.to_string(),
-            valid: Self::CHOICES,
-        };
-        Ok(match s {
-            "first-touch" | "ft" => MemPolicy::FirstTouch,
-            "first-touch-1" | "ft1" => MemPolicy::FirstTouchSingle,
-            "interleave" | "il" => MemPolicy::Interleave,
-            "bind-per-node" | "bpn" | "win" => MemPolicy::BindPerNode,
-            _ => match s.strip_prefix("node:") {
-                Some(n) => MemPolicy::Node(n.parse().map_err(|_| bad())?),
-                None => return Err(bad()),
-            },
-        })
-    }
-}
-
-/// An anonymous private mapping, unmapped on drop. Concurrent writers go through the
-/// `Morsel`/`Partitioned` APIs, which give each writer a disjoint range.
-pub struct Region(sys::AnonMap);
-
-impl Region {
-    /// Maps `len` bytes (rounded up to pages; at least one page), asks for transparent huge pages
-    /// (a hint), and applies the loci-place memory plan to it before any page is touched
-    /// (`loci_place::apply::apply_range`, i.e. `mbind`).
-    /// `plan` = None (or first-touch) leaves the pages to first touch.
-    pub fn map(len: usize, plan: Option<&MemPlan>) -> Result<Region, EngineError> {
-        let m =
-            sys::AnonMap::new(len, sys::page_size(), libc::MAP_NORESERVE).map_err(|source| {
-                EngineError::Io {
-                    what: format!("mmap of {len} bytes"),
-                    source,
-                }
-            })?;
-        let len = m.len();
-        if len >= 2 << 20 {
-            // SAFETY: the range is our own fresh mapping. A failed hint is harmless (THP off).
-            unsafe { libc::madvise(m.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
-        }
-        if let Some(p) = plan.filter(|p| !p.is_default()) {
-            // SAFETY: the range is our own mapping, page aligned, nothing touched yet.
-            unsafe { loci_place::apply::apply_range(p, m.as_ptr(), len, false) }?;
-        }
-        Ok(Region(m))
-    }
-
-    /// Start of the mapping.
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.0.as_ptr()
-    }
-
-    /// Length in bytes (a whole number of pages).
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Never true: a region has at least one page.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// Share of the sampled pages of `[off, off+len)` on each node: `samples` pages evenly spread.
-    /// Pages not yet touched are left out; an all-untouched range gives an empty list.
-    pub fn sample_nodes(
-        &self,
-        off: usize,
-        len: usize,
-        samples: usize,
-    ) -> io::Result<Vec<(u32, f64)>> {
-        let ps = sys::page_size();
-        let first = off / ps;
-        let last = (off + len.max(1)).div_ceil(ps).min(self.len() / ps);
-        let n = last.saturating_sub(first);
-        if n == 0 {
-            return Ok(vec![]);
-        }
-        let k = samples.clamp(1, n);
-        let st = self.0.nodes_at((0..k).map(|i| (first + i * n / k) * ps))?;
-        let mut count: Vec<(u32, usize)> = Vec::new();
-        let mut total = 0usize;
-        for s in st.into_iter().filter(|&s| s >= 0) {
-            total += 1;
-            match count.iter_mut().find(|(n, _)| *n == s as u32) {
-                Some(c) => c.1 += 1,
-                None => count.push((s as u32, 1)),
-            }
-        }
-        Ok(count
-            .into_iter()
-            .map(|(n, c)| (n, c as f64 / total as f64))
-            .collect())
-    }
+/// Maps `len` bytes placed by `plan` before their first touch, asking for huge pages.
+pub(crate) fn map_region(len: usize, plan: &MemPlan) -> Result<NodeRegion, EngineError> {
+    NodeRegion::map(len, plan, true).map_err(|e| match e {
+        RegionError::Map { len, source } => EngineError::Io {
+            what: format!("mmap of {len} bytes"),
+            source,
+        },
+        RegionError::Place(e) => EngineError::Placement(e),
+    })
 }
 
 /// A slice of a table: `rows` keys and values in one mapping, with a home node.
 pub struct Morsel {
-    region: Region,
+    region: NodeRegion,
     rows: usize,
     /// Bytes per key and per value: 4 (`u32`, `u32`) or 8 (`u64`, `i64`).
     width: usize,
@@ -186,15 +53,11 @@ pub struct Morsel {
 }
 
 impl Morsel {
-    fn new(
-        rows: usize,
-        width: usize,
-        home: Option<u32>,
-        plan: Option<&MemPlan>,
-    ) -> Result<Self, EngineError> {
+    fn new(rows: usize, width: usize, plan: &MemPlan) -> Result<Self, EngineError> {
         let ps = sys::page_size();
         let vals_off = (rows * width).div_ceil(ps) * ps;
-        let region = Region::map(vals_off + rows * width, plan)?;
+        let region = map_region(vals_off + rows * width, plan)?;
+        let home = plan.part_node(0, 1);
         Ok(Morsel {
             region,
             rows,
@@ -331,27 +194,19 @@ pub struct Table {
 }
 
 impl Table {
-    /// Allocates (does not fill) a table of `rows` rows in morsels of `morsel_rows`, placing each
-    /// morsel by `policy` over the allowed memory nodes `nodes` (ascending) of `topo`, through
-    /// loci-place's policies (so a bad node is named with the valid ones). For first touch the
-    /// homes are left for the generator to set.
-    pub fn alloc(
-        topo: &Topology,
-        rows: usize,
-        morsel_rows: usize,
-        policy: &MemPolicy,
-        nodes: &[u32],
-    ) -> Result<Table, EngineError> {
-        Self::alloc_width(topo, rows, morsel_rows, policy, nodes, 4)
+    /// Allocates (does not fill) a table of `rows` rows in morsels of `morsel_rows`, morsel `i`
+    /// of `m` placed by `plan.part(i, m)` (`per-node`: on its node's share; a policy without
+    /// parts: the same for every morsel). A morsel's home is the node its part is bound to; for
+    /// first touch the generator sets it.
+    pub fn alloc(rows: usize, morsel_rows: usize, plan: &MemPlan) -> Result<Table, EngineError> {
+        Self::alloc_width(rows, morsel_rows, plan, 4)
     }
 
     /// [`Table::alloc`] with `width`-byte keys and values (4: u32/u32, 8: u64/i64).
     pub fn alloc_width(
-        topo: &Topology,
         rows: usize,
         morsel_rows: usize,
-        policy: &MemPolicy,
-        nodes: &[u32],
+        plan: &MemPlan,
         width: usize,
     ) -> Result<Table, EngineError> {
         assert!(width == 4 || width == 8, "width 4 or 8");
@@ -360,43 +215,13 @@ impl Table {
                 "morsel size must be at least one row".into(),
             ));
         }
-        if nodes.is_empty() {
-            return Err(EngineError::Invalid("no memory node is allowed".into()));
-        }
-        if let MemPolicy::Node(n) = policy {
-            if !nodes.contains(n) {
-                return Err(EngineError::BadNode {
-                    node: *n,
-                    valid: NodeSet::from_iter(nodes.iter().copied()).to_string(),
-                });
-            }
-        }
-        // The plans, resolved once: for bind-per-node one per node.
-        let plans: Vec<Option<MemPlan>> = match policy {
-            MemPolicy::FirstTouch | MemPolicy::FirstTouchSingle => vec![None],
-            MemPolicy::Interleave => vec![Some(interleave_plan(topo, nodes)?)],
-            MemPolicy::Node(n) => vec![Some(bind_plan(topo, *n)?)],
-            MemPolicy::BindPerNode => nodes
-                .iter()
-                .map(|&n| bind_plan(topo, n).map(Some))
-                .collect::<Result<_, _>>()?,
-        };
         let m = rows.div_ceil(morsel_rows);
-        let mut morsels = Vec::with_capacity(m);
-        for i in 0..m {
-            let r = morsel_rows.min(rows - i * morsel_rows);
-            let (home, plan) = match policy {
-                MemPolicy::FirstTouch | MemPolicy::FirstTouchSingle | MemPolicy::Interleave => {
-                    (None, &plans[0])
-                }
-                MemPolicy::Node(n) => (Some(*n), &plans[0]),
-                MemPolicy::BindPerNode => {
-                    let k = i * nodes.len() / m;
-                    (Some(nodes[k]), &plans[k])
-                }
-            };
-            morsels.push(Morsel::new(r, width, home, plan.as_ref())?);
-        }
+        let morsels = (0..m)
+            .map(|i| {
+                let r = morsel_rows.min(rows - i * morsel_rows);
+                Morsel::new(r, width, &plan.part(i, m))
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Table {
             morsels,
             key_range: None,
@@ -433,11 +258,9 @@ impl Table {
             )));
         }
         let mut t = Table::alloc_width(
-            &Topology::flat(loci_topo::CpuSet::single(0), "from_rows"),
             keys.len(),
             morsel_rows,
-            &MemPolicy::FirstTouch,
-            &[0],
+            &MemPlan::first_touch(),
             std::mem::size_of::<K>(),
         )?;
         let mut at = 0;
@@ -453,11 +276,16 @@ impl Table {
 
     /// All keys and values of a 64-bit table, in row order (tests, export).
     pub fn to_vecs64(&self) -> (Vec<u64>, Vec<i64>) {
+        self.columns()
+    }
+
+    /// Both columns of either width (`K`, `V` sized as the table's keys and values).
+    fn columns<K: Copy, V: Copy>(&self) -> (Vec<K>, Vec<V>) {
         let mut k = Vec::with_capacity(self.rows());
         let mut v = Vec::with_capacity(self.rows());
         for m in &self.morsels {
-            k.extend_from_slice(m.keys64());
-            v.extend_from_slice(m.vals64());
+            k.extend_from_slice(m.key_col("columns"));
+            v.extend_from_slice(m.val_col("columns"));
         }
         (k, v)
     }
@@ -483,13 +311,7 @@ impl Table {
 
     /// All keys and values, in row order (tests, export).
     pub fn to_vecs(&self) -> (Vec<u32>, Vec<u32>) {
-        let mut k = Vec::with_capacity(self.rows());
-        let mut v = Vec::with_capacity(self.rows());
-        for m in &self.morsels {
-            k.extend_from_slice(m.keys());
-            v.extend_from_slice(m.vals());
-        }
-        (k, v)
+        self.columns()
     }
 
     /// Sampled page placement of every morsel.

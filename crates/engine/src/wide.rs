@@ -216,6 +216,16 @@ pub struct Run64 {
     pub trace: Trace,
 }
 
+impl Run64 {
+    fn new(plan: &'static str, bits: u32, trace: &Trace) -> Run64 {
+        Run64 {
+            plan,
+            bits,
+            trace: trace.clone(),
+        }
+    }
+}
+
 /// W2 on a 64-bit table: every group's count, sum, min, max and avg (unsorted).
 pub fn w2(exec: &Exec, table: &Table) -> Result<(Vec<Group64>, Run64), EngineError> {
     let bits = agg_bits(table.rows());
@@ -261,11 +271,7 @@ pub fn w2(exec: &Exec, table: &Table) -> Result<(Vec<Group64>, Run64), EngineErr
     );
     Ok((
         outs.concat(),
-        Run64 {
-            plan: "hash-partitioned",
-            bits,
-            trace: parts.trace.clone(),
-        },
+        Run64::new("hash-partitioned", bits, &parts.trace),
     ))
 }
 
@@ -351,11 +357,7 @@ pub fn w1(exec: &Exec, table: &Table) -> Result<(Vec<Median64>, Run64), EngineEr
     );
     Ok((
         outs.concat(),
-        Run64 {
-            plan: "hash-partitioned",
-            bits,
-            trace: parts.trace.clone(),
-        },
+        Run64::new("hash-partitioned", bits, &parts.trace),
     ))
 }
 
@@ -432,14 +434,7 @@ pub fn w3(exec: &Exec, r: &Table, s: &Table) -> Result<(JoinDigest, Run64), Engi
         .into_iter()
         .map(|x| x.1)
         .fold(JoinDigest::default(), JoinDigest::merge);
-    Ok((
-        res,
-        Run64 {
-            plan: "partitioned",
-            bits,
-            trace: ps.trace.clone(),
-        },
-    ))
+    Ok((res, Run64::new("partitioned", bits, &ps.trace)))
 }
 
 /// Start value of [`tuple_hash`].
@@ -535,17 +530,14 @@ impl MedianDigest {
 
 /// Single-thread references (BTreeMap), for the tests.
 pub mod reference {
-    use std::collections::BTreeMap;
+    use crate::reference::{groups, join_pairs, medians};
 
     use super::{Group64, JoinDigest, Median64};
 
     /// W2 by a BTreeMap, in key order.
     pub fn w2(keys: &[u64], vals: &[i64]) -> Vec<Group64> {
-        let mut m: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
-        for (&k, &v) in keys.iter().zip(vals) {
-            m.entry(k).or_default().push(v);
-        }
-        m.into_iter()
+        groups(keys, vals)
+            .into_iter()
             .map(|(key, v)| {
                 let sum = v.iter().fold(0i64, |a, &x| a.wrapping_add(x));
                 Group64 {
@@ -562,42 +554,17 @@ pub mod reference {
 
     /// W1 by sorting each group, in key order.
     pub fn w1(keys: &[u64], vals: &[i64]) -> Vec<Median64> {
-        let mut m: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
-        for (&k, &v) in keys.iter().zip(vals) {
-            m.entry(k).or_default().push(v);
-        }
-        m.into_iter()
-            .map(|(key, mut v)| {
-                v.sort_unstable();
-                let n = v.len();
-                let twice_median = if n % 2 == 1 {
-                    v[n / 2].wrapping_mul(2)
-                } else {
-                    v[n / 2 - 1].wrapping_add(v[n / 2])
-                };
-                Median64 {
-                    key,
-                    count: n as u64,
-                    twice_median,
-                }
-            })
-            .collect()
+        medians(keys, vals, |key, count, lo, hi| Median64 {
+            key,
+            count,
+            twice_median: lo.wrapping_add(hi),
+        })
     }
 
     /// The join digest by a BTreeMap of R's keys to their payloads.
     pub fn join(rk: &[u64], rv: &[i64], sk: &[u64], sv: &[i64]) -> JoinDigest {
-        let mut m: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
-        for (&k, &v) in rk.iter().zip(rv) {
-            m.entry(k).or_default().push(v);
-        }
         let mut d = JoinDigest::default();
-        for (&k, &q) in sk.iter().zip(sv) {
-            if let Some(ps) = m.get(&k) {
-                for &p in ps {
-                    d.add_pair(k, p, q);
-                }
-            }
-        }
+        join_pairs(rk, rv, sk, sv, |k, p, q| d.add_pair(k, p, q));
         d
     }
 }
@@ -607,7 +574,7 @@ mod tests {
     use super::*;
     use crate::exec::flat_topology;
     use crate::gen::{AggSpec, Dist, JoinSpec, Keys};
-    use crate::{generate_agg64, generate_join64, MemPolicy, Sched, Strategy};
+    use crate::{generate_agg, generate_join, MemPolicy, Sched, Strategy};
 
     fn sorted2(mut g: Vec<Group64>) -> Vec<Group64> {
         g.sort_by_key(|x| x.key);
@@ -639,7 +606,8 @@ mod tests {
                         seed: 3,
                     };
                     let t =
-                        generate_agg64(&ex, spec, keys, 10_000, &MemPolicy::FirstTouch).unwrap();
+                        generate_agg(&ex, spec, Some(keys), 10_000, &MemPolicy::FirstTouch.into())
+                            .unwrap();
                     let (k, v) = t.to_vecs64();
                     let want = reference::w2(&k, &v);
                     let (got, _) = w2(&ex, &t).unwrap();
@@ -708,7 +676,8 @@ mod tests {
             for keys in [Keys::Sparse, Keys::Dense] {
                 let spec = JoinSpec::ratio16(20_000, 5);
                 let (r, s) =
-                    generate_join64(&ex, spec, keys, 7_000, &MemPolicy::FirstTouch).unwrap();
+                    generate_join(&ex, spec, Some(keys), 7_000, &MemPolicy::FirstTouch.into())
+                        .unwrap();
                 let (rk, rv) = r.to_vecs64();
                 let (sk, sv) = s.to_vecs64();
                 let got = w3(&ex, &r, &s).unwrap().0;

@@ -10,8 +10,8 @@ use loci_engine::exec::flat_topology;
 use loci_engine::index::{build, probe, IndexKind};
 use loci_engine::join::{w3_partitioned, w3_shared};
 use loci_engine::{
-    generate, generate_agg, generate_join, reference, AggSpec, Dist, Exec, JoinSpec, Locality,
-    MemPolicy, Sched, Strategy, Table,
+    generate, generate_agg, generate_join, reference, AggSpec, Dist, Exec, Fill, Gen, JoinSpec,
+    Locality, MemPolicy, Sched, Strategy, Table, TableMem,
 };
 use proptest::prelude::*;
 
@@ -42,14 +42,15 @@ fn name(ex: &Exec) -> String {
     )
 }
 
-fn policies() -> Vec<MemPolicy> {
-    vec![
-        MemPolicy::FirstTouch,
-        MemPolicy::FirstTouchSingle,
-        MemPolicy::Interleave,
-        MemPolicy::Node(0),
-        MemPolicy::BindPerNode,
-    ]
+fn policies() -> Vec<TableMem> {
+    ["first-touch", "interleave", "bind:0", "per-node"]
+        .into_iter()
+        .map(|p| TableMem::from(p.parse::<MemPolicy>().unwrap()))
+        .chain([TableMem {
+            policy: MemPolicy::FirstTouch,
+            gen: Gen::OneThread,
+        }])
+        .collect()
 }
 
 fn check_agg(pool: &Exec, t: &Table, what: &str) {
@@ -76,7 +77,7 @@ fn aggregation_matches_reference_on_every_dataset_and_configuration() {
                 for pol in policies() {
                     // Vary the morsel size with the configuration: tiny, odd, and one morsel.
                     let morsel = [1000, 4097, 30_000, 777, 2048, 1500, 5003][i];
-                    let t = generate_agg(pool, spec, morsel, &pol).unwrap();
+                    let t = generate_agg(pool, spec, None, morsel, &pol).unwrap();
                     check_agg(pool, &t, &format!("{dist} g={groups} {} {pol}", name(pool)));
                 }
             }
@@ -100,12 +101,12 @@ fn matrix_matches_reference() {
                         dist,
                         seed: 5,
                     };
-                    let t = generate_agg(pool, spec, 500, &pol).unwrap();
+                    let t = generate_agg(pool, spec, None, 500, &pol).unwrap();
                     check_agg(pool, &t, &format!("{what} {dist} g={groups}"));
                 }
             }
             let js = JoinSpec::ratio16(400, 8);
-            let (r, s) = generate_join(pool, js, 700, &pol).unwrap();
+            let (r, s) = generate_join(pool, js, None, 700, &pol).unwrap();
             let (rk, rv) = r.to_vecs();
             let (sk, sv) = s.to_vecs();
             let want = reference::join(&rk, &rv, &sk, &sv);
@@ -138,7 +139,7 @@ fn aggregation_edge_cases_on(pool: &Exec) {
         dist: Dist::Sequential,
         seed: 1,
     };
-    let t = generate_agg(pool, spec, 3000, &MemPolicy::FirstTouch).unwrap();
+    let t = generate_agg(pool, spec, None, 3000, &MemPolicy::FirstTouch.into()).unwrap();
     assert_eq!(w2(pool, &t).unwrap().0.len(), 20_000);
     check_agg(pool, &t, "all distinct");
     // Sparse keys over the whole u32 range (hash-partitioned plans), extremes included.
@@ -167,7 +168,7 @@ fn joins_match_reference_on_every_configuration() {
             for r_rows in [0usize, 1, 300, 20_000] {
                 let spec = JoinSpec::ratio16(r_rows, 3 + i as u64);
                 let morsel = [1000, 4097, 50_000, 777, 3000, 2500, 6001][i];
-                let (r, s) = generate_join(pool, spec, morsel, &pol).unwrap();
+                let (r, s) = generate_join(pool, spec, None, morsel, &pol).unwrap();
                 let (rk, rv) = r.to_vecs();
                 let (sk, sv) = s.to_vecs();
                 let want = reference::join(&rk, &rv, &sk, &sv);
@@ -222,8 +223,15 @@ fn generation_is_independent_of_workers_and_morsels() {
         seed: 42,
     };
     let ps = execs();
-    let a = generate_agg(&ps[1], spec, 50_000, &MemPolicy::FirstTouch).unwrap();
-    let b = generate_agg(&ps[4], spec, 1234, &MemPolicy::Interleave).unwrap();
+    let a = generate_agg(&ps[1], spec, None, 50_000, &MemPolicy::FirstTouch.into()).unwrap();
+    let b = generate_agg(
+        &ps[4],
+        spec,
+        None,
+        1234,
+        &MemPolicy::Interleave(None).into(),
+    )
+    .unwrap();
     assert_eq!(a.to_vecs(), b.to_vecs());
     assert_eq!(a.key_range, b.key_range);
 }
@@ -231,12 +239,18 @@ fn generation_is_independent_of_workers_and_morsels() {
 #[test]
 fn first_touch_homes_are_where_the_pages_are() {
     let pool = &execs()[0];
-    let (t, trace) = generate(pool, 100_000, 8192, &MemPolicy::FirstTouch, &|s, k, v| {
-        for (j, (a, b)) in k.iter_mut().zip(v.iter_mut()).enumerate() {
-            *a = (s as u32).wrapping_add(j as u32);
-            *b = 1;
-        }
-    })
+    let (t, trace) = generate(
+        pool,
+        100_000,
+        8192,
+        &MemPolicy::FirstTouch.into(),
+        Fill::U32(&|s, k, v| {
+            for (j, (a, b)) in k.iter_mut().zip(v.iter_mut()).enumerate() {
+                *a = (s as u32).wrapping_add(j as u32);
+                *b = 1;
+            }
+        }),
+    )
     .unwrap();
     assert_eq!(trace.touched.len(), t.morsels.len());
     let pl = t.placement(8).unwrap();
@@ -258,17 +272,22 @@ fn bad_configuration_is_named() {
         dist: Dist::Uniform,
         seed: 1,
     };
-    let e = generate_agg(&pool, spec, 10, &MemPolicy::FirstTouch)
+    let e = generate_agg(&pool, spec, None, 10, &MemPolicy::FirstTouch.into())
         .err()
         .unwrap();
     assert!(e.to_string().contains("--groups"), "{e}");
     let spec = AggSpec { groups: 3, ..spec };
-    let e = generate_agg(&pool, spec, 10, &MemPolicy::Node(77))
+    let e = generate_agg(&pool, spec, None, 10, &MemPolicy::Bind("77".into()).into())
         .err()
         .unwrap();
     assert!(e.to_string().contains("node 77"), "{e}");
     let e = "node:x".parse::<MemPolicy>().unwrap_err().to_string();
-    assert!(e.contains("bind-per-node"), "{e}");
+    assert!(e.contains("node") && e.contains("per-node[:NODES]"), "{e}");
+    let e = "one".parse::<Gen>().unwrap_err().to_string();
+    assert!(
+        e.contains("'one'") && e.contains("workers, one-thread"),
+        "{e}"
+    );
 }
 
 proptest! {

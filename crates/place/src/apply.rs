@@ -77,6 +77,12 @@ pub unsafe fn apply_range(
         source,
         hint,
     };
+    if plan.part_order().is_some() {
+        return Err(err(
+            io::Error::new(io::ErrorKind::InvalidInput, "a per-part policy"),
+            "; it places the parts of a region: apply each part's plan (`MemPlan::part`)".into(),
+        ));
+    }
     let ps = sys::page_size();
     if !(addr as usize).is_multiple_of(ps) {
         return Err(err(

@@ -9,6 +9,12 @@
 //! | `bind:NODES` | `MPOL_BIND` | `--membind` |
 //! | `preferred-many:NODES` | `MPOL_PREFERRED_MANY` (Linux 5.15+) | `--preferred-many` |
 //! | `weighted-interleave:NODES` | `MPOL_WEIGHTED_INTERLEAVE` (Linux 6.9+, weights from `/sys/kernel/mm/mempolicy/weighted_interleave/`) | `--weighted-interleave` |
+//! | `per-node[:NODES]` | `MPOL_BIND` per part: part `i` of `m` on node `i*k/m` (contiguous shares) | (none) |
+//! | `round-robin[:NODES]` | `MPOL_BIND` per part: part `i` on the `i mod k`-th node | (none) |
+//!
+//! The last two place the *parts* of a region (engine morsels, array chunks): the region is split
+//! into parts and each part is bound to one node, as [`PartOrder::node_index`] says (the one
+//! definition every runtime asks, through [`MemPlan::part`]). They are not a thread's policy.
 //!
 //! [`MemPolicy::resolve`] checks a policy against a topology: nodes that are not present or not
 //! allowed are errors that name the node and list the valid ones; a memoryless node in a list is
@@ -33,6 +39,41 @@ pub enum MemPolicy {
     Bind(String),
     PreferredMany(String),
     WeightedInterleave(String),
+    /// `per-node` / `round-robin`: each part of a region bound to one node (`None` = every
+    /// allowed node with memory).
+    Parts(PartOrder, Option<String>),
+}
+
+/// How the parts of a region are dealt to the `k` nodes of a per-part policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PartOrder {
+    /// `per-node`: part `i` of `m` on node index `i*k/m`: each node holds one contiguous share
+    /// (seed 004's one-instance-per-node layout inside one process).
+    Blocks,
+    /// `round-robin`: part `i` on node index `i mod k`: neighbouring parts on different nodes.
+    RoundRobin,
+}
+
+impl PartOrder {
+    /// The policy name of this order (`per-node`, `round-robin`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PartOrder::Blocks => "per-node",
+            PartOrder::RoundRobin => "round-robin",
+        }
+    }
+
+    /// Index (`0..k`) of the node that holds part `i` of `parts`, over `k` nodes.
+    pub fn node_index(self, i: usize, parts: usize, k: usize) -> usize {
+        assert!(
+            k > 0 && i < parts.max(1),
+            "part {i} of {parts} over {k} nodes"
+        );
+        match self {
+            PartOrder::Blocks => i * k / parts.max(1),
+            PartOrder::RoundRobin => i % k,
+        }
+    }
 }
 
 /// Bad policy text, or a policy that cannot apply on a topology.
@@ -42,7 +83,12 @@ pub struct PolicyError(pub String);
 
 impl MemPolicy {
     /// Valid policy forms, for error messages and `--help`.
-    pub const CHOICES: &'static str = "first-touch, interleave[:NODES], localalloc, preferred:N, bind:NODES, preferred-many:NODES, weighted-interleave:NODES";
+    pub const CHOICES: &'static str = "first-touch, interleave[:NODES], localalloc, preferred:N, bind:NODES, preferred-many:NODES, weighted-interleave:NODES, per-node[:NODES], round-robin[:NODES]";
+
+    /// Whether this policy places the parts of a region (`per-node`, `round-robin`).
+    pub fn is_per_part(&self) -> bool {
+        matches!(self, MemPolicy::Parts(..))
+    }
 }
 
 impl FromStr for MemPolicy {
@@ -65,6 +111,7 @@ impl FromStr for MemPolicy {
             }
             Ok(a.to_string())
         };
+        let opt_list = |a: Option<&str>| a.map(|_| list(a)).transpose();
         let no_arg = |p: MemPolicy| match arg {
             None => Ok(p),
             Some(a) => Err(PolicyError(format!(
@@ -74,10 +121,9 @@ impl FromStr for MemPolicy {
         match name {
             "first-touch" | "default" => no_arg(MemPolicy::FirstTouch),
             "localalloc" | "local" => no_arg(MemPolicy::Local),
-            "interleave" => Ok(MemPolicy::Interleave(match arg {
-                None => None,
-                Some(_) => Some(list(arg)?),
-            })),
+            "interleave" => Ok(MemPolicy::Interleave(opt_list(arg)?)),
+            "per-node" | "bind-per-node" => Ok(MemPolicy::Parts(PartOrder::Blocks, opt_list(arg)?)),
+            "round-robin" => Ok(MemPolicy::Parts(PartOrder::RoundRobin, opt_list(arg)?)),
             "preferred" => {
                 let a = arg.filter(|a| !a.is_empty()).ok_or_else(|| {
                     PolicyError(
@@ -112,6 +158,8 @@ impl fmt::Display for MemPolicy {
             MemPolicy::Bind(l) => write!(f, "bind:{l}"),
             MemPolicy::PreferredMany(l) => write!(f, "preferred-many:{l}"),
             MemPolicy::WeightedInterleave(l) => write!(f, "weighted-interleave:{l}"),
+            MemPolicy::Parts(o, None) => f.write_str(o.name()),
+            MemPolicy::Parts(o, Some(l)) => write!(f, "{}:{l}", o.name()),
         }
     }
 }
@@ -120,20 +168,75 @@ impl fmt::Display for MemPolicy {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemPlan {
     /// Policy name as in the plan JSON: `first-touch`, `interleave`, `localalloc`, `preferred`,
-    /// `bind`, `preferred-many`, `weighted-interleave`.
+    /// `bind`, `preferred-many`, `weighted-interleave`, `per-node`, `round-robin`.
     pub policy: &'static str,
     /// The nodes (empty for `first-touch` and `localalloc`).
     pub nodes: NodeSet,
 }
 
 impl MemPlan {
-    /// The `set_mempolicy` mode of this plan.
+    /// First touch: the kernel default.
+    pub fn first_touch() -> MemPlan {
+        MemPlan {
+            policy: "first-touch",
+            nodes: NodeSet::new(),
+        }
+    }
+    /// `bind:N` on one node (not checked against a topology).
+    pub fn bind(node: u32) -> MemPlan {
+        MemPlan {
+            policy: "bind",
+            nodes: NodeSet::single(node),
+        }
+    }
+    /// `preferred:N` (not checked against a topology): a full node falls back instead of failing.
+    pub fn preferred(node: u32) -> MemPlan {
+        MemPlan {
+            policy: "preferred",
+            nodes: NodeSet::single(node),
+        }
+    }
+    /// `interleave:NODES` (not checked against a topology).
+    pub fn interleave(nodes: NodeSet) -> MemPlan {
+        MemPlan {
+            policy: "interleave",
+            nodes,
+        }
+    }
+    /// The kernel mode of this plan (`MPOL_BIND` for the parts of `per-node` and `round-robin`).
     pub fn mode(&self) -> i32 {
         mode_of(self.policy)
     }
     /// Whether applying it changes anything (first-touch is the kernel default).
     pub fn is_default(&self) -> bool {
         self.policy == "first-touch"
+    }
+    /// How parts are dealt to nodes, for `per-node` and `round-robin`; `None` for the others.
+    pub fn part_order(&self) -> Option<PartOrder> {
+        match self.policy {
+            "per-node" => Some(PartOrder::Blocks),
+            "round-robin" => Some(PartOrder::RoundRobin),
+            _ => None,
+        }
+    }
+    /// The plan of part `i` of a region split into `parts`: `bind` to the part's node for
+    /// `per-node` and `round-robin` ([`PartOrder::node_index`]), this plan itself otherwise.
+    pub fn part(&self, i: usize, parts: usize) -> MemPlan {
+        match self.part_order() {
+            Some(o) => {
+                let k = o.node_index(i, parts, self.nodes.len());
+                MemPlan::bind(self.nodes.iter().nth(k).expect("k < nodes"))
+            }
+            None => self.clone(),
+        }
+    }
+    /// The one node part `i` of `parts` lives on, when the plan names one: a per-part policy,
+    /// or `bind`/`preferred` to a single node. `None` for first touch, interleaving and sets.
+    pub fn part_node(&self, i: usize, parts: usize) -> Option<u32> {
+        let p = self.part(i, parts);
+        (matches!(p.policy, "bind" | "preferred") && p.nodes.len() == 1)
+            .then(|| p.nodes.first())
+            .flatten()
     }
 }
 
@@ -170,6 +273,7 @@ pub fn mode_of(name: &str) -> i32 {
         "localalloc" => mode::MPOL_LOCAL,
         "preferred-many" => mode::MPOL_PREFERRED_MANY,
         "weighted-interleave" => mode::MPOL_WEIGHTED_INTERLEAVE,
+        "per-node" | "round-robin" => mode::MPOL_BIND,
         _ => mode::MPOL_DEFAULT,
     }
 }
@@ -236,6 +340,13 @@ impl MemPolicy {
             MemPolicy::WeightedInterleave(l) => MemPlan {
                 policy: "weighted-interleave",
                 nodes: nodes(l, &self.to_string(), &mut notes)?,
+            },
+            MemPolicy::Parts(o, list) => MemPlan {
+                policy: o.name(),
+                nodes: match list {
+                    Some(l) => nodes(l, &self.to_string(), &mut notes)?,
+                    None => usable.clone(),
+                },
             },
         };
         // A node that absorbed firmware duplicates (`Node::merged`) stands for all of them.
@@ -348,6 +459,83 @@ pub fn check_kernel(plan: &MemPlan) -> Result<(), PolicyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::regular;
+
+    #[test]
+    fn per_part_policies_parse_print_and_resolve() {
+        let topo = regular(4, 2, 1, 1);
+        let plan = |s: &str| s.parse::<MemPolicy>().unwrap().resolve(&topo).unwrap().0;
+        for (text, shown, policy, nodes) in [
+            ("per-node", "per-node", "per-node", "0-3"),
+            ("bind-per-node", "per-node", "per-node", "0-3"),
+            ("per-node:1,3", "per-node:1,3", "per-node", "1,3"),
+            ("round-robin", "round-robin", "round-robin", "0-3"),
+            ("round-robin:!0", "round-robin:!0", "round-robin", "1-3"),
+        ] {
+            let m: MemPolicy = text.parse().unwrap();
+            assert!(m.is_per_part(), "{text}");
+            assert_eq!(m.to_string(), shown);
+            let p = plan(text);
+            assert_eq!((p.policy, p.nodes.to_string().as_str()), (policy, nodes));
+            assert_eq!(p.mode(), mode::MPOL_BIND);
+        }
+        assert!(!"bind:0".parse::<MemPolicy>().unwrap().is_per_part());
+        // Errors name the bad part and the valid choices or nodes.
+        let e = "per-nod".parse::<MemPolicy>().unwrap_err().0;
+        assert!(
+            e.contains("per-nod") && e.contains(MemPolicy::CHOICES),
+            "{e}"
+        );
+        let e = "per-node:".parse::<MemPolicy>().unwrap_err().0;
+        assert!(e.contains("needs a node list"), "{e}");
+        let e = "round-robin:x".parse::<MemPolicy>().unwrap_err().0;
+        assert!(e.contains('x'), "{e}");
+        let e = "per-node:0,9"
+            .parse::<MemPolicy>()
+            .unwrap()
+            .resolve(&topo)
+            .unwrap_err()
+            .0;
+        assert!(e.contains("node 9") && e.contains("0-3"), "{e}");
+    }
+
+    #[test]
+    fn parts_map_to_nodes_in_blocks_or_round_robin() {
+        let blocks: Vec<usize> = (0..8)
+            .map(|i| PartOrder::Blocks.node_index(i, 8, 3))
+            .collect();
+        assert_eq!(blocks, [0, 0, 0, 1, 1, 1, 2, 2]);
+        let rr: Vec<usize> = (0..5)
+            .map(|i| PartOrder::RoundRobin.node_index(i, 5, 2))
+            .collect();
+        assert_eq!(rr, [0, 1, 0, 1, 0]);
+        // Fewer parts than nodes: blocks spread them, one per node at most.
+        assert_eq!(PartOrder::Blocks.node_index(1, 2, 4), 2);
+
+        let per_node = MemPlan {
+            policy: "per-node",
+            nodes: NodeSet::parse("2,5,7").unwrap(),
+        };
+        assert_eq!(per_node.part(0, 6), MemPlan::bind(2));
+        assert_eq!(per_node.part(3, 6), MemPlan::bind(5));
+        assert_eq!(per_node.part_node(5, 6), Some(7));
+        let rr = MemPlan {
+            policy: "round-robin",
+            ..per_node.clone()
+        };
+        assert_eq!(rr.part_node(4, 6), Some(5));
+        // Other plans are the same for every part; only a single node is a part's node.
+        let il = MemPlan::interleave(NodeSet::parse("0-1").unwrap());
+        assert_eq!(il.part(3, 4), il);
+        assert_eq!(il.part_node(3, 4), None);
+        assert_eq!(MemPlan::preferred(3).part_node(0, 1), Some(3));
+        assert_eq!(MemPlan::first_touch().part_node(0, 1), None);
+        let two = MemPlan {
+            policy: "bind",
+            nodes: NodeSet::parse("0-1").unwrap(),
+        };
+        assert_eq!(two.part_node(0, 1), None);
+    }
 
     #[test]
     fn kernel_support_detection() {

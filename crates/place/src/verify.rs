@@ -383,9 +383,9 @@ pub fn sample(pid: i32, at_s: f64, with_memory: bool) -> io::Result<Sample> {
     })
 }
 
-/// One row of plan vs actual.
+/// One thread's plan vs actual (a row of the `loci run --verify` table).
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Row {
+pub struct ThreadVerdict {
     pub tid: i32,
     pub name: String,
     /// Plan thread index; `None` for threads the plan does not cover (skipped helpers, extras).
@@ -407,7 +407,7 @@ pub struct Row {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Comparison {
     pub at_s: f64,
-    pub rows: Vec<Row>,
+    pub rows: Vec<ThreadVerdict>,
     pub plan_memory: String,
     pub anon_bytes: BTreeMap<u32, u64>,
     pub expected_nodes: NodeSet,
@@ -419,7 +419,7 @@ pub struct Comparison {
 /// without it the lowest tid (the main thread) is thread 0 and other threads are unknown.
 pub fn compare(plan: &Plan, sample: &Sample, log: &[PinLogEntry]) -> Comparison {
     let main_tid = sample.tasks.iter().map(|t| t.tid).min();
-    let rows: Vec<Row> = sample
+    let rows: Vec<ThreadVerdict> = sample
         .tasks
         .iter()
         .map(|t| {
@@ -438,7 +438,7 @@ pub fn compare(plan: &Plan, sample: &Sample, log: &[PinLogEntry]) -> Comparison 
                 Some(p) if plan.pinned => t.cpus == p.cpus && p.cpus.contains(t.last_cpu),
                 _ => true,
             };
-            Row {
+            ThreadVerdict {
                 tid: t.tid,
                 name: t.name.clone(),
                 index,

@@ -63,17 +63,8 @@ struct Args {
 }
 
 fn parse_bytes(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let (num, mul) = match t.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&t[..i], 1usize << 10),
-        Some((i, 'M' | 'm')) => (&t[..i], 1 << 20),
-        Some((i, 'G' | 'g')) => (&t[..i], 1 << 30),
-        _ => (t, 1),
-    };
-    num.parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(mul))
-        .ok_or_else(|| format!("`{s}` is not a size such as 4096, 64K, 16M or 1G"))
+    let n = loci_topo::sysfs::parse_size(s)?;
+    usize::try_from(n).map_err(|_| format!("`{s}` is more bytes than this machine can address"))
 }
 
 #[derive(Serialize)]

@@ -2,7 +2,8 @@
 //! a plain-text table with ratios against a baseline row, and an SVG bar chart.
 //!
 //! ```json
-//! { "workload": "w2", "params": {...}, "machine": {"nodes": 1, "cpus": 2},
+//! { "workload": "w2", "params": {...}, "machine": {"nodes": 1, "cpus": 2, "kernel": "6.1.0-...",
+//!   "cpu_model": "...", "autonuma": "off", "thp": "madvise", "allocator": "glibc"},
 //!   "results": [ { "system": "loci", "case": "...", "config": {...}, "times_s": [...],
 //!                  "median_s": 1.2, "min_s": 1.1, "max_s": 1.3, "throughput": 8e7, "unit": "rows/s",
 //!                  "rss_bytes": 1, "requested_bytes": 1, "local_access_ratio": 0.98 } ] }
@@ -14,21 +15,76 @@ use std::path::Path;
 use loci_topo::Topology;
 use serde::{Deserialize, Serialize};
 
-/// Summary of the machine a benchmark ran on.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Summary of the machine a benchmark ran on, with the OS state that changes NUMA behaviour, so
+/// that runs (and `loci advise`) can be compared.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Machine {
     pub nodes: usize,
     pub cpus: usize,
+    /// `model name` of /proc/cpuinfo.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_model: Option<String>,
+    /// The kernel release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+    /// AutoNUMA (`on`, `off`, `on (mode N)`), absent when the kernel has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autonuma: Option<String>,
+    /// The system THP mode (`always`, `madvise`, `never`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thp: Option<String>,
+    /// The allocator of the benchmark process: the preloaded one (`LD_PRELOAD`), else `glibc`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator: Option<String>,
 }
 
 impl Machine {
-    /// Nodes and allowed cpus of a topology.
+    /// A machine of `nodes` nodes and `cpus` cpus, with no OS facts (tests, made-up reports).
+    pub fn sized(nodes: usize, cpus: usize) -> Self {
+        Machine {
+            nodes,
+            cpus,
+            ..Machine::default()
+        }
+    }
+
+    /// Nodes and allowed cpus of a topology, and the OS state of the machine this runs on.
     pub fn of(topo: &Topology) -> Self {
+        let knobs = loci_place::knobs::read(std::path::Path::new("/")).ok();
+        let read = |p: &str| std::fs::read_to_string(p).ok();
         Self {
             nodes: topo.nodes.len(),
             cpus: topo.allowed_cpus().len(),
+            cpu_model: read("/proc/cpuinfo").and_then(|t| {
+                t.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_string())
+            }),
+            kernel: read("/proc/sys/kernel/osrelease").map(|k| k.trim().to_string()),
+            autonuma: knobs.as_ref().and_then(|k| k.autonuma.clone()),
+            thp: knobs.and_then(|k| k.thp_enabled),
+            allocator: Some(preloaded_allocator(
+                &std::env::var("LD_PRELOAD").unwrap_or_default(),
+            )),
         }
     }
+}
+
+/// The allocator an `LD_PRELOAD` value loads (`glibc` when it loads none of the known ones).
+pub fn preloaded_allocator(preload: &str) -> String {
+    const KNOWN: [(&str, &str); 5] = [
+        ("jemalloc", "jemalloc"),
+        ("tcmalloc", "tcmalloc"),
+        ("tbbmalloc", "tbbmalloc"),
+        ("mimalloc", "mimalloc"),
+        ("loci_malloc", "loci"),
+    ];
+    KNOWN
+        .iter()
+        .find(|(lib, _)| preload.contains(lib))
+        .map_or("glibc", |(_, name)| name)
+        .to_string()
 }
 
 /// One measured configuration of one system.
@@ -341,11 +397,7 @@ mod tests {
         assert_eq!(median(&[]), None);
         assert_eq!(median(&[5.0]), Some(5.0));
         assert_eq!(median(&[9.0, -1.0, 0.5]), Some(0.5));
-        let mut rep = Report::new(
-            "w2",
-            serde_json::json!({"rows": 10}),
-            Machine { nodes: 1, cpus: 2 },
-        );
+        let mut rep = Report::new("w2", serde_json::json!({"rows": 10}), Machine::sized(1, 2));
         rep.results.push(r);
         rep.results
             .push(Row::from_times("duckdb", vec![4.0]).case("c"));
@@ -362,12 +414,42 @@ mod tests {
     }
 
     #[test]
-    fn plot_writes_svg() {
-        let mut rep = Report::new(
-            "alloc",
-            serde_json::json!({}),
-            Machine { nodes: 1, cpus: 2 },
+    fn machine_records_the_os_state() {
+        let topo = loci_topo::load(&loci_topo::Source::Preset("xeon-e7-4850v4-4s".into())).unwrap();
+        let m = Machine::of(&topo);
+        assert_eq!(m.nodes, 4);
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        assert_eq!(m.kernel.as_deref(), Some(kernel.trim()));
+        let v = serde_json::to_value(&m).unwrap();
+        assert!(v["allocator"].is_string(), "{v}");
+        if std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists() {
+            assert!(
+                ["always", "madvise", "never"].contains(&m.thp.as_deref().unwrap()),
+                "{m:?}"
+            );
+        }
+        // An older result without the OS fields still reads.
+        let old: Machine = serde_json::from_str(r#"{"nodes": 1, "cpus": 2}"#).unwrap();
+        assert_eq!(old.kernel, None);
+    }
+
+    #[test]
+    fn preloaded_allocator_names() {
+        assert_eq!(preloaded_allocator(""), "glibc");
+        assert_eq!(
+            preloaded_allocator("/x/libloci_pin.so:/usr/lib/libjemalloc.so.2"),
+            "jemalloc"
         );
+        assert_eq!(preloaded_allocator("/t/libloci_malloc.so"), "loci");
+        assert_eq!(
+            preloaded_allocator("/usr/lib/libtbbmalloc_proxy.so.2"),
+            "tbbmalloc"
+        );
+    }
+
+    #[test]
+    fn plot_writes_svg() {
+        let mut rep = Report::new("alloc", serde_json::json!({}), Machine::sized(1, 2));
         rep.results
             .push(Row::from_times("glibc", vec![1.0, 1.2]).case("general"));
         rep.results

@@ -139,6 +139,8 @@ mod tests {
     #[test]
     fn rules_3_and_4_take_the_right_ends() {
         let q = DeferredQueue::new();
+        // Rule 4 on a queue whose requests may all be shared.
+        let take_remote = || q.take_remote(false, |_| Rule4Class::Shareable).map(|x| x.0);
         assert_eq!(q.take_own(), None::<(u64, u32)>);
         for (r, t) in [(5, 1), (3, 1), (5, 2), (3, 2), (7, 1), (3, 3)] {
             q.push(r, (r, t));
@@ -148,30 +150,15 @@ mod tests {
         // Rule 3: youngest of the oldest request (3).
         assert_eq!(q.take_own(), Some((3, 3)));
         // Rule 4: oldest of the second-oldest request (5).
-        assert_eq!(
-            q.take_remote(false, |_| Rule4Class::Shareable).map(|x| x.0),
-            Some((5, 1))
-        );
-        assert_eq!(
-            q.take_remote(false, |_| Rule4Class::Shareable).map(|x| x.0),
-            Some((5, 2))
-        );
+        assert_eq!(take_remote(), Some((5, 1)));
+        assert_eq!(take_remote(), Some((5, 2)));
         assert_eq!(q.ids(), vec![3, 7]);
-        assert_eq!(
-            q.take_remote(false, |_| Rule4Class::Shareable).map(|x| x.0),
-            Some((7, 1))
-        );
+        assert_eq!(take_remote(), Some((7, 1)));
         // Only request 3 left: rule 4 takes its oldest task.
-        assert_eq!(
-            q.take_remote(false, |_| Rule4Class::Shareable).map(|x| x.0),
-            Some((3, 1))
-        );
+        assert_eq!(take_remote(), Some((3, 1)));
         assert_eq!(q.take_own(), Some((3, 2)));
         assert_eq!(q.requests(), 0);
-        assert_eq!(
-            q.take_remote(false, |_| Rule4Class::Shareable).map(|x| x.0),
-            None
-        );
+        assert_eq!(take_remote(), None);
     }
 
     #[test]

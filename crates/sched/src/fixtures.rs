@@ -35,15 +35,7 @@ fn build(source: &str, cpus: Vec<Cpu>, caches: Vec<Cache>, distances: Vec<Vec<u3
         .collect();
     let mut cpus = cpus;
     cpus.sort_by_key(|c| c.id);
-    let t = Topology {
-        source: source.into(),
-        nodes,
-        cpus,
-        caches,
-        devices: vec![],
-        distances,
-        notes: vec![],
-    };
+    let t = Topology::from_parts(source.into(), nodes, cpus, caches, vec![], distances);
     t.validate().expect("fixture topology is consistent");
     t
 }

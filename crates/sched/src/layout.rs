@@ -15,7 +15,7 @@ pub struct Group {
     pub node: u32,
     /// Its cpus (allowed and online ones only); the pool's affinity.
     pub cpus: CpuSet,
-    /// The workers of the pool (indices into [`Layout::workers`]), one per cpu.
+    /// The workers of the pool (indices into [`WorkerLayout::workers`]), one per cpu.
     pub workers: Range<usize>,
     /// Groups to wake for a deferred spawn here: this group first, then the others by increasing
     /// NUMA distance.
@@ -28,7 +28,7 @@ pub struct Group {
 /// One worker and the orders it scans the other queues in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerSlot {
-    /// Its core group (index into [`Layout::groups`]).
+    /// Its core group (index into [`WorkerLayout::groups`]).
     pub group: usize,
     /// Its node (kernel id).
     pub node: u32,
@@ -47,7 +47,7 @@ pub struct WorkerSlot {
 
 /// Groups and workers of a scheduler.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Layout {
+pub struct WorkerLayout {
     /// The cache level the groups were formed at (`None`: the topology knows no caches; each
     /// core is then its own group).
     pub cache_level: Option<u8>,
@@ -74,19 +74,19 @@ pub fn cache_distance(topo: &Topology, a: u32, b: u32) -> Option<u8> {
         .min()
 }
 
-impl Layout {
+impl WorkerLayout {
     /// Groups at `cache_level` (the last-level cache when `None`) of the allowed, online cpus.
-    pub fn new(topo: &Topology, cache_level: Option<u8>) -> Result<Layout, SchedError> {
-        Layout::within(topo, cache_level, &topo.allowed_cpus())
+    pub fn new(topo: &Topology, cache_level: Option<u8>) -> Result<WorkerLayout, SchedError> {
+        WorkerLayout::within(topo, cache_level, &topo.allowed_cpus())
     }
 
-    /// [`Layout::new`] over `cpus` only (a plan's footprint): one worker per cpu of `cpus`,
+    /// [`WorkerLayout::new`] over `cpus` only (a plan's footprint): one worker per cpu of `cpus`,
     /// grouped as the topology groups them. Every cpu must be allowed and online.
     pub fn within(
         topo: &Topology,
         cache_level: Option<u8>,
         cpus: &loci_topo::CpuSet,
-    ) -> Result<Layout, SchedError> {
+    ) -> Result<WorkerLayout, SchedError> {
         let allowed = topo.allowed_cpus();
         let outside = cpus.difference(&allowed);
         if !outside.is_empty() {
@@ -206,7 +206,7 @@ impl Layout {
             slot.same_node = same_node;
             slot.others = others;
         }
-        Ok(Layout {
+        Ok(WorkerLayout {
             cache_level: level,
             groups,
             workers,
@@ -216,7 +216,7 @@ impl Layout {
         })
     }
 
-    /// Index of a node id in [`Layout::nodes`].
+    /// Index of a node id in [`WorkerLayout::nodes`].
     pub fn node_index(&self, node: u32) -> Option<usize> {
         self.nodes.iter().position(|&n| n == node)
     }
@@ -224,6 +224,20 @@ impl Layout {
     /// Groups of one node.
     pub fn groups_of(&self, node: u32) -> impl Iterator<Item = usize> + '_ {
         (0..self.groups.len()).filter(move |&g| self.groups[g].node == node)
+    }
+
+    /// Groups of one node, or [`SchedError::UnknownNode`] naming the nodes there are when it has
+    /// none.
+    pub fn groups_of_known(&self, node: u32) -> Result<Vec<usize>, SchedError> {
+        let gs: Vec<usize> = self.groups_of(node).collect();
+        if gs.is_empty() {
+            let valid: Vec<String> = self.nodes.iter().map(|n| n.to_string()).collect();
+            return Err(SchedError::UnknownNode {
+                node,
+                valid: valid.join(","),
+            });
+        }
+        Ok(gs)
     }
 }
 
@@ -245,7 +259,7 @@ mod tests {
             false,
         )
         .unwrap();
-        let l = Layout::within(&t, None, &plan.footprint()).unwrap();
+        let l = WorkerLayout::within(&t, None, &plan.footprint()).unwrap();
         let cpus: loci_topo::CpuSet = l.workers.iter().map(|w| w.cpu).collect();
         assert_eq!(cpus, plan.footprint());
         assert_eq!(l.workers.len(), 3);
@@ -255,7 +269,7 @@ mod tests {
             assert!(l.groups[w.group].cpus.contains(w.cpu));
             assert_eq!(t.cpu(w.cpu).unwrap().node, Some(w.node));
         }
-        let e = Layout::within(&t, None, &loci_topo::CpuSet::parse("2,99").unwrap())
+        let e = WorkerLayout::within(&t, None, &loci_topo::CpuSet::parse("2,99").unwrap())
             .unwrap_err()
             .to_string();
         assert!(e.contains("99") && e.contains("allowed: 0-7"), "{e}");
@@ -264,7 +278,7 @@ mod tests {
     #[test]
     fn e7_groups_are_nodes_and_siblings_come_first() {
         let t = fixtures::xeon_e7_4820();
-        let l = Layout::new(&t, None).unwrap();
+        let l = WorkerLayout::new(&t, None).unwrap();
         assert_eq!(l.cache_level, Some(3));
         assert_eq!(l.groups.len(), 4);
         assert!(l.groups.iter().all(|g| g.cpus.len() == 16));
@@ -283,7 +297,7 @@ mod tests {
     #[test]
     fn e7_at_l2_gives_core_pairs() {
         let t = fixtures::xeon_e7_4820();
-        let l = Layout::new(&t, Some(2)).unwrap();
+        let l = WorkerLayout::new(&t, Some(2)).unwrap();
         assert_eq!(l.groups.len(), 32);
         let w0 = l.workers.iter().position(|w| w.cpu == 0).unwrap();
         // Rule 5 covers the 14 workers of the other 7 groups of node 0.
@@ -302,7 +316,7 @@ mod tests {
     #[test]
     fn bad_cache_level_names_valid_levels() {
         let t = fixtures::xeon_e5310();
-        let e = Layout::new(&t, Some(3)).unwrap_err().to_string();
+        let e = WorkerLayout::new(&t, Some(3)).unwrap_err().to_string();
         assert!(e.contains("L3") && e.contains("L1, L2"), "{e}");
     }
 
@@ -311,7 +325,7 @@ mod tests {
         let t = fixtures::opteron_8220();
         let hops = fixtures::twisted_ladder_hops();
         assert_eq!(hops.iter().flatten().max(), Some(&3), "diameter 3");
-        let l = Layout::new(&t, None).unwrap();
+        let l = WorkerLayout::new(&t, None).unwrap();
         assert_eq!(l.groups.len(), 16, "no shared cache: one group per core");
         for w in 0..l.workers.len() {
             let me = l.node_index(l.workers[w].node).unwrap();
@@ -331,7 +345,7 @@ mod tests {
     #[test]
     fn e5310_pairs_and_rule5_scan() {
         let t = fixtures::xeon_e5310();
-        let l = Layout::new(&t, None).unwrap();
+        let l = WorkerLayout::new(&t, None).unwrap();
         assert_eq!(l.cache_level, Some(2));
         let cpus: Vec<String> = l.groups.iter().map(|g| g.cpus.to_string()).collect();
         assert_eq!(cpus, ["0,4", "1,5", "2,6", "3,7"]);
@@ -340,7 +354,7 @@ mod tests {
         assert_eq!(l.groups[1].wake_immediate.len(), 4);
     }
 
-    impl Layout {
+    impl WorkerLayout {
         fn same_group_first(&self, w: usize) -> usize {
             self.workers[w].same_group[0]
         }

@@ -74,7 +74,7 @@ mod runtime;
 mod sync;
 pub mod workload;
 
-pub use layout::{cache_distance, Group, Layout, WorkerSlot};
+pub use layout::{cache_distance, Group, WorkerLayout, WorkerSlot};
 pub use rules::Rule;
 pub use runtime::{
     Ctx, RequestError, RequestHandle, RequestOptions, RequestRecord, Scheduler, Scope, Stats,

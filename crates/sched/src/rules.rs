@@ -2,7 +2,7 @@
 //! abstract view of the queues. The runtime asks the same function with a live view, then tries
 //! to take the task; if another worker was faster it asks again.
 
-use crate::layout::Layout;
+use crate::layout::WorkerLayout;
 
 /// What a rule needs to know about the queues (a snapshot; the runtime's answers may be stale).
 pub trait QueueView {
@@ -166,7 +166,12 @@ pub fn rule4_target(
 /// LAS (seed 003 section 4.2) for worker `w`. `rr` is the rule-5 position where the worker last
 /// found a task (`usize::MAX` before the first); the scan resumes after it.
 #[inline]
-pub fn choose_las(layout: &Layout, w: usize, view: &impl QueueView, rr: usize) -> Option<Pick> {
+pub fn choose_las(
+    layout: &WorkerLayout,
+    w: usize,
+    view: &impl QueueView,
+    rr: usize,
+) -> Option<Pick> {
     if view.immediate_nonempty(w) {
         return Some(Pick::OwnImmediate);
     }
@@ -205,7 +210,7 @@ pub fn choose_las(layout: &Layout, w: usize, view: &impl QueueView, rr: usize) -
 
 /// NLS (seed 003 section 6.1) for worker `w`.
 #[inline]
-pub fn choose_nls(layout: &Layout, w: usize, view: &impl QueueView) -> Option<Pick> {
+pub fn choose_nls(layout: &WorkerLayout, w: usize, view: &impl QueueView) -> Option<Pick> {
     if view.immediate_nonempty(w) {
         return Some(Pick::OwnImmediate);
     }
@@ -233,7 +238,7 @@ mod tests {
         shared: bool,
     }
     impl View {
-        fn empty(l: &Layout) -> View {
+        fn empty(l: &WorkerLayout) -> View {
             View {
                 imm: vec![false; l.workers.len()],
                 def: vec![0; l.groups.len()],
@@ -252,11 +257,11 @@ mod tests {
             self.shared
         }
     }
-    fn worker_of_cpu(l: &Layout, cpu: u32) -> usize {
+    fn worker_of_cpu(l: &WorkerLayout, cpu: u32) -> usize {
         l.workers.iter().position(|w| w.cpu == cpu).unwrap()
     }
-    fn layout(t: &Topology, level: Option<u8>) -> Layout {
-        Layout::new(t, level).unwrap()
+    fn layout(t: &Topology, level: Option<u8>) -> WorkerLayout {
+        WorkerLayout::new(t, level).unwrap()
     }
 
     #[test]
@@ -275,22 +280,12 @@ mod tests {
         assert_eq!(choose_las(&l, me, &v, usize::MAX), None);
 
         // Rule 4: another node's deferred queue with one request: its oldest task.
-        v.def[1] = 1;
-        assert_eq!(
-            choose_las(&l, me, &v, usize::MAX),
-            Some(Pick::RemoteDeferred {
-                group: 1,
-                second: false
-            })
-        );
-        v.def[1] = 3;
-        assert_eq!(
-            choose_las(&l, me, &v, usize::MAX),
-            Some(Pick::RemoteDeferred {
-                group: 1,
-                second: true
-            })
-        );
+        // With more than one request there, the second-oldest request's oldest task.
+        for (requests, second) in [(1, false), (3, true)] {
+            v.def[1] = requests;
+            let want = Pick::RemoteDeferred { group: 1, second };
+            assert_eq!(choose_las(&l, me, &v, usize::MAX), Some(want));
+        }
         // Rule 3 beats rule 4.
         v.def[0] = 2;
         assert_eq!(choose_las(&l, me, &v, usize::MAX), Some(Pick::OwnDeferred));

@@ -31,9 +31,22 @@ pub(crate) fn wait<'a, T>(cv: &Condvar, g: MutexGuard<'a, T>) -> MutexGuard<'a, 
     cv.wait(g).unwrap_or_else(|e| e.into_inner())
 }
 
+/// Takes from a crossbeam queue, retrying lost races; `None` when it is empty.
 #[cfg(not(loom))]
-mod deque {
-    use crossbeam_deque::{Steal, Stealer as CbStealer, Worker};
+fn steal_retrying<T>(steal: impl Fn() -> crossbeam_deque::Steal<T>) -> Option<T> {
+    use crossbeam_deque::Steal;
+    loop {
+        match steal() {
+            Steal::Success(t) => return Some(t),
+            Steal::Empty => return None,
+            Steal::Retry => std::hint::spin_loop(),
+        }
+    }
+}
+
+#[cfg(not(loom))]
+mod queues {
+    use crossbeam_deque::{Injector, Stealer as CbStealer, Worker};
 
     /// A worker's own immediate queue: the owner pushes and pops the youngest task (LIFO),
     /// others steal the oldest (crossbeam's Chase-Lev deque does exactly this).
@@ -63,63 +76,16 @@ mod deque {
     }
 
     impl<T> Stealer<T> {
-        /// The oldest task, or `None` when the queue is empty. Retries lost races.
+        /// The oldest task, or `None` when the queue is empty.
         #[inline]
         pub(crate) fn steal(&self) -> Option<T> {
-            loop {
-                match self.0.steal() {
-                    Steal::Success(t) => return Some(t),
-                    Steal::Empty => return None,
-                    Steal::Retry => std::hint::spin_loop(),
-                }
-            }
+            super::steal_retrying(|| self.0.steal())
         }
         #[inline]
         pub(crate) fn is_empty(&self) -> bool {
             self.0.is_empty()
         }
     }
-}
-
-#[cfg(loom)]
-mod deque {
-    use super::{lock, Mutex};
-    use std::collections::VecDeque;
-    use std::sync::Arc;
-
-    pub(crate) struct Local<T>(Arc<Mutex<VecDeque<T>>>);
-    pub(crate) struct Stealer<T>(Arc<Mutex<VecDeque<T>>>);
-
-    pub(crate) fn local<T>() -> (Local<T>, Stealer<T>) {
-        let q = Arc::new(Mutex::new(VecDeque::new()));
-        (Local(q.clone()), Stealer(q))
-    }
-    impl<T> Local<T> {
-        pub(crate) fn push(&self, t: T) {
-            lock(&self.0).push_back(t)
-        }
-        pub(crate) fn pop(&self) -> Option<T> {
-            lock(&self.0).pop_back()
-        }
-        pub(crate) fn is_empty(&self) -> bool {
-            lock(&self.0).is_empty()
-        }
-    }
-    impl<T> Stealer<T> {
-        pub(crate) fn steal(&self) -> Option<T> {
-            lock(&self.0).pop_front()
-        }
-        pub(crate) fn is_empty(&self) -> bool {
-            lock(&self.0).is_empty()
-        }
-    }
-}
-
-pub(crate) use deque::{local, Local, Stealer};
-
-#[cfg(not(loom))]
-mod fifo {
-    use crossbeam_deque::{Injector, Steal};
 
     /// NLS's one shared deferred queue: a multi-producer multi-consumer FIFO.
     pub(crate) struct Fifo<T>(Injector<T>);
@@ -132,13 +98,7 @@ mod fifo {
             self.0.push(t)
         }
         pub(crate) fn steal(&self) -> Option<T> {
-            loop {
-                match self.0.steal() {
-                    Steal::Success(t) => return Some(t),
-                    Steal::Empty => return None,
-                    Steal::Retry => std::hint::spin_loop(),
-                }
-            }
+            super::steal_retrying(|| self.0.steal())
         }
         pub(crate) fn is_empty(&self) -> bool {
             self.0.is_empty()
@@ -146,10 +106,13 @@ mod fifo {
     }
 }
 
+/// Under loom every queue is one locked `VecDeque` ([`Fifo`]): pushed at the back, popped by its
+/// owner at the back (LIFO), stolen and taken from the front (FIFO).
 #[cfg(loom)]
-mod fifo {
+mod queues {
     use super::{lock, Mutex};
     use std::collections::VecDeque;
+    use std::sync::Arc;
 
     pub(crate) struct Fifo<T>(Mutex<VecDeque<T>>);
 
@@ -167,6 +130,33 @@ mod fifo {
             lock(&self.0).is_empty()
         }
     }
+
+    pub(crate) struct Local<T>(Arc<Fifo<T>>);
+    pub(crate) struct Stealer<T>(Arc<Fifo<T>>);
+
+    pub(crate) fn local<T>() -> (Local<T>, Stealer<T>) {
+        let q = Arc::new(Fifo::new());
+        (Local(q.clone()), Stealer(q))
+    }
+    impl<T> Local<T> {
+        pub(crate) fn push(&self, t: T) {
+            self.0.push(t)
+        }
+        pub(crate) fn pop(&self) -> Option<T> {
+            lock(&self.0 .0).pop_back()
+        }
+        pub(crate) fn is_empty(&self) -> bool {
+            self.0.is_empty()
+        }
+    }
+    impl<T> Stealer<T> {
+        pub(crate) fn steal(&self) -> Option<T> {
+            self.0.steal()
+        }
+        pub(crate) fn is_empty(&self) -> bool {
+            self.0.is_empty()
+        }
+    }
 }
 
-pub(crate) use fifo::Fifo;
+pub(crate) use queues::{local, Fifo, Local, Stealer};

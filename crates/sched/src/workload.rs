@@ -18,15 +18,21 @@ use std::sync::Arc;
 
 use crate::{Ctx, Policy, RequestRecord, Scheduler};
 
+/// The subtrees under the root of a task tree of `n` tasks: `(left, right)` task counts (`left`
+/// may be 0), `None` when the root is a leaf. Every tree of the benchmarks (loci's and rayon's
+/// forms) splits this way, so they run the same number of tasks.
+pub fn tree_children(n: u64) -> Option<(u64, u64)> {
+    let rest = n.checked_sub(1).filter(|&r| r > 0)?;
+    let left = rest / 2;
+    Some((left, rest - left))
+}
+
 /// Spawns a binary tree of exactly `n` tasks (counting the caller's task as the first) as
 /// immediate tasks; each task does no work besides spawning its children.
 pub fn tree(ctx: &Ctx, n: u64) {
-    if n <= 1 {
+    let Some((left, right)) = tree_children(n) else {
         return;
-    }
-    let rest = n - 1;
-    let left = rest / 2;
-    let right = rest - left;
+    };
     if left > 0 {
         ctx.spawn_immediate(move |c| tree(c, left));
     }
@@ -54,7 +60,8 @@ impl Default for PipelineSpec {
     }
 }
 
-fn splitmix(mut x: u64) -> u64 {
+/// splitmix64's finalizer: the workloads' (and the benchmarks') deterministic mixing.
+pub fn splitmix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

@@ -21,11 +21,20 @@ fn config(policy: Policy) -> Config {
     }
 }
 
+/// Runs `body` on a scheduler over `fixtures::grid(nodes, groups, cpus)` under every interleaving
+/// loom explores; the scheduler is dropped (its workers joined) inside the model.
+fn model(policy: Policy, grid: (u32, u32, u32), body: impl Fn(&Scheduler) + Send + Sync + 'static) {
+    loom::model(move || {
+        let s = Scheduler::new(&fixtures::grid(grid.0, grid.1, grid.2), config(policy)).unwrap();
+        body(&s);
+        drop(s);
+    });
+}
+
 /// A request whose root spawns one immediate and one deferred task completes with both counted,
 /// whichever worker wakes, sleeps or steals when.
 fn request_with_children(policy: Policy, nodes: u32, groups: u32, cpus: u32) {
-    loom::model(move || {
-        let s = Scheduler::new(&fixtures::grid(nodes, groups, cpus), config(policy)).unwrap();
+    model(policy, (nodes, groups, cpus), |s| {
         let h = s.submit(|ctx| {
             let n = Arc::new(AtomicU64::new(0));
             let (a, b) = (n.clone(), n.clone());
@@ -38,7 +47,6 @@ fn request_with_children(policy: Policy, nodes: u32, groups: u32, cpus: u32) {
             n
         });
         assert_eq!(h.wait().unwrap().load(Ordering::Relaxed), 11);
-        drop(s);
     });
 }
 
@@ -60,8 +68,7 @@ fn nls_two_workers() {
 /// A scope's owner waits (helping or blocked) until its child ran on either worker.
 #[test]
 fn scope_completion() {
-    loom::model(|| {
-        let s = Scheduler::new(&fixtures::grid(1, 1, 2), config(Policy::Las)).unwrap();
+    model(Policy::Las, (1, 1, 2), |s| {
         let h = s.submit(|ctx| {
             let mut x = 0u64;
             ctx.scope(|sc| {
@@ -70,20 +77,17 @@ fn scope_completion() {
             x
         });
         assert_eq!(h.wait().unwrap(), 7);
-        drop(s);
     });
 }
 
 /// Two requests submitted from outside race with the workers' sleep; a panic fails only its own.
 #[test]
 fn two_requests_one_fails() {
-    loom::model(|| {
-        let s = Scheduler::new(&fixtures::grid(2, 1, 1), config(Policy::Las)).unwrap();
+    model(Policy::Las, (2, 1, 1), |s| {
         let a = s.submit(|_| -> u32 { panic!("boom") });
         let b = s.submit(|_| 2u32);
         assert!(a.wait().is_err());
         assert_eq!(b.wait().unwrap(), 2);
-        drop(s);
     });
 }
 
@@ -93,8 +97,7 @@ fn two_requests_one_fails() {
 /// (Before the crowd forms either worker may take it.)
 #[test]
 fn kept_task_on_another_node_wakes_its_worker() {
-    loom::model(|| {
-        let s = Scheduler::new(&fixtures::grid(2, 1, 1), config(Policy::Las)).unwrap();
+    model(Policy::Las, (2, 1, 1), |s| {
         let a = s.submit(|ctx| {
             let n = Arc::new(AtomicU64::new(0));
             let m = n.clone();
@@ -108,7 +111,6 @@ fn kept_task_on_another_node_wakes_its_worker() {
         let b = s.submit(|_| 2u32);
         assert_eq!(a.wait().unwrap().load(Ordering::Relaxed), 1);
         assert_eq!(b.wait().unwrap(), 2);
-        drop(s);
     });
 }
 
@@ -118,8 +120,7 @@ fn kept_task_on_another_node_wakes_its_worker() {
 /// on the node it was queued for.
 #[test]
 fn stay_on_node_request_wakes_only_its_nodes_workers() {
-    loom::model(|| {
-        let s = Scheduler::new(&fixtures::grid(2, 1, 1), config(Policy::Las)).unwrap();
+    model(Policy::Las, (2, 1, 1), |s| {
         let a = s
             .submit_on_with(0, loci_sched::RequestOptions::stay_on_node(), |ctx| {
                 assert_eq!(ctx.node(), 0);
@@ -133,6 +134,5 @@ fn stay_on_node_request_wakes_only_its_nodes_workers() {
             })
             .unwrap();
         assert_eq!(a.wait().unwrap().load(Ordering::Relaxed), 1);
-        drop(s);
     });
 }

@@ -14,10 +14,33 @@ fn this_machine() -> Topology {
     Topology::flat(loci_place::sys::get_affinity(0).unwrap(), "test:affinity")
 }
 
-fn unpinned_las() -> Config {
+/// Settings with `policy` and no affinity (the fixtures' cpus are not this machine's).
+fn unpinned(policy: Policy) -> Config {
     Config {
+        policy,
         affinity: Affinity::None,
         ..Config::default()
+    }
+}
+
+/// A scheduler over `fixtures::grid(nodes, groups, cpus)` with `policy` and no affinity.
+fn on_grid(nodes: u32, groups: u32, cpus: u32, policy: Policy) -> Scheduler {
+    Scheduler::new(&fixtures::grid(nodes, groups, cpus), unpinned(policy)).unwrap()
+}
+
+/// LAS on 4 nodes of one cpu each, with loci's rule 4 (`migrate_requests`) or the seed's.
+fn four_nodes(migrate_requests: bool) -> Scheduler {
+    let config = Config {
+        migrate_requests,
+        ..unpinned(Policy::Las)
+    };
+    Scheduler::new(&fixtures::grid(4, 1, 1), config).unwrap()
+}
+
+/// A request of 24 deferred tasks of 2 ms each: long enough for idle nodes to take some.
+fn slow_request(ctx: &loci_sched::Ctx) {
+    for _ in 0..24 {
+        ctx.spawn_deferred(|_| std::thread::sleep(std::time::Duration::from_millis(2)));
     }
 }
 
@@ -26,15 +49,7 @@ const POLICIES: [Policy; 3] = [Policy::Las, Policy::Nls, Policy::Unpinned];
 #[test]
 fn a_panicking_task_fails_its_request_not_the_pool() {
     for policy in POLICIES {
-        let s = Scheduler::new(
-            &fixtures::grid(2, 1, 2),
-            Config {
-                policy,
-                affinity: Affinity::None,
-                ..Config::default()
-            },
-        )
-        .unwrap();
+        let s = on_grid(2, 1, 2, policy);
         let bad = s.submit(|ctx| {
             for i in 0..10 {
                 ctx.spawn_deferred(move |_| {
@@ -79,15 +94,7 @@ fn request_ids_are_sequential_and_results_match_the_sequential_baseline() {
         buffer_bytes: 4096,
     };
     for policy in POLICIES {
-        let s = Scheduler::new(
-            &fixtures::grid(2, 2, 2),
-            Config {
-                policy,
-                affinity: Affinity::None,
-                ..Config::default()
-            },
-        )
-        .unwrap();
+        let s = on_grid(2, 2, 2, policy);
         let ids: Vec<u64> = (0..5).map(|_| s.submit(|_| ()).id()).collect();
         assert_eq!(ids, vec![0, 1, 2, 3, 4]);
         let recs = run_pipelines(&s, 6, spec, None).unwrap();
@@ -116,15 +123,7 @@ fn pipelines_into_caller_slots_check_every_checksum() {
     );
     let mut expected: Vec<u64> = (0..4).map(|s| pipeline_expected(s, spec)).collect();
     for policy in POLICIES {
-        let s = Scheduler::new(
-            &fixtures::grid(2, 1, 2),
-            Config {
-                policy,
-                affinity: Affinity::None,
-                ..Config::default()
-            },
-        )
-        .unwrap();
+        let s = on_grid(2, 1, 2, policy);
         // Twice on the same slots: each run starts from zero.
         for _ in 0..2 {
             run_pipelines_into(&s, spec, accs, &expected).unwrap();
@@ -133,14 +132,7 @@ fn pipelines_into_caller_slots_check_every_checksum() {
         assert_eq!(st.tasks, 2 * 4 * (1 + 3 * 5 * 3), "{policy:?}");
     }
     // A wrong checksum is reported with its request's seed.
-    let s = Scheduler::new(
-        &fixtures::grid(1, 1, 2),
-        Config {
-            affinity: Affinity::None,
-            ..Config::default()
-        },
-    )
-    .unwrap();
+    let s = on_grid(1, 1, 2, Policy::Las);
     expected[2] ^= 1;
     let err = run_pipelines_into(&s, spec, accs, &expected).unwrap_err();
     assert!(err.contains("seed 2"), "{err}");
@@ -151,15 +143,7 @@ fn pipelines_into_caller_slots_check_every_checksum() {
 #[test]
 fn counters_add_up() {
     for policy in POLICIES {
-        let s = Scheduler::new(
-            &fixtures::grid(2, 2, 1),
-            Config {
-                policy,
-                affinity: Affinity::None,
-                ..Config::default()
-            },
-        )
-        .unwrap();
+        let s = on_grid(2, 2, 1, policy);
         let before = s.stats();
         s.submit(|ctx| tree(ctx, 20_000)).wait().unwrap();
         let st = s.stats().since(&before);
@@ -221,7 +205,7 @@ fn task_finished_hook_runs_once_per_task_on_the_worker() {
 
 #[test]
 fn scopes_borrow_nest_and_reraise_panics() {
-    let s = Scheduler::new(&fixtures::grid(2, 1, 2), unpinned_las()).unwrap();
+    let s = on_grid(2, 1, 2, Policy::Las);
     let r = s
         .submit(|ctx| {
             let mut v = vec![0u64; 64];
@@ -258,7 +242,7 @@ fn scopes_borrow_nest_and_reraise_panics() {
 
 #[test]
 fn morsels_run_on_their_home_node_group() {
-    let s = Scheduler::new(&fixtures::grid(2, 1, 2), unpinned_las()).unwrap();
+    let s = on_grid(2, 1, 2, Policy::Las);
     let wrong = s
         .submit(|ctx| {
             let wrong = AtomicUsize::new(0);
@@ -306,7 +290,7 @@ fn morsels_run_on_their_home_node_group() {
 
 #[test]
 fn waiting_inside_a_worker_is_refused() {
-    let s = Arc::new(Scheduler::new(&fixtures::grid(1, 1, 1), unpinned_las()).unwrap());
+    let s = Arc::new(on_grid(1, 1, 1, Policy::Las));
     let s2 = s.clone();
     let r = s
         .submit(move |_| {
@@ -327,17 +311,7 @@ fn waiting_inside_a_worker_is_refused() {
 #[test]
 fn run_borrows_waits_and_reports_panics() {
     for policy in POLICIES {
-        let s = Arc::new(
-            Scheduler::new(
-                &fixtures::grid(2, 1, 2),
-                Config {
-                    policy,
-                    affinity: Affinity::None,
-                    ..Config::default()
-                },
-            )
-            .unwrap(),
-        );
+        let s = Arc::new(on_grid(2, 1, 2, policy));
         let mut cells = vec![0u64; 1000];
         let words = ["a", "bb", "ccc"];
         let longest = s
@@ -466,7 +440,7 @@ fn bad_affinity_is_an_error_not_a_panic() {
 fn dropping_the_scheduler_finishes_queued_work() {
     let n = Arc::new(AtomicU64::new(0));
     {
-        let s = Scheduler::new(&fixtures::grid(1, 2, 1), unpinned_las()).unwrap();
+        let s = on_grid(1, 2, 1, Policy::Las);
         for _ in 0..8 {
             let n = n.clone();
             let _h = s.submit(move |ctx| {
@@ -498,15 +472,7 @@ fn deeply_nested_scopes_complete() {
         a + b
     }
     for policy in POLICIES {
-        let s = Scheduler::new(
-            &fixtures::grid(1, 1, 1),
-            Config {
-                policy,
-                affinity: Affinity::None,
-                ..Config::default()
-            },
-        )
-        .unwrap();
+        let s = on_grid(1, 1, 1, policy);
         assert_eq!(s.submit(|ctx| nest(ctx, 300)).wait().unwrap(), 301);
     }
 }
@@ -554,12 +520,7 @@ fn las_keeps_requests_on_one_node_nls_does_not() {
 /// together with at least one per node each stay on their node.
 #[test]
 fn a_lone_request_is_shared_a_crowd_is_not() {
-    fn slow_request(ctx: &loci_sched::Ctx) {
-        for _ in 0..24 {
-            ctx.spawn_deferred(|_| std::thread::sleep(std::time::Duration::from_millis(2)));
-        }
-    }
-    let s = Scheduler::new(&fixtures::grid(4, 1, 1), unpinned_las()).unwrap();
+    let s = four_nodes(true);
     let id = s.submit(slow_request);
     let id2 = id.id();
     id.wait().unwrap();
@@ -595,14 +556,7 @@ fn a_lone_request_is_shared_a_crowd_is_not() {
         assert_eq!(r.main_node().1, 1.0, "a crowded request was split: {r:?}");
     }
     // The seed's exact rule 4 (`migrate_requests: false`) splits crowded requests too.
-    let seed = Scheduler::new(
-        &fixtures::grid(4, 1, 1),
-        Config {
-            migrate_requests: false,
-            ..unpinned_las()
-        },
-    )
-    .unwrap();
+    let seed = four_nodes(false);
     let hs: Vec<_> = (0..6).map(|_| seed.submit(slow_request)).collect();
     for h in hs {
         h.wait().unwrap();
@@ -622,20 +576,8 @@ fn a_lone_request_is_shared_a_crowd_is_not() {
 #[test]
 fn a_request_that_stays_on_its_node_is_never_taken_across_nodes() {
     use loci_sched::RequestOptions;
-    fn slow_request(ctx: &loci_sched::Ctx) {
-        for _ in 0..24 {
-            ctx.spawn_deferred(|_| std::thread::sleep(std::time::Duration::from_millis(2)));
-        }
-    }
     for migrate in [true, false] {
-        let s = Scheduler::new(
-            &fixtures::grid(4, 1, 1),
-            Config {
-                migrate_requests: migrate,
-                ..unpinned_las()
-            },
-        )
-        .unwrap();
+        let s = four_nodes(migrate);
         for node in 0..4u32 {
             let h = s
                 .submit_on_with(node, RequestOptions::stay_on_node(), slow_request)

@@ -1,27 +1,28 @@
 //! Chunk buffers that live on a chosen node, and per-thread pools that recycle them.
 //!
-//! A [`NodeBuf`] is an anonymous page-aligned mapping bound with `mbind(MPOL_PREFERRED)` to one
-//! node and populated at once, so its pages are there before the hot path uses it (malloc of 11 MB
-//! blocks recycles pages across threads and cannot promise a node). A [`Pool`] belongs to one
-//! stage thread; a [`PooledBuf`] goes back to its home pool when the next stage drops it, so a
-//! buffer is always reused by the thread (and node) that allocated it.
+//! A [`NodeBuf`] is a loci-place [`NodeRegion`] placed `preferred` on one node and populated at
+//! once, so its pages are there before the hot path uses it (malloc of 11 MB blocks recycles
+//! pages across threads and cannot promise a node). A [`Pool`] belongs to one stage thread; a
+//! [`PooledBuf`] goes back to its home pool when the next stage drops it, so a buffer is always
+//! reused by the thread (and node) that allocated it.
 
 use std::io;
 use std::ops::{Deref, DerefMut};
 
 use crossbeam_channel::{Receiver, Sender};
-use loci_place::sys;
+use loci_place::region::{NodeRegion, RegionError};
+use loci_place::MemPlan;
 use loci_topo::NodeSet;
 
 /// A page-aligned buffer of fixed capacity, with its pages placed on one node when asked.
 pub struct NodeBuf {
-    map: sys::AnonMap,
+    map: NodeRegion,
     len: usize,
     node: Option<u32>,
 }
 
 impl NodeBuf {
-    /// Maps `cap` bytes (at least one page); with `node`, binds them there (preferred, so a full
+    /// Maps `cap` bytes (at least one page); with `node`, places them there (preferred, so a full
     /// node falls back instead of failing) and faults every page in.
     pub fn new(cap: usize, node: Option<u32>) -> io::Result<Self> {
         Self::with_populate(cap, node, true)
@@ -32,35 +33,18 @@ impl NodeBuf {
     /// usually filled about half, such as LZ4 output (`Codec::bound` of a chunk that compresses
     /// about 2:1), that zeroes half the memory.
     pub fn with_populate(cap: usize, node: Option<u32>, populate: bool) -> io::Result<Self> {
-        let ps = sys::page_size();
-        let map = sys::AnonMap::new(cap, ps, 0)?;
-        let (p, map_len) = (map.as_ptr(), map.len());
-        let buf = NodeBuf { map, len: 0, node };
-        if let Some(n) = node {
-            // SAFETY: the range is the mapping just created and owned by `buf`.
-            unsafe {
-                sys::mbind(
-                    p,
-                    map_len,
-                    sys::mode::MPOL_PREFERRED,
-                    &NodeSet::single(n),
-                    0,
-                )?
-            };
-        }
-        // No MADV_HUGEPAGE: measured on this project's (virtualised) machine, huge pages came from
+        let plan = node.map_or_else(MemPlan::first_touch, MemPlan::preferred);
+        // No huge pages: measured on this project's (virtualised) machine, huge pages came from
         // memory the hypervisor had never backed, and zeroing them cost more than the whole
         // compression of the chunk; 4 KiB pages are recycled warm from the kernel's free lists.
-        // Fault the pages in now, under the policy: one MADV_POPULATE_WRITE (Linux 5.14+) instead
-        // of a page fault per page; kernels without it get the pages touched one by one.
-        // SAFETY: populating the mapping just created and owned by `buf`.
-        if populate && unsafe { libc::madvise(p.cast(), map_len, libc::MADV_POPULATE_WRITE) } != 0 {
-            for off in (0..map_len).step_by(ps) {
-                // SAFETY: off < map_len, inside the mapping.
-                unsafe { p.add(off).write_volatile(0) };
-            }
+        let mut map = NodeRegion::map(cap, &plan, false).map_err(|e| match e {
+            RegionError::Map { source, .. } => source,
+            RegionError::Place(e) => io::Error::other(e),
+        })?;
+        if populate {
+            map.populate();
         }
-        Ok(buf)
+        Ok(NodeBuf { map, len: 0, node })
     }
 
     /// Capacity in bytes (a multiple of the page size).
@@ -87,17 +71,8 @@ impl NodeBuf {
     }
     /// Nodes that hold this buffer's pages right now (from `move_pages`), sampled at up to 16 pages.
     pub fn actual_nodes(&self) -> io::Result<NodeSet> {
-        let ps = sys::page_size();
-        let pages = self.capacity() / ps;
-        let step = (pages / 16).max(1);
-        let st = self
-            .map
-            .nodes_at((0..pages).step_by(step).map(|i| i * ps))?;
-        Ok(st
-            .into_iter()
-            .filter(|&n| n >= 0)
-            .map(|n| n as u32)
-            .collect())
+        let shares = self.map.sample_nodes(0, self.capacity(), 16)?;
+        Ok(shares.into_iter().map(|(n, _)| n).collect())
     }
 }
 
@@ -201,7 +176,7 @@ mod tests {
         let pool = Pool::new(100_000, Some(0), 4);
         let mut a = pool.get().unwrap();
         let cap = a.capacity();
-        assert!(cap >= 100_000 && cap.is_multiple_of(sys::page_size()));
+        assert!(cap >= 100_000 && cap.is_multiple_of(loci_place::sys::page_size()));
         a.set_len(10);
         a.copy_from_slice(b"0123456789");
         assert_eq!(&a[..], b"0123456789");

@@ -41,7 +41,8 @@
 
 use std::path::{Path, PathBuf};
 
-use loci_topo::CpuSet;
+use loci_place::{MemPolicy, Plan, PlanError, Strategy};
+use loci_topo::{CpuSet, NodeSet, Topology};
 use serde::{Deserialize, Serialize};
 
 use crate::codec::Codec;
@@ -101,17 +102,86 @@ impl Stage {
         }
         Ok(())
     }
-    /// Cpus of thread `i`, if pinned.
-    pub fn cpus_of(&self, i: usize) -> Option<&CpuSet> {
-        self.cpus.get(i)
+    /// The stage as a loci-place plan on `topo`: thread `i` bound to `cpus[i]` (or placed by the
+    /// OS when `cpus` is left out), and the threads' memory policy from `mem`: none given is
+    /// first-touch, one node for every thread is `preferred:N`, each thread's own cpu node (what
+    /// `loci stream plan` writes) is `localalloc`. `what` names the stage in errors.
+    pub fn plan(&self, topo: &Topology, what: &str) -> Result<Plan, ConfigError> {
+        let mem = self.mem_policy(topo, what)?;
+        let plan = if self.cpus.is_empty() {
+            // Oversubscribed on purpose: stage sizes do not depend on the machine's cpu count.
+            Plan::new(topo, &Strategy::os(), self.count, &mem, true)
+        } else {
+            Plan::from_cpu_sets(topo, self.cpus.clone(), &mem)
+        };
+        plan.map_err(|e| ConfigError::Invalid(format!("{what}: {}", plan_message(e))))
     }
-    /// Buffer node of thread `i`, if set.
-    pub fn mem_of(&self, i: usize) -> Option<u32> {
-        self.mem.get(i).copied()
+
+    fn mem_policy(&self, topo: &Topology, what: &str) -> Result<MemPolicy, ConfigError> {
+        let Some(&first) = self.mem.first() else {
+            return Ok(MemPolicy::FirstTouch);
+        };
+        if self.mem.iter().all(|&n| n == first) {
+            return Ok(MemPolicy::Preferred(first));
+        }
+        let own_node = |(i, &n): (usize, &u32)| {
+            let c = self.cpus.get(i)?;
+            let nodes: NodeSet = c.iter().filter_map(|c| topo.node_of_cpu(c)).collect();
+            (nodes == NodeSet::single(n)).then_some(())
+        };
+        if self.mem.iter().enumerate().all(|x| own_node(x).is_some()) {
+            return Ok(MemPolicy::Local);
+        }
+        Err(ConfigError::Invalid(format!(
+            "{what}.mem = {:?}: give one node for every thread, or for each thread the node of              its cpus (a stage has one memory policy: preferred:N or localalloc)",
+            self.mem
+        )))
+    }
+
+    /// The stage a plan describes (the inverse of [`Stage::plan`]), as config files hold it.
+    pub fn from_plan(plan: &Plan) -> Self {
+        let count = plan.threads.len();
+        let mem: Vec<u32> = (0..count).map_while(|i| buffer_node(plan, i)).collect();
+        Stage {
+            count,
+            cpus: if plan.pinned {
+                plan.threads.iter().map(|t| t.cpus.clone()).collect()
+            } else {
+                vec![]
+            },
+            mem: if mem.len() == count { mem } else { vec![] },
+        }
     }
     /// The same thread count, placed by the OS.
     pub fn unpinned(&self) -> Self {
         Stage::os(self.count)
+    }
+}
+
+/// A loci-place plan error without its `--threads:`/`--mem:` flag prefix (stream stages come from
+/// config files and the generator, not from flags).
+pub(crate) fn plan_message(e: PlanError) -> String {
+    match e {
+        PlanError::Strategy(e) => e.to_string(),
+        PlanError::Policy(e) => e.to_string(),
+    }
+}
+
+/// This machine's topology, which stage plans are made against when a stream runs.
+pub fn this_machine() -> Result<Topology, ConfigError> {
+    loci_topo::load(&loci_topo::Source::live())
+        .map_err(|e| ConfigError::Invalid(format!("reading this machine's topology: {e}")))
+}
+
+/// The node thread `i` of a stage plan keeps its buffers on: the policy's one node
+/// (`preferred:N`, `bind:N`), or for `localalloc` the node of the thread's cpus; `None` when the
+/// plan leaves it to first touch.
+pub fn buffer_node(plan: &Plan, i: usize) -> Option<u32> {
+    let one = |s: &NodeSet| (s.len() == 1).then(|| s.first()).flatten();
+    match plan.memory.policy {
+        "localalloc" if plan.pinned => one(&plan.threads.get(i)?.nodes),
+        "preferred" | "bind" => one(&plan.memory.nodes),
+        _ => None,
     }
 }
 
@@ -609,6 +679,49 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn stages_become_loci_place_plans_and_back() {
+        let t = crate::plan::tests::machine(2, 2, &[]);
+        let sets = |l: &[&str]| l.iter().map(|c| CpuSet::parse(c).unwrap()).collect();
+        let stage = |cpus: &[&str], mem: &[u32]| Stage {
+            count: cpus.len().max(mem.len()),
+            cpus: sets(cpus),
+            mem: mem.to_vec(),
+        };
+        // Each thread's own node: localalloc; one node for all: preferred; none: first touch.
+        for (s, policy) in [
+            (stage(&["0", "2"], &[0, 1]), "localalloc"),
+            (stage(&["0", "2"], &[1, 1]), "preferred"),
+            (stage(&["0", "2"], &[]), "first-touch"),
+            (stage(&[], &[1, 1, 1]), "preferred"),
+        ] {
+            let p = s.plan(&t, "compress").unwrap();
+            assert_eq!(p.memory.policy, policy, "{s:?}");
+            assert_eq!(p.pinned, !s.cpus.is_empty());
+            assert_eq!(p.threads.len(), s.count);
+            assert_eq!(Stage::from_plan(&p), s, "written back as it was");
+        }
+        let p = Stage::os(3).plan(&t, "recv").unwrap();
+        assert!(!p.pinned && p.threads.len() == 3);
+        // Mixed nodes that are not the threads' own, a cpu the machine lacks: named.
+        let e = stage(&["0", "2", "1"], &[1, 0, 0])
+            .plan(&t, "send")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("send.mem = [1, 0, 0]") && e.contains("localalloc"),
+            "{e}"
+        );
+        let e = stage(&["0", "64"], &[])
+            .plan(&t, "decompress")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("decompress: thread 1: cpu 64 is not present"),
+            "{e}"
+        );
     }
 
     #[test]

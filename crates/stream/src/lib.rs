@@ -2,8 +2,9 @@
 //!
 //! Pipeline (seed 001): `read -> compress (C threads) -> queue -> send (S threads, one TCP
 //! connection each) -> recv (R threads) -> queue -> decompress (D threads) -> sink`, every
-//! stage's threads pinned to the cores a plan gives them and their buffers on their own node.
-//! See [`proto`] for the wire protocol, [`plan`] for the configuration generator,
+//! stage's threads placed by a loci-place `Plan` (started with its `apply_thread`) and their
+//! buffers on their own node. See [`proto`] for the wire protocol, [`plan`] for the configuration
+//! generator (seed 001's rules choose the cpus, the stages are loci-place plans),
 //! [`config`] for the TOML files, [`sink`] for the durable journal that makes resume work.
 
 pub mod buf;

@@ -17,9 +17,12 @@
 //!    location barely matters, so they share cores with compressors rather than take cores away).
 //! 6. Each thread's buffers live on its own cpu's node.
 //!
-//! Queue depths and the resend window are sized from the thread counts so that no stage starves
-//! while another holds chunks (see [`plan`]).
+//! The rules choose the cpus; every stage's threads then become a loci-place [`Plan`] (one cpu
+//! per thread, memory `localalloc`), which the configs are written from and the stage threads are
+//! started with. Queue depths and the resend window are sized from the thread counts so that no
+//! stage starves while another holds chunks (see [`plan`]).
 
+use loci_place::{MemPolicy, Plan};
 use loci_topo::{CpuSet, DeviceKind, Topology};
 
 use crate::codec::Codec;
@@ -58,9 +61,22 @@ impl Default for PlanOptions {
     }
 }
 
-/// The generated configurations.
+/// One stage of one stream as a loci-place plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StagePlan {
+    /// `sender` or `receiver`.
+    pub side: &'static str,
+    pub stream: u32,
+    /// `read`, `compress`, `send` (sender) or `recv`, `decompress` (receiver).
+    pub stage: &'static str,
+    pub plan: Plan,
+}
+
+/// The generated plans and the configurations written from them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamPlan {
+    /// Every stage of every stream, senders' first.
+    pub stages: Vec<StagePlan>,
     /// One per stream (`send-K.toml`).
     pub senders: Vec<SenderConfig>,
     /// The receiver (`recv.toml`).
@@ -69,9 +85,20 @@ pub struct StreamPlan {
     pub notes: Vec<String>,
 }
 
-/// A plan cannot be made.
+impl StreamPlan {
+    /// The plan of stage `name` (`read`, `compress`, `send`, `recv`, `decompress`) of `stream`.
+    pub fn stage(&self, stream: u32, name: &str) -> Option<&Plan> {
+        let s = self
+            .stages
+            .iter()
+            .find(|s| s.stream == stream && s.stage == name);
+        s.map(|s| &s.plan)
+    }
+}
+
+/// A stream plan cannot be made.
 #[derive(Debug, thiserror::Error, PartialEq)]
-pub enum PlanError {
+pub enum StreamPlanError {
     #[error("--streams must be at least 1")]
     NoStreams,
     #[error("{side}: node {node} does not exist (nodes: {valid})")]
@@ -95,6 +122,8 @@ pub enum PlanError {
     },
     #[error("{side}: no usable cpus")]
     NoCpus { side: &'static str },
+    #[error("{side}: {message}")]
+    Placement { side: &'static str, message: String },
 }
 
 /// One cpu per physical core of `node` (the lowest-numbered sibling), allowed and online.
@@ -111,9 +140,9 @@ pub fn cores_of(t: &Topology, node: u32) -> Vec<u32> {
     out
 }
 
-fn node_check(t: &Topology, side: &'static str, node: u32) -> Result<(), PlanError> {
+fn node_check(t: &Topology, side: &'static str, node: u32) -> Result<(), StreamPlanError> {
     if t.node(node).is_none() {
-        return Err(PlanError::UnknownNode {
+        return Err(StreamPlanError::UnknownNode {
             side,
             node,
             valid: t.node_ids().to_string(),
@@ -137,7 +166,7 @@ fn net_names(t: &Topology) -> String {
 }
 
 /// The receiver's NIC node from the options and the topology.
-pub fn nic_node(t: &Topology, o: &PlanOptions) -> Result<u32, PlanError> {
+pub fn nic_node(t: &Topology, o: &PlanOptions) -> Result<u32, StreamPlanError> {
     if let Some(n) = o.nic_node {
         node_check(t, "receiver", n)?;
         return Ok(n);
@@ -147,13 +176,13 @@ pub fn nic_node(t: &Topology, o: &PlanOptions) -> Result<u32, PlanError> {
             .devices
             .iter()
             .find(|d| d.kind == DeviceKind::Net && &d.name == name)
-            .ok_or_else(|| PlanError::UnknownNic {
+            .ok_or_else(|| StreamPlanError::UnknownNic {
                 name: name.clone(),
                 valid: net_names(t),
             })?;
         return d
             .node
-            .ok_or(PlanError::NicWithoutNode { name: name.clone() });
+            .ok_or(StreamPlanError::NicWithoutNode { name: name.clone() });
     }
     if t.nodes.len() == 1 {
         return Ok(t.nodes[0].id);
@@ -168,22 +197,55 @@ pub fn nic_node(t: &Topology, o: &PlanOptions) -> Result<u32, PlanError> {
     nodes.dedup();
     match nodes[..] {
         [n] => Ok(n),
-        _ => Err(PlanError::AmbiguousNic {
+        _ => Err(StreamPlanError::AmbiguousNic {
             nodes: t.nodes.len(),
             valid: net_names(t),
         }),
     }
 }
 
-fn pinned(cpus: &[u32], t: &Topology) -> Stage {
-    Stage {
-        count: cpus.len(),
-        cpus: cpus.iter().map(|&c| CpuSet::single(c)).collect(),
-        mem: cpus
-            .iter()
-            .map(|&c| t.node_of_cpu(c).unwrap_or(0))
-            .collect(),
+/// Plans one stage: thread `i` on `cpus[i]`, its memory on that cpu's node (`localalloc`, rule
+/// 6); records the plan and returns the config stage written from it.
+fn stage(
+    t: &Topology,
+    (side, stream): (&'static str, u32),
+    name: &'static str,
+    cpus: &[u32],
+    stages: &mut Vec<StagePlan>,
+) -> Result<Stage, StreamPlanError> {
+    let sets = cpus.iter().map(|&c| CpuSet::single(c)).collect();
+    let plan = Plan::from_cpu_sets(t, sets, &MemPolicy::Local).map_err(|e| {
+        StreamPlanError::Placement {
+            side,
+            message: crate::config::plan_message(e),
+        }
+    })?;
+    let config = Stage::from_plan(&plan);
+    stages.push(StagePlan {
+        side,
+        stream,
+        stage: name,
+        plan,
+    });
+    Ok(config)
+}
+
+/// Each of `streams` streams needs one of the `cores` cores (of `node` on `side`).
+fn enough_cores(
+    side: &'static str,
+    node: u32,
+    cores: usize,
+    streams: usize,
+) -> Result<(), StreamPlanError> {
+    if cores < streams {
+        return Err(StreamPlanError::TooFewCores {
+            side,
+            node,
+            cores,
+            streams,
+        });
     }
+    Ok(())
 }
 
 /// Interleaves the cores of several nodes: first core of each node, then the second, ...
@@ -205,23 +267,16 @@ pub fn plan(
     sender: &Topology,
     receiver: &Topology,
     o: &PlanOptions,
-) -> Result<StreamPlan, PlanError> {
+) -> Result<StreamPlan, StreamPlanError> {
     let k = o.streams;
     if k == 0 {
-        return Err(PlanError::NoStreams);
+        return Err(StreamPlanError::NoStreams);
     }
     let mut notes = Vec::new();
     // Receiver.
     let nic = nic_node(receiver, o)?;
     let nic_cores = cores_of(receiver, nic);
-    if nic_cores.len() < k {
-        return Err(PlanError::TooFewCores {
-            side: "receiver",
-            node: nic,
-            cores: nic_cores.len(),
-            streams: k,
-        });
-    }
+    enough_cores("receiver", nic, nic_cores.len(), k)?;
     let others: Vec<Vec<u32>> = receiver
         .nodes
         .iter()
@@ -305,7 +360,7 @@ pub fn plan(
             .collect(),
     );
     if sender_cores.is_empty() {
-        return Err(PlanError::NoCpus { side: "sender" });
+        return Err(StreamPlanError::NoCpus { side: "sender" });
     }
     let snic_cores = cores_of(sender, snic);
     let snic_cores = if snic_cores.is_empty() {
@@ -314,14 +369,7 @@ pub fn plan(
         snic_cores
     };
     let per_sender = if o.shared_sender {
-        if sender_cores.len() < k {
-            return Err(PlanError::TooFewCores {
-                side: "sender",
-                node: snic,
-                cores: sender_cores.len(),
-                streams: k,
-            });
-        }
+        enough_cores("sender", snic, sender_cores.len(), k)?;
         sender_cores.len() / k
     } else {
         sender_cores.len()
@@ -338,7 +386,9 @@ pub fn plan(
     ));
     let mut senders = Vec::new();
     let mut rparts = Vec::new();
+    let (mut stages, mut rstages) = (Vec::new(), Vec::new());
     for (s, (rc, dc)) in parts.into_iter().enumerate() {
+        let (on_sender, on_receiver) = (("sender", s as u32), ("receiver", s as u32));
         let comp: Vec<u32> = if o.shared_sender {
             sender_cores[s * per_sender..(s + 1) * per_sender].to_vec()
         } else {
@@ -374,15 +424,15 @@ pub fn plan(
             secret_file: None,
             encrypt: false,
             unauthenticated: false,
-            read: pinned(&read, sender),
-            compress: pinned(&comp, sender),
-            send: pinned(&send, sender),
+            read: stage(sender, on_sender, "read", &read, &mut stages)?,
+            compress: stage(sender, on_sender, "compress", &comp, &mut stages)?,
+            send: stage(sender, on_sender, "send", &send, &mut stages)?,
         });
         rparts.push(StreamPart {
             id: s as u32,
             queue_depth: recv_depth,
-            recv: pinned(&rc, receiver),
-            decompress: pinned(&dc, receiver),
+            recv: stage(receiver, on_receiver, "recv", &rc, &mut rstages)?,
+            decompress: stage(receiver, on_receiver, "decompress", &dc, &mut rstages)?,
         });
     }
     notes.push(
@@ -391,7 +441,9 @@ pub fn plan(
          the way"
             .into(),
     );
+    stages.extend(rstages);
     Ok(StreamPlan {
+        stages,
         senders,
         receiver: ReceiverConfig {
             streams: rparts,
@@ -466,28 +518,48 @@ pub(crate) mod tests {
             .collect()
     }
 
+    /// The plan for a machine streaming to itself.
+    fn plan_on(t: &Topology, o: PlanOptions) -> StreamPlan {
+        plan(t, t, &o).unwrap()
+    }
+
+    fn preset(name: &str) -> Topology {
+        loci_topo::load(&loci_topo::Source::Preset(name.into())).unwrap()
+    }
+
+    /// Four streams into the seed's gateway through `nic`: 4 receiving threads per stream on
+    /// node 1, 4 decompressors on node 0 (section 4.2), 32 compressors and 4 senders per sender.
+    fn check_seed_split(t: &Topology, nic: &str) -> StreamPlan {
+        let nic = Some(nic.into());
+        let p = plan_on(
+            t,
+            PlanOptions {
+                streams: 4,
+                nic,
+                ..Default::default()
+            },
+        );
+        for part in &p.receiver.streams {
+            assert_eq!(part.recv.count, 4);
+            assert!(nodes_of(t, &part.recv).iter().all(|&n| n == 1));
+            assert_eq!(part.decompress.count, 4);
+            assert!(nodes_of(t, &part.decompress).iter().all(|&n| n == 0));
+        }
+        assert!(p
+            .senders
+            .iter()
+            .all(|s| s.compress.count == 32 && s.send.count == 4));
+        p
+    }
+
     #[test]
     fn seed_machine_four_streams_matches_the_papers_configuration() {
         let t = xeon_6346();
-        let p = plan(
-            &t,
-            &t,
-            &PlanOptions {
-                streams: 4,
-                nic: Some("ens2f0".into()),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let p = check_seed_split(&t, "ens2f0");
         assert_eq!(p.senders.len(), 4);
         let mut recv_cpus = CpuSet::new();
         let mut dec_cpus = CpuSet::new();
         for part in &p.receiver.streams {
-            // 4 receiving threads on node 1, 4 decompressors on node 0 (section 4.2).
-            assert_eq!(part.recv.count, 4);
-            assert!(nodes_of(&t, &part.recv).iter().all(|&n| n == 1));
-            assert_eq!(part.decompress.count, 4);
-            assert!(nodes_of(&t, &part.decompress).iter().all(|&n| n == 0));
             assert_eq!(part.recv.mem, vec![1; 4]);
             assert_eq!(part.decompress.mem, vec![0; 4]);
             for c in part.recv.cpus.iter().chain(&part.decompress.cpus) {
@@ -510,9 +582,7 @@ pub(crate) mod tests {
         assert_eq!(recv_cpus.len(), 16);
         assert_eq!(dec_cpus.len(), 16);
         for s in &p.senders {
-            // 32 compressors (every core of the sender), 4 senders on the NIC's node.
-            assert_eq!(s.compress.count, 32);
-            assert_eq!(s.send.count, 4);
+            // Senders on the NIC's node.
             assert!(nodes_of(&t, &s.send).iter().all(|&n| n == 1));
             s.validate().unwrap();
         }
@@ -521,33 +591,76 @@ pub(crate) mod tests {
 
     #[test]
     fn the_gold_6346_preset_gives_the_same_plan_as_the_hand_built_machine() {
-        let t = loci_topo::load(&loci_topo::Source::Preset("xeon-gold-6346-2s".into())).unwrap();
-        let p = plan(
+        check_seed_split(&preset("xeon-gold-6346-2s"), "ens5f0np0");
+    }
+
+    #[test]
+    fn stage_plans_put_receivers_on_the_nic_nodes_cpus_of_a_four_node_preset() {
+        let t = preset("xeon-e7-4850v4-4s");
+        let nic_node = Some(2);
+        let p = plan_on(
             &t,
-            &t,
-            &PlanOptions {
-                streams: 4,
-                nic: Some("ens5f0np0".into()),
+            PlanOptions {
+                streams: 2,
+                nic_node,
                 ..Default::default()
             },
-        )
-        .unwrap();
-        for part in &p.receiver.streams {
-            assert_eq!(part.recv.count, 4);
-            assert!(nodes_of(&t, &part.recv).iter().all(|&n| n == 1));
-            assert_eq!(part.decompress.count, 4);
-            assert!(nodes_of(&t, &part.decompress).iter().all(|&n| n == 0));
+        );
+        let of = |stage: &str| -> Vec<&StagePlan> {
+            p.stages.iter().filter(|s| s.stage == stage).collect()
+        };
+        let nic_cpus = t.allowed_cpus_of(2);
+        let recv = of("recv");
+        assert_eq!(recv.len(), 2, "one recv plan per stream");
+        for (k, s) in recv.iter().enumerate() {
+            assert_eq!((s.side, s.stream), ("receiver", k as u32));
+            assert!(s.plan.pinned && s.plan.memory.policy == "localalloc");
+            assert_eq!(
+                s.plan.threads.len(),
+                8,
+                "16 cores of node 2 split between 2 streams"
+            );
+            for th in &s.plan.threads {
+                assert_eq!(th.cpus.len(), 1, "one cpu per thread: {}", th.cpus);
+                assert!(th.cpus.is_subset(&nic_cpus), "{} not on node 2", th.cpus);
+                assert_eq!(th.nodes, loci_topo::NodeSet::single(2));
+            }
         }
-        assert!(p
-            .senders
-            .iter()
-            .all(|s| s.compress.count == 32 && s.send.count == 4));
+        assert!(recv[0]
+            .plan
+            .footprint()
+            .intersection(&recv[1].plan.footprint())
+            .is_empty());
+        for s in of("decompress") {
+            assert!(
+                !s.plan.thread_nodes().contains(2),
+                "decompressors off the NIC node"
+            );
+            assert_eq!(
+                s.plan.thread_nodes().len(),
+                3,
+                "spread over the 3 other nodes"
+            );
+        }
+        // The configs are the plans written out: reading them back gives the same cpus.
+        for s in &p.stages {
+            let written = match (s.side, s.stage) {
+                ("receiver", "recv") => &p.receiver.streams[s.stream as usize].recv,
+                ("receiver", _) => &p.receiver.streams[s.stream as usize].decompress,
+                (_, "read") => &p.senders[s.stream as usize].read,
+                (_, "compress") => &p.senders[s.stream as usize].compress,
+                _ => &p.senders[s.stream as usize].send,
+            };
+            let back = written.plan(&t, s.stage).unwrap();
+            assert_eq!(back.threads, s.plan.threads, "{} {}", s.side, s.stage);
+        }
+        assert_eq!(p.stages.len(), 2 * 5);
     }
 
     #[test]
     fn decompressors_spread_over_every_other_node() {
         let t = machine(4, 4, &[("eth0", Some(2))]);
-        let p = plan(&t, &t, &PlanOptions::default()).unwrap();
+        let p = plan_on(&t, PlanOptions::default());
         let part = &p.receiver.streams[0];
         assert!(nodes_of(&t, &part.recv).iter().all(|&n| n == 2));
         assert_eq!(part.recv.count, 4);
@@ -559,83 +672,80 @@ pub(crate) mod tests {
     #[test]
     fn single_node_machine_splits_its_cores() {
         let t = machine(1, 2, &[]);
-        let p = plan(&t, &t, &PlanOptions::default()).unwrap();
+        let p = plan_on(&t, PlanOptions::default());
         let part = &p.receiver.streams[0];
         assert_eq!((part.recv.count, part.decompress.count), (1, 1));
         assert_ne!(part.recv.cpus, part.decompress.cpus);
         assert_eq!(p.senders[0].compress.count, 2);
         assert_eq!(p.senders[0].send.count, 1);
         let t1 = machine(1, 1, &[]);
-        let p = plan(&t1, &t1, &PlanOptions::default()).unwrap();
+        let p = plan_on(&t1, PlanOptions::default());
         assert!(p.notes.iter().any(|n| n.contains("share cpu")));
     }
 
     #[test]
     fn cores_split_evenly_between_streams_of_a_shared_sender() {
         let t = xeon_6346();
-        let p = plan(
-            &t,
-            &t,
-            &PlanOptions {
-                streams: 2,
-                nic_node: Some(1),
-                shared_sender: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let a: CpuSet = p.senders[0]
-            .compress
-            .cpus
-            .iter()
-            .flat_map(|c| c.iter())
-            .collect();
-        let b: CpuSet = p.senders[1]
-            .compress
-            .cpus
-            .iter()
-            .flat_map(|c| c.iter())
-            .collect();
+        let (nic_node, shared_sender) = (Some(1), true);
+        let o = PlanOptions {
+            streams: 2,
+            nic_node,
+            shared_sender,
+            ..Default::default()
+        };
+        let p = plan_on(&t, o);
+        let (a, b) = (p.stage(0, "compress"), p.stage(1, "compress"));
+        let (a, b) = (a.unwrap().footprint(), b.unwrap().footprint());
         assert_eq!((a.len(), b.len()), (16, 16));
         assert!(a.intersection(&b).is_empty());
-        assert_eq!(p.receiver.streams[0].recv.count, 8);
+        assert_eq!(p.stage(0, "recv").unwrap().threads.len(), 8);
+        assert!(p.stage(2, "recv").is_none() && p.stage(0, "bogus").is_none());
     }
 
     #[test]
     fn bad_inputs_name_what_is_wrong() {
-        let t = xeon_6346();
-        let e = |o: PlanOptions| plan(&t, &t, &o).unwrap_err().to_string();
-        assert!(e(PlanOptions::default()).contains("which NIC"));
-        assert!(e(PlanOptions {
-            nic: Some("eth9".into()),
-            ..Default::default()
-        })
-        .contains("ens1f0, ens2f0"));
-        assert!(e(PlanOptions {
-            nic_node: Some(7),
-            ..Default::default()
-        })
-        .contains("nodes: 0-1"));
-        assert!(e(PlanOptions {
-            streams: 0,
-            ..Default::default()
-        })
-        .contains("at least 1"));
-        assert!(e(PlanOptions {
-            streams: 17,
-            nic_node: Some(1),
-            ..Default::default()
-        })
-        .contains("fewer than the 17"));
+        let o = PlanOptions::default;
         let nonode = machine(2, 2, &[("eth0", None)]);
-        let r = plan(
-            &nonode,
-            &nonode,
-            &PlanOptions {
-                nic: Some("eth0".into()),
-                ..Default::default()
-            },
-        );
-        assert!(r.unwrap_err().to_string().contains("--nic-node"));
+        let cases: [(Topology, PlanOptions, &str); 6] = [
+            (xeon_6346(), o(), "which NIC"),
+            (
+                xeon_6346(),
+                PlanOptions {
+                    nic: Some("eth9".into()),
+                    ..o()
+                },
+                "ens1f0, ens2f0",
+            ),
+            (
+                xeon_6346(),
+                PlanOptions {
+                    nic_node: Some(7),
+                    ..o()
+                },
+                "nodes: 0-1",
+            ),
+            (xeon_6346(), PlanOptions { streams: 0, ..o() }, "at least 1"),
+            (
+                xeon_6346(),
+                PlanOptions {
+                    streams: 17,
+                    nic_node: Some(1),
+                    ..o()
+                },
+                "fewer than the 17",
+            ),
+            (
+                nonode,
+                PlanOptions {
+                    nic: Some("eth0".into()),
+                    ..o()
+                },
+                "--nic-node",
+            ),
+        ];
+        for (t, o, want) in cases {
+            let e = plan(&t, &t, &o).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
     }
 }

@@ -19,7 +19,7 @@ use crate::proto::{
     self, kind, Established, Header, Hello, Opener, Protection, ProtoError, Sealer, StreamHasher,
 };
 use crate::source::SourceSpec;
-use crate::stats::{pin, QueueStats, StageStats, StreamReport, Totals};
+use crate::stats::{QueueStats, StageStats, StreamReport, Totals};
 
 /// Test hooks that inject faults (used by the fault tests; `loci stream send --fault-corrupt`).
 #[derive(Debug, Clone, Default)]
@@ -289,10 +289,12 @@ fn send_pass(opts: SendOptions, session: u64) -> Result<StreamReport, SendError>
     let (window_tx, window_rx) = crossbeam_channel::bounded(cfg.window);
     let (resend_tx, resend_rx) = crossbeam_channel::unbounded();
     let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
+    let here = crate::config::this_machine().map_err(|e| SendError::Fatal(e.to_string()))?;
+    let planned = |name, stage| StageStats::planned(name, stage, &here).map_err(SendError::Fatal);
     let sh = Arc::new(Shared {
-        read_stats: StageStats::new("read", &cfg.read),
-        comp_stats: StageStats::new("compress", &cfg.compress),
-        send_stats: StageStats::new("send", &cfg.send),
+        read_stats: planned("read", &cfg.read)?,
+        comp_stats: planned("compress", &cfg.compress)?,
+        send_stats: planned("send", &cfg.send)?,
         opts,
         hello,
         unacked: Mutex::new(HashMap::new()),
@@ -353,15 +355,13 @@ fn send_pass(opts: SendOptions, session: u64) -> Result<StreamReport, SendError>
             .open(cfg.chunk_bytes)
             .map_err(|e| SendError::Source(e.to_string()))?;
         handles.push(spawn("loci-read", move || {
-            let stage = &sh.opts.config.read;
-            if let Err(e) = pin("read", 0, stage.cpus_of(0), stage.mem_of(0)) {
+            if let Err(e) = sh.read_stats.enter(0) {
                 return sh.fail(SendError::Fatal(e));
             }
-            sh.read_stats.saw_affinity(0);
             // Keep every buffer that comes back: at most read queue + compressors are out at once, and
             // a fresh 11 MB mapping costs thousands of page faults.
             let keep = sh.opts.config.read_queue_depth + sh.opts.config.compress.count + 2;
-            let pool = Pool::new(chunk as usize, stage.mem_of(0), keep);
+            let pool = Pool::new(chunk as usize, sh.read_stats.buffer_node(0), keep);
             for seq in 0..total_chunks {
                 if sh.finished.load(Relaxed) {
                     return;
@@ -402,17 +402,15 @@ fn send_pass(opts: SendOptions, session: u64) -> Result<StreamReport, SendError>
     for i in 0..cfg.compress.count {
         let (sh, rx, tx) = (sh.clone(), raw_rx.clone(), frame_tx.clone());
         handles.push(spawn(&format!("loci-comp-{i}"), move || {
-            let stage = &sh.opts.config.compress;
-            if let Err(e) = pin("compress", i, stage.cpus_of(i), stage.mem_of(i)) {
+            if let Err(e) = sh.comp_stats.enter(i) {
                 return sh.fail(SendError::Fatal(e));
             }
-            sh.comp_stats.saw_affinity(i);
             let codec = sh.opts.config.codec;
             // Frames live until acknowledged: up to the whole window can be out.
             // Sized for LZ4's worst case, filled about half: pages fault in as written.
             let pool = Pool::lazy(
                 Codec::bound(chunk as usize),
-                stage.mem_of(i),
+                sh.comp_stats.buffer_node(i),
                 sh.opts.config.window,
             );
             match pool.probe() {
@@ -541,28 +539,27 @@ fn send_pass(opts: SendOptions, session: u64) -> Result<StreamReport, SendError>
             Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
     };
-    let secs = started.elapsed().as_secs_f64();
-    let wire = sh.wire_bytes.load(Relaxed);
-    let raw = sh.acked_bytes.load(Relaxed);
-    let stages = vec![
-        sh.read_stats.report(secs),
-        sh.comp_stats.report(secs),
-        sh.send_stats.report(secs),
-    ];
     let totals = Totals {
         chunks: total_chunks,
-        raw_bytes: raw,
-        wire_bytes: wire,
-        seconds: secs,
+        raw_bytes: sh.acked_bytes.load(Relaxed),
+        wire_bytes: sh.wire_bytes.load(Relaxed),
+        started,
     };
-    let queues = vec![q_raw.report(), q_frame.report()];
+    let stages = [&sh.read_stats, &sh.comp_stats, &sh.send_stats];
     Ok(StreamReport {
         verified: true,
         resent_chunks: sh.resent.load(Relaxed),
         nacks: sh.nacks.load(Relaxed),
         reconnects: sh.reconnects.load(Relaxed),
         skipped_chunks: skipped,
-        ..StreamReport::from_totals("send", cfg.stream, totals, stages, queues, theirs)
+        ..StreamReport::from_totals(
+            "send",
+            cfg.stream,
+            totals,
+            &stages,
+            &[&q_raw, &q_frame],
+            theirs,
+        )
     })
 }
 
@@ -680,11 +677,9 @@ struct Writer {
 }
 
 fn sender_loop(sh: &Arc<Shared>, j: usize, first: (TcpStream, Established), rx: Rx<u64>) {
-    let stage = &sh.opts.config.send;
-    if let Err(e) = pin("send", j, stage.cpus_of(j), stage.mem_of(j)) {
+    if let Err(e) = sh.send_stats.enter(j) {
         return sh.fail(SendError::Fatal(e));
     }
-    sh.send_stats.saw_affinity(j);
     let mut conn = Some(first);
     let mut writer: Option<Writer> = None;
     let mut queue_open = true;

@@ -32,7 +32,7 @@
 //! - Each commit (chunks already written with positional writes): with `sync = "data"` the data
 //!   file is fdatasync'd; then the records are appended to the journal; then, unless
 //!   `sync = "none"`, the journal is fdatasync'd; only then does the receiver acknowledge them.
-//! - [`Sink::finish`] trims the file to the stream's size and, unless `sync = "none"`, fsyncs it.
+//! - [`StreamSink::finish`] trims the file to the stream's size and, unless `sync = "none"`, fsyncs it.
 //!
 //! ## What each [`Sync`] mode promises for acknowledged chunks
 //! | `sync` | receiver process crash | power loss (or kernel crash) |
@@ -45,7 +45,7 @@
 //! resumed transfer repairs itself; the modes differ in how much is resent after a power loss,
 //! and whether a file that was reported finished is intact without a resume.
 //!
-//! [`Sink::disk_digest`] (`--verify-on-disk`) fdatasyncs the file, drops its pages from the page
+//! [`StreamSink::disk_digest`] (`--verify-on-disk`) fdatasyncs the file, drops its pages from the page
 //! cache and re-reads every chunk, so the whole-stream checksum is computed over what the disk
 //! returns rather than over what the receiver wrote.
 
@@ -119,7 +119,7 @@ pub struct Resumed {
 }
 
 /// An open sink for one stream.
-pub enum Sink {
+pub enum StreamSink {
     Null,
     Memory(Mutex<BTreeMap<u64, Vec<u8>>>),
     File(FileSink),
@@ -281,7 +281,7 @@ fn reverify(file: &File, t: &Transfer, journaled: Vec<(u64, u64)>) -> io::Result
     Ok(r)
 }
 
-impl Sink {
+impl StreamSink {
     /// Opens the sink of one stream. With `resume`, a file sink keeps the chunks its journal
     /// records for the same transfer whose bytes on disk still match (see the module doc) and
     /// rewrites the journal to list only those; otherwise (or without such a journal) it starts
@@ -292,11 +292,11 @@ impl Sink {
         t: Transfer,
         resume: bool,
         sync: Sync,
-    ) -> io::Result<(Sink, Resumed)> {
+    ) -> io::Result<(StreamSink, Resumed)> {
         match spec {
-            SinkSpec::Null => Ok((Sink::Null, Resumed::default())),
+            SinkSpec::Null => Ok((StreamSink::Null, Resumed::default())),
             SinkSpec::Memory => Ok((
-                Sink::Memory(Mutex::new(BTreeMap::new())),
+                StreamSink::Memory(Mutex::new(BTreeMap::new())),
                 Resumed::default(),
             )),
             _ => {
@@ -360,7 +360,7 @@ impl Sink {
                 };
                 let journal = OpenOptions::new().append(true).open(&jp).map_err(at(&jp))?;
                 Ok((
-                    Sink::File(FileSink {
+                    StreamSink::File(FileSink {
                         path,
                         file,
                         journal: Mutex::new(journal),
@@ -376,12 +376,12 @@ impl Sink {
     /// Stores chunk `seq` (at `seq * chunk_bytes`).
     pub fn write(&self, seq: u64, chunk_bytes: u64, data: &[u8]) -> io::Result<()> {
         match self {
-            Sink::Null => Ok(()),
-            Sink::Memory(m) => {
+            StreamSink::Null => Ok(()),
+            StreamSink::Memory(m) => {
                 m.lock().unwrap().insert(seq, data.to_vec());
                 Ok(())
             }
-            Sink::File(f) => f.file.write_all_at(data, seq * chunk_bytes),
+            StreamSink::File(f) => f.file.write_all_at(data, seq * chunk_bytes),
         }
     }
 
@@ -389,7 +389,9 @@ impl Sink {
     /// (seq, chunk hash) pairs where the hash is xxh3-64 of the raw chunk. The chunks may be
     /// acknowledged once this returns.
     pub fn commit(&self, chunks: &[(u64, u64)]) -> io::Result<()> {
-        let Sink::File(f) = self else { return Ok(()) };
+        let StreamSink::File(f) = self else {
+            return Ok(());
+        };
         if chunks.is_empty() {
             return Ok(());
         }
@@ -411,16 +413,16 @@ impl Sink {
     /// The whole-stream checksum ([`StreamHasher`]) of what the sink holds, for
     /// `--verify-on-disk`. A file sink is fdatasync'd, its pages are dropped from the page cache,
     /// and every chunk of `t` is read back from the file (bytes past `t.total_bytes` are not
-    /// covered; [`Sink::finish`] trims them). A memory sink hashes its chunks. The null sink
+    /// covered; [`StreamSink::finish`] trims them). A memory sink hashes its chunks. The null sink
     /// stores nothing: an error.
     pub fn disk_digest(&self, t: &Transfer) -> io::Result<u64> {
         match self {
-            Sink::Null => Err(io::Error::new(
+            StreamSink::Null => Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 "--verify-on-disk: the null sink stores nothing to verify \
                  (valid sinks: FILE or DIR/, memory)",
             )),
-            Sink::Memory(m) => {
+            StreamSink::Memory(m) => {
                 check_layout(t)?;
                 let m = m.lock().unwrap();
                 let mut h = StreamHasher::new();
@@ -435,13 +437,13 @@ impl Sink {
                 }
                 Ok(h.digest())
             }
-            Sink::File(f) => f.disk_digest(t).map_err(at(&f.path)),
+            StreamSink::File(f) => f.disk_digest(t).map_err(at(&f.path)),
         }
     }
 
     /// Ends the stream: trims the file to its exact size and syncs.
     pub fn finish(&self, total_bytes: u64) -> io::Result<()> {
-        if let Sink::File(f) = self {
+        if let StreamSink::File(f) = self {
             f.file.set_len(total_bytes)?;
             if f.sync != Sync::None {
                 f.file.sync_all()?;
@@ -453,7 +455,7 @@ impl Sink {
     /// The bytes of a memory sink, in order.
     pub fn memory_bytes(&self) -> Option<Vec<u8>> {
         match self {
-            Sink::Memory(m) => Some(m.lock().unwrap().values().flatten().copied().collect()),
+            StreamSink::Memory(m) => Some(m.lock().unwrap().values().flatten().copied().collect()),
             _ => None,
         }
     }
@@ -515,7 +517,7 @@ mod tests {
     }
 
     /// Writes and commits every chunk of `t` (in a scrambled order).
-    fn fill(s: &Sink, t: &Transfer) -> Vec<(u64, u64)> {
+    fn fill(s: &StreamSink, t: &Transfer) -> Vec<(u64, u64)> {
         let mut all = Vec::new();
         for seq in (0..t.total_chunks).rev() {
             let c = chunk(seq, t);
@@ -539,7 +541,7 @@ mod tests {
         };
         let (h0, h3, h6) = (xxh3_64(b"wxyz"), xxh3_64(b"abcd"), xxh3_64(b"6666"));
         let spec = SinkSpec::File(p.clone());
-        let (s, r) = Sink::open(&spec, 0, t, true, Sync::Data).unwrap();
+        let (s, r) = StreamSink::open(&spec, 0, t, true, Sync::Data).unwrap();
         assert_eq!(r, Resumed::default());
         s.write(3, 4, b"abcd").unwrap();
         s.write(0, 4, b"wxyz").unwrap();
@@ -556,7 +558,7 @@ mod tests {
         // And a torn record at the end.
         j.extend_from_slice(&jrecord(6, h6, 9)[..11]);
         std::fs::write(&jp, &j).unwrap();
-        let (s, r) = Sink::open(&spec, 0, t, true, Sync::Data).unwrap();
+        let (s, r) = StreamSink::open(&spec, 0, t, true, Sync::Data).unwrap();
         assert_eq!(r.have, vec![(0, h0), (3, h3)]);
         assert!(r.repaired.is_empty());
         assert_eq!(&std::fs::read(&p).unwrap()[12..16], b"abcd");
@@ -568,17 +570,17 @@ mod tests {
         );
         assert!(!journal_tmp_path(&p).exists());
         // Without resume, nothing is kept.
-        let (_, r) = Sink::open(&spec, 0, t, false, Sync::Data).unwrap();
+        let (_, r) = StreamSink::open(&spec, 0, t, false, Sync::Data).unwrap();
         assert_eq!(r, Resumed::default());
         assert_eq!(std::fs::metadata(&p).unwrap().len(), 0);
         assert_eq!(load_journal(&p, &t).unwrap(), Some(vec![]));
         // Another transfer: nothing is resumed, and the file starts empty.
-        let (s, _) = Sink::open(&spec, 0, t, true, Sync::Journal).unwrap();
+        let (s, _) = StreamSink::open(&spec, 0, t, true, Sync::Journal).unwrap();
         s.write(3, 4, b"abcd").unwrap();
         s.commit(&[(3, h3)]).unwrap();
         drop(s);
         let other = Transfer { transfer: 10, ..t };
-        let (_, r) = Sink::open(&spec, 0, other, true, Sync::Data).unwrap();
+        let (_, r) = StreamSink::open(&spec, 0, other, true, Sync::Data).unwrap();
         assert_eq!(r, Resumed::default());
         assert_eq!(std::fs::metadata(&p).unwrap().len(), 0);
     }
@@ -589,11 +591,11 @@ mod tests {
         let spec = SinkSpec::Dir(dir.path().to_owned());
         let p = spec.path_of(2).unwrap();
         let t = t38();
-        let (s, _) = Sink::open(&spec, 2, t, false, Sync::Data).unwrap();
+        let (s, _) = StreamSink::open(&spec, 2, t, false, Sync::Data).unwrap();
         let all = fill(&s, &t);
         drop(s);
         // Intact (the short last chunk included): everything is kept.
-        let (s, r) = Sink::open(&spec, 2, t, true, Sync::Data).unwrap();
+        let (s, r) = StreamSink::open(&spec, 2, t, true, Sync::Data).unwrap();
         assert_eq!(r.have, all);
         assert!(r.repaired.is_empty());
         drop(s);
@@ -604,7 +606,7 @@ mod tests {
         f.write_all_at(&[byte ^ 0x5a], 17).unwrap();
         f.set_len(35).unwrap();
         drop(f);
-        let (s, r) = Sink::open(&spec, 2, t, true, Sync::Journal).unwrap();
+        let (s, r) = StreamSink::open(&spec, 2, t, true, Sync::Journal).unwrap();
         assert_eq!(r.repaired, vec![4, 8, 9]);
         let kept: Vec<_> = all
             .iter()
@@ -627,7 +629,7 @@ mod tests {
         }
         s.commit(&again).unwrap();
         drop(s);
-        let (_, r) = Sink::open(&spec, 2, t, true, Sync::None).unwrap();
+        let (_, r) = StreamSink::open(&spec, 2, t, true, Sync::None).unwrap();
         assert_eq!(r.have, all);
         assert!(r.repaired.is_empty());
     }
@@ -653,7 +655,7 @@ mod tests {
         std::fs::write(journal_path(&p), &j).unwrap();
         let data: Vec<u8> = (0..t.total_chunks).flat_map(|s| chunk(s, &t)).collect();
         std::fs::write(&p, &data).unwrap();
-        let (_, r) = Sink::open(&SinkSpec::File(p.clone()), 0, t, true, Sync::Data).unwrap();
+        let (_, r) = StreamSink::open(&SinkSpec::File(p.clone()), 0, t, true, Sync::Data).unwrap();
         assert_eq!(r, Resumed::default());
         assert_eq!(std::fs::metadata(&p).unwrap().len(), 0);
         // Replaced by an empty v2 journal.
@@ -673,7 +675,7 @@ mod tests {
         }
         let expect = expect.digest();
 
-        let (s, _) = Sink::open(&SinkSpec::File(p.clone()), 0, t, false, Sync::None).unwrap();
+        let (s, _) = StreamSink::open(&SinkSpec::File(p.clone()), 0, t, false, Sync::None).unwrap();
         fill(&s, &t);
         s.finish(t.total_bytes).unwrap();
         assert_eq!(s.disk_digest(&t).unwrap(), expect);
@@ -692,7 +694,7 @@ mod tests {
             .unwrap();
         assert!(s.disk_digest(&t).is_err());
 
-        let (m, _) = Sink::open(&SinkSpec::Memory, 0, t, false, Sync::None).unwrap();
+        let (m, _) = StreamSink::open(&SinkSpec::Memory, 0, t, false, Sync::None).unwrap();
         fill(&m, &t);
         assert_eq!(m.disk_digest(&t).unwrap(), expect);
         m.write(5, t.chunk_bytes, b"five").unwrap();
@@ -717,7 +719,7 @@ mod tests {
 
     #[test]
     fn null_sink_has_nothing_to_verify() {
-        let (s, _) = Sink::open(&SinkSpec::Null, 0, t38(), false, Sync::Data).unwrap();
+        let (s, _) = StreamSink::open(&SinkSpec::Null, 0, t38(), false, Sync::Data).unwrap();
         let e = s.disk_digest(&t38()).unwrap_err().to_string();
         for valid in ["FILE", "DIR/", "memory"] {
             assert!(e.contains(valid), "{e}");

@@ -5,22 +5,25 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use loci_topo::{CpuSet, NodeSet};
+use loci_place::apply::apply_thread;
+use loci_place::Plan;
+use loci_topo::{CpuSet, NodeSet, Topology};
 use serde::Serialize;
 
-/// Counters of one stage (all its threads).
+use crate::config::{buffer_node, Stage};
+
+/// One stage's placement (a loci-place plan) and counters (all its threads).
 #[derive(Debug)]
 pub struct StageStats {
     pub name: &'static str,
-    pub threads: usize,
+    /// Where its threads run and where their buffers live.
+    pub plan: Plan,
     /// Nanoseconds spent working (not waiting on a queue or the network to have something).
     pub busy_ns: AtomicU64,
     /// Chunks handled.
     pub chunks: AtomicU64,
     /// Where its threads were seen running and where their buffers sat.
     pub seen: Mutex<Vec<ThreadSeen>>,
-    planned_cpus: Vec<Option<CpuSet>>,
-    planned_mem: Vec<Option<u32>>,
 }
 
 /// Placement of one thread as the kernel reported it.
@@ -36,19 +39,50 @@ pub struct ThreadSeen {
 }
 
 impl StageStats {
-    /// Counters for a stage of `threads` threads with the planned placement.
-    pub fn new(name: &'static str, stage: &crate::config::Stage) -> Self {
+    /// Counters for a stage placed by `plan`.
+    pub fn new(name: &'static str, plan: Plan) -> Self {
         StageStats {
             name,
-            threads: stage.count,
             busy_ns: AtomicU64::new(0),
             chunks: AtomicU64::new(0),
-            seen: Mutex::new(vec![ThreadSeen::default(); stage.count]),
-            planned_cpus: (0..stage.count)
-                .map(|i| stage.cpus_of(i).cloned())
-                .collect(),
-            planned_mem: (0..stage.count).map(|i| stage.mem_of(i)).collect(),
+            seen: Mutex::new(vec![ThreadSeen::default(); plan.threads.len()]),
+            plan,
         }
+    }
+    /// Counters for the config stage `stage` planned on `topo` (see [`Stage::plan`]).
+    pub fn planned(name: &'static str, stage: &Stage, topo: &Topology) -> Result<Self, String> {
+        Ok(Self::new(
+            name,
+            stage.plan(topo, name).map_err(|e| e.to_string())?,
+        ))
+    }
+    /// Number of threads.
+    pub fn threads(&self) -> usize {
+        self.plan.threads.len()
+    }
+    /// The node of thread `i`'s buffers, if the plan sets one.
+    pub fn buffer_node(&self, i: usize) -> Option<u32> {
+        buffer_node(&self.plan, i)
+    }
+    /// Places the calling thread as thread `i` of the stage (loci-place's `apply_thread`: its
+    /// cpus and the plan's memory policy) and records its affinity. Errors name the stage, the
+    /// thread and the cpus; nothing falls back silently.
+    pub fn enter(&self, i: usize) -> Result<(), String> {
+        apply_thread(&self.plan, i).map_err(|e| {
+            let allowed = loci_place::sys::get_affinity(0)
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            let cpus = self.plan.threads.get(i).map(|t| t.cpus.to_string());
+            format!(
+                "{} thread {i}: cannot run on cpus {} with memory {}: {e} (cpus allowed here: \
+                 {allowed})",
+                self.name,
+                cpus.unwrap_or_default(),
+                self.plan.memory
+            )
+        })?;
+        self.saw_affinity(i);
+        Ok(())
     }
     /// Adds busy time since `t`.
     pub fn busy_since(&self, t: Instant) {
@@ -72,7 +106,7 @@ impl StageStats {
         }
     }
     /// Records the affinity thread `i` ended up with.
-    pub fn saw_affinity(&self, i: usize) {
+    fn saw_affinity(&self, i: usize) {
         if let Ok(a) = loci_place::sys::get_affinity(0) {
             if let Some(t) = self.seen.lock().unwrap().get_mut(i) {
                 t.index = i;
@@ -83,40 +117,23 @@ impl StageStats {
     /// The report entry, over `wall_s` seconds.
     pub fn report(&self, wall_s: f64) -> StageReport {
         let busy = self.busy_ns.load(Relaxed) as f64 / 1e9;
+        let n = self.threads();
         StageReport {
             name: self.name.to_string(),
-            threads: self.threads,
+            threads: n,
             chunks: self.chunks.load(Relaxed),
             busy_share: if wall_s > 0.0 {
-                (busy / (wall_s * self.threads as f64)).min(1.0)
+                (busy / (wall_s * n as f64)).min(1.0)
             } else {
                 0.0
             },
-            planned_cpus: self.planned_cpus.clone(),
-            planned_mem: self.planned_mem.clone(),
+            planned_cpus: (self.plan.threads.iter())
+                .map(|t| self.plan.pinned.then(|| t.cpus.clone()))
+                .collect(),
+            planned_mem: (0..n).map(|i| self.buffer_node(i)).collect(),
             seen: self.seen.lock().unwrap().clone(),
         }
     }
-}
-
-/// Pins the calling thread (cpus, and a preferred memory policy for what it allocates itself).
-/// Errors name the stage, the thread and the cpus; nothing falls back silently.
-pub fn pin(stage: &str, i: usize, cpus: Option<&CpuSet>, mem: Option<u32>) -> Result<(), String> {
-    if let Some(c) = cpus {
-        loci_place::sys::set_affinity(0, c).map_err(|e| {
-            let allowed = loci_place::sys::get_affinity(0)
-                .map(|a| a.to_string())
-                .unwrap_or_default();
-            format!(
-                "{stage} thread {i}: cannot run on cpus {c}: {e} (cpus allowed here: {allowed})"
-            )
-        })?;
-    }
-    if let Some(n) = mem {
-        loci_place::sys::set_mempolicy(loci_place::sys::mode::MPOL_PREFERRED, &NodeSet::single(n))
-            .map_err(|e| format!("{stage} thread {i}: cannot prefer memory on node {n}: {e}"))?;
-    }
-    Ok(())
 }
 
 /// A bounded queue's occupancy, sampled by the monitor.
@@ -215,7 +232,8 @@ pub struct Totals {
     pub chunks: u64,
     pub raw_bytes: u64,
     pub wire_bytes: u64,
-    pub seconds: f64,
+    /// When the side started: the report covers the time since.
+    pub started: Instant,
 }
 
 impl StreamReport {
@@ -226,11 +244,14 @@ impl StreamReport {
         role: &str,
         stream: u32,
         t: Totals,
-        stages: Vec<StageReport>,
-        queues: Vec<QueueReport>,
+        stages: &[&StageStats],
+        queues: &[&QueueStats],
         checksum: u64,
     ) -> Self {
-        let (raw, wire, secs) = (t.raw_bytes, t.wire_bytes, t.seconds);
+        let (raw, wire) = (t.raw_bytes, t.wire_bytes);
+        let secs = t.started.elapsed().as_secs_f64();
+        let stages: Vec<StageReport> = stages.iter().map(|s| s.report(secs)).collect();
+        let queues = queues.iter().map(|q| q.report()).collect();
         StreamReport {
             role: role.into(),
             stream,
@@ -290,25 +311,26 @@ impl StreamReport {
             self.network_bytes_per_s / 1e6,
             self.compression_ratio
         );
-        for st in &self.stages {
-            let _ = writeln!(
-                s,
+        let stages = self.stages.iter().map(|st| {
+            format!(
                 "  stage {:<10} {:>3} threads  busy {:>5.1}%  chunks {}",
                 st.name,
                 st.threads,
                 st.busy_share * 100.0,
                 st.chunks
-            );
-        }
-        for q in &self.queues {
-            let _ = writeln!(
-                s,
+            )
+        });
+        let queues = self.queues.iter().map(|q| {
+            format!(
                 "  queue {:<20} depth {:>3}  mean {:>5.1}% full  at capacity {:>5.1}% of samples",
                 q.name,
                 q.capacity,
                 q.mean_occupancy * 100.0,
                 q.full_share * 100.0
-            );
+            )
+        });
+        for line in stages.chain(queues) {
+            let _ = writeln!(s, "{line}");
         }
         let _ = writeln!(
             s,

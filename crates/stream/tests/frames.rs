@@ -5,10 +5,13 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use loci_stream::config::{ReceiverConfig, Sync};
+mod common;
+
+use common::Recv;
+use loci_stream::config::ReceiverConfig;
 use loci_stream::proto::{self, kind, Header, Hello, Protection, FLAG_LZ4, HEADER};
 use loci_stream::recv::decode_payload;
-use loci_stream::{Codec, Receiver, RecvOptions, SinkSpec};
+use loci_stream::{Codec, SinkSpec};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// A stored (uncompressed, flags 0) DATA frame whose `comp_len` (50) is below its `raw_len` (100).
@@ -73,25 +76,15 @@ fn a_stored_payload_shorter_than_its_chunk_is_refused_by_the_header_check() {
 /// refuses the frame and closes the connection.
 #[test]
 fn the_receiver_closes_a_connection_that_sends_a_short_stored_frame() {
-    let secret = b"frames-test-secret-0123";
-    let r = Receiver::bind(
-        "127.0.0.1:0",
-        RecvOptions {
-            config: ReceiverConfig {
-                sync: Sync::None,
-                ..ReceiverConfig::default()
-            },
-            secret: secret.to_vec(),
-            sink: SinkSpec::Memory,
-            progress: false,
-            streams: Some(1),
-            verify_on_disk: false,
-        },
-    )
-    .unwrap();
-    let addr = r.local_addr();
-    let stop = r.stop_flag();
-    let recv = std::thread::spawn(move || r.run());
+    let secret = "frames-test-secret-0123";
+    let limit = Duration::from_secs(60);
+    let r = Recv {
+        secret,
+        streams: 1,
+        verify_on_disk: false,
+        limit,
+    };
+    let (addr, stop, recv) = common::start(ReceiverConfig::default(), SinkSpec::Memory, &r);
 
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -108,7 +101,7 @@ fn the_receiver_closes_a_connection_that_sends_a_short_stored_frame() {
         codec: Codec::Lz4C,
         protection: Protection::Auth,
     };
-    let mut est = proto::client_handshake(&mut s, secret, &hello).unwrap();
+    let mut est = proto::client_handshake(&mut s, secret.as_bytes(), &hello).unwrap();
     assert!(est.have.is_empty());
     // Sealed with the connection's key: the frame authenticates, and only its lengths are wrong.
     let (hdr, payload) = short_stored_frame();

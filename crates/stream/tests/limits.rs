@@ -9,14 +9,15 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{Recv, Reports};
 use loci_stream::config::{ReceiverConfig, SenderConfig, Stage, Sync};
 use loci_stream::proto::{self, kind, Header};
 use loci_stream::source::SourceSpec;
-use loci_stream::{Faults, Receiver, RecvOptions, SendOptions, SinkSpec, StreamReport};
+use loci_stream::{SendOptions, SinkSpec, StreamReport};
 
 const SECRET: &str = "limits-test-secret-0123";
-
-type Reports = std::thread::JoinHandle<Result<Vec<StreamReport>, String>>;
 
 fn receiver(config: ReceiverConfig, sink: SinkSpec) -> (String, Arc<AtomicBool>, Reports) {
     receiver_with(config, sink, false)
@@ -27,55 +28,29 @@ fn receiver_with(
     sink: SinkSpec,
     verify_on_disk: bool,
 ) -> (String, Arc<AtomicBool>, Reports) {
-    let r = Receiver::bind(
-        "127.0.0.1:0",
-        RecvOptions {
-            config: ReceiverConfig {
-                sync: Sync::None,
-                ..config
-            },
-            secret: SECRET.as_bytes().to_vec(),
-            sink,
-            progress: false,
-            streams: Some(1),
-            verify_on_disk,
-        },
-    )
-    .unwrap();
-    let addr = r.local_addr().to_string();
-    let stop = r.stop_flag();
-    let s2 = stop.clone();
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(90));
-        s2.store(true, Relaxed);
-    });
-    (
-        addr,
-        stop,
-        std::thread::spawn(move || r.run().map_err(|e| e.to_string())),
-    )
+    let limit = Duration::from_secs(90);
+    let r = Recv {
+        secret: SECRET,
+        streams: 1,
+        verify_on_disk,
+        limit,
+    };
+    common::start(config, sink, &r)
 }
 
 fn sender(to: &str, stream: u32, bytes: u64) -> SendOptions {
-    SendOptions {
-        to: to.into(),
-        config: SenderConfig {
-            stream,
-            chunk_bytes: 64 << 10,
-            window: 4,
-            queue_depth: 2,
-            read_queue_depth: 1,
-            compress: Stage::os(1),
-            send: Stage::os(1),
-            ..SenderConfig::default()
-        },
-        secret: SECRET.as_bytes().to_vec(),
-        source: SourceSpec::Synthetic { bytes, seed: 5 },
-        resume: false,
-        progress: false,
-        reconnect_timeout: Duration::from_secs(20),
-        faults: Faults::default(),
-    }
+    let config = SenderConfig {
+        stream,
+        chunk_bytes: 64 << 10,
+        window: 4,
+        queue_depth: 2,
+        read_queue_depth: 1,
+        compress: Stage::os(1),
+        send: Stage::os(1),
+        ..SenderConfig::default()
+    };
+    let source = SourceSpec::Synthetic { bytes, seed: 5 };
+    common::send_options(to, config, source, SECRET)
 }
 
 /// Reads until EOF or an error, at most `limit`; true if the peer closed the connection.
@@ -218,26 +193,41 @@ fn ack_ranges_outside_the_stream_end_the_connection_and_the_sender_gives_up() {
     assert!(served.load(Relaxed) >= 16, "{}", served.load(Relaxed));
 }
 
-/// While a stream is live, a fresh sender for the same stream id (another transfer) is refused,
-/// with a message naming why; the first stream completes, verified.
-#[test]
-fn a_fresh_hello_for_a_live_stream_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out.raw");
+/// A first stream into a FILE sink in `dir`, slowed by `delay` per chunk, once it is live (its
+/// journal exists): the file, the receiver's address and reports, and the sender's thread.
+fn first_stream_live(
+    dir: &std::path::Path,
+    file: &str,
+    (stream, chunks, delay): (u32, u64, Duration),
+) -> (
+    std::path::PathBuf,
+    String,
+    Reports,
+    std::thread::JoinHandle<Result<StreamReport, loci_stream::send::SendError>>,
+) {
+    let out = dir.join(file);
     let (addr, _stop, rx) = receiver(ReceiverConfig::default(), SinkSpec::File(out.clone()));
-    // About 3.6 s: it outlasts the second sender's 1 s of retries ("busy") by a wide margin.
-    let mut first = sender(&addr, 3, 24 * (64 << 10));
-    first.faults.delay = Duration::from_millis(150);
-    let a = addr.clone();
+    let mut first = sender(&addr, stream, chunks * (64 << 10));
+    first.faults.delay = delay;
     let t = std::thread::spawn(move || loci_stream::send(first));
-    // Wait until the first stream is live: its journal exists.
-    let journal = dir.path().join("out.raw.loci-journal");
+    let journal = dir.join(format!("{file}.loci-journal"));
     let until = Instant::now() + Duration::from_secs(20);
     while !journal.exists() {
         assert!(Instant::now() < until, "the first stream never started");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let mut second = sender(&a, 3, 5 * (64 << 10) + 1);
+    (out, addr, rx, t)
+}
+
+/// While a stream is live, a fresh sender for the same stream id (another transfer) is refused,
+/// with a message naming why; the first stream completes, verified.
+#[test]
+fn a_fresh_hello_for_a_live_stream_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    // About 3.6 s: it outlasts the second sender's 1 s of retries ("busy") by a wide margin.
+    let first = (3, 24, Duration::from_millis(150));
+    let (out, addr, rx, t) = first_stream_live(dir.path(), "out.raw", first);
+    let mut second = sender(&addr, 3, 5 * (64 << 10) + 1);
     second.reconnect_timeout = Duration::from_secs(1);
     let e = loci_stream::send(second).unwrap_err().to_string();
     assert!(e.contains("is live with another sender"), "{e}");
@@ -256,17 +246,8 @@ fn a_fresh_hello_for_a_live_stream_is_refused() {
 #[test]
 fn a_file_sink_refuses_a_second_stream() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("one.raw");
-    let (addr, _stop, rx) = receiver(ReceiverConfig::default(), SinkSpec::File(out.clone()));
-    let mut first = sender(&addr, 1, 16 * (64 << 10));
-    first.faults.delay = Duration::from_millis(30);
-    let t = std::thread::spawn(move || loci_stream::send(first));
-    let journal = dir.path().join("one.raw.loci-journal");
-    let until = Instant::now() + Duration::from_secs(20);
-    while !journal.exists() {
-        assert!(Instant::now() < until, "the first stream never started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let first = (1, 16, Duration::from_millis(30));
+    let (_out, addr, rx, t) = first_stream_live(dir.path(), "one.raw", first);
     let e = loci_stream::send(sender(&addr, 2, 4 * (64 << 10)))
         .unwrap_err()
         .to_string();

@@ -2,10 +2,13 @@
 
 use std::time::Duration;
 
-use loci_stream::config::{ReceiverConfig, SenderConfig, Stage, Sync};
+mod common;
+
+use common::{send_options as opts, Recv, Reports};
+use loci_stream::config::{ReceiverConfig, SenderConfig, Stage};
 use loci_stream::recv::MEMORY;
 use loci_stream::source::SourceSpec;
-use loci_stream::{Faults, Receiver, RecvOptions, SendOptions, SinkSpec};
+use loci_stream::SinkSpec;
 
 const CHUNK: usize = 1 << 20;
 
@@ -22,8 +25,6 @@ fn sender_cfg(stream: u32, compress: usize, send: usize) -> SenderConfig {
     }
 }
 
-type Reports = std::thread::JoinHandle<Result<Vec<loci_stream::StreamReport>, String>>;
-
 fn start_receiver(sink: SinkSpec, streams: usize, secret: &str) -> (String, Reports) {
     start_receiver_with(ReceiverConfig::default(), sink, streams, secret)
 }
@@ -34,45 +35,15 @@ fn start_receiver_with(
     streams: usize,
     secret: &str,
 ) -> (String, Reports) {
-    let r = Receiver::bind(
-        "127.0.0.1:0",
-        RecvOptions {
-            config: ReceiverConfig {
-                sync: Sync::None,
-                ..config
-            },
-            secret: secret.as_bytes().to_vec(),
-            sink,
-            progress: false,
-            streams: Some(streams),
-            verify_on_disk: false,
-        },
-    )
-    .unwrap();
-    let addr = r.local_addr().to_string();
-    let stop = r.stop_flag();
-    // Bounded: a receiver that never sees its streams end stops after 60 s.
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(60));
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    });
-    (
-        addr,
-        std::thread::spawn(move || r.run().map_err(|e| e.to_string())),
-    )
-}
-
-fn opts(to: &str, cfg: SenderConfig, source: SourceSpec, secret: &str) -> SendOptions {
-    SendOptions {
-        to: to.into(),
-        config: cfg,
-        secret: secret.as_bytes().to_vec(),
-        source,
-        resume: false,
-        progress: false,
-        reconnect_timeout: Duration::from_secs(20),
-        faults: Faults::default(),
-    }
+    let limit = Duration::from_secs(60);
+    let r = Recv {
+        secret,
+        streams,
+        verify_on_disk: false,
+        limit,
+    };
+    let (addr, _stop, reports) = common::start(config, sink, &r);
+    (addr, reports)
 }
 
 fn expected(bytes: u64, seed: u64) -> Vec<u8> {
@@ -338,7 +309,39 @@ fn a_cpu_that_does_not_exist_is_a_clear_error() {
     .unwrap_err()
     .to_string();
     assert!(
-        e.contains("compress thread 0") && e.contains("cpus 1000") && e.contains("allowed"),
+        e.contains("compress: thread 0") && e.contains("cpu 1000") && e.contains("present cpus"),
+        "{e}"
+    );
+}
+
+/// A receiver config naming a cpu this machine lacks is refused when the receiver binds, naming
+/// the stream, the stage, the thread and the cpu.
+#[test]
+fn a_receiver_cpu_that_does_not_exist_is_refused_at_bind() {
+    let part = loci_stream::config::StreamPart {
+        id: 4,
+        queue_depth: 2,
+        recv: Stage::os(1),
+        decompress: pinned(&[1000]),
+    };
+    let config = ReceiverConfig {
+        streams: vec![part],
+        ..ReceiverConfig::default()
+    };
+    let limit = Duration::from_secs(60);
+    let secret = "pinning-test-secret-0123";
+    let r = Recv {
+        secret,
+        streams: 1,
+        verify_on_disk: false,
+        limit,
+    };
+    let Err(e) = common::bind(config, SinkSpec::Null, &r) else {
+        panic!("a receiver with cpu 1000 bound");
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("stream 4.decompress: thread 0: cpu 1000 is not present"),
         "{e}"
     );
 }

@@ -25,6 +25,23 @@ use crate::model::{
     Cache, CacheKind, Cpu, Device, DeviceKind, ModelError, Node, NodeKind, Topology,
 };
 
+/// The keys of the JSON form, sorted: of the document, of a node, of a cpu and of a cache (what
+/// docs/topology.md documents; the tests hold every writer to them).
+pub const TOP_KEYS: [&str; 6] = ["caches", "cpus", "devices", "nodes", "notes", "source"];
+pub const NODE_KEYS: [&str; 9] = [
+    "allowed",
+    "cpus",
+    "distances",
+    "free_bytes",
+    "id",
+    "initiators",
+    "kind",
+    "memory_bytes",
+    "merged",
+];
+pub const CPU_KEYS: [&str; 6] = ["allowed", "core", "id", "node", "online", "package"];
+pub const CACHE_KEYS: [&str; 4] = ["cpus", "kind", "level", "size_bytes"];
+
 /// A node in the JSON form.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JsonNode {
@@ -243,32 +260,10 @@ mod tests {
             k.sort();
             k
         };
-        assert_eq!(
-            keys(&v),
-            ["caches", "cpus", "devices", "nodes", "notes", "source"]
-        );
-        assert_eq!(
-            keys(&v["nodes"][0]),
-            [
-                "allowed",
-                "cpus",
-                "distances",
-                "free_bytes",
-                "id",
-                "initiators",
-                "kind",
-                "memory_bytes",
-                "merged"
-            ]
-        );
-        assert_eq!(
-            keys(&v["cpus"][0]),
-            ["allowed", "core", "id", "node", "online", "package"]
-        );
-        assert_eq!(
-            keys(&v["caches"][0]),
-            ["cpus", "kind", "level", "size_bytes"]
-        );
+        assert_eq!(keys(&v), TOP_KEYS);
+        assert_eq!(keys(&v["nodes"][0]), NODE_KEYS);
+        assert_eq!(keys(&v["cpus"][0]), CPU_KEYS);
+        assert_eq!(keys(&v["caches"][0]), CACHE_KEYS);
         let back: TopologyJson = serde_json::from_value(v).unwrap();
         assert_eq!(back.into_topology().unwrap(), t);
     }

@@ -207,6 +207,27 @@ impl Topology {
         }
     }
 
+    /// A topology of these parts with no notes, not yet checked (see [`validate`](Self::validate)):
+    /// what every reader and generator assembles at its end.
+    pub fn from_parts(
+        source: String,
+        nodes: Vec<Node>,
+        cpus: Vec<Cpu>,
+        caches: Vec<Cache>,
+        devices: Vec<Device>,
+        distances: Vec<Vec<u32>>,
+    ) -> Topology {
+        Topology {
+            source,
+            nodes,
+            cpus,
+            caches,
+            devices,
+            distances,
+            notes: vec![],
+        }
+    }
+
     /// Checks the invariants every source must establish.
     pub fn validate(&self) -> Result<(), ModelError> {
         if self.nodes.is_empty() {

@@ -127,28 +127,20 @@ mod source_syntax_tests {
 
     #[test]
     fn parses_every_form_and_names_bad_ones() {
-        assert_eq!("local".parse::<Source>().unwrap(), Source::live());
-        assert_eq!("sysfs:/".parse::<Source>().unwrap(), Source::live());
-        assert_eq!(
-            "sysfs:/tmp/x".parse::<Source>().unwrap(),
-            Source::Sysfs("/tmp/x".into())
-        );
-        assert_eq!(
-            "xml:a.xml".parse::<Source>().unwrap(),
-            Source::HwlocXml("a.xml".into())
-        );
-        assert_eq!(
-            "json:t.json".parse::<Source>().unwrap(),
-            Source::Json("t.json".into())
-        );
-        assert_eq!(
-            "preset:p".parse::<Source>().unwrap(),
-            Source::Preset("p".into())
-        );
-        assert_eq!(
-            "synthetic:nodes=2,cores=2".parse::<Source>().unwrap(),
-            Source::Synthetic("nodes=2,cores=2".into())
-        );
+        for (text, want) in [
+            ("local", Source::live()),
+            ("sysfs:/", Source::live()),
+            ("sysfs:/tmp/x", Source::Sysfs("/tmp/x".into())),
+            ("xml:a.xml", Source::HwlocXml("a.xml".into())),
+            ("json:t.json", Source::Json("t.json".into())),
+            ("preset:p", Source::Preset("p".into())),
+            (
+                "synthetic:nodes=2,cores=2",
+                Source::Synthetic("nodes=2,cores=2".into()),
+            ),
+        ] {
+            assert_eq!(text.parse::<Source>().unwrap(), want, "{text}");
+        }
         // What Display prints parses back to the same source.
         for s in [
             Source::Sysfs("/d".into()),

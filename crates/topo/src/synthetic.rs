@@ -22,6 +22,7 @@
 use crate::error::TopoError;
 use crate::idset::{CpuSet, NodeSet};
 use crate::model::{Cache, CacheKind, Cpu, Device, Node, Topology};
+use crate::sysfs::parse_size;
 
 /// The keys a spec may use.
 pub const KEYS: &[&str] = &[
@@ -230,23 +231,6 @@ impl Shape {
             notes: vec![],
         }
     }
-}
-
-/// Parses a size: `64G`, `512M`, `4K`, `1T` (binary units) or plain bytes.
-pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, shift) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 30),
-        Some('T' | 't') => (&t[..t.len() - 1], 40),
-        _ => (t, 0),
-    };
-    let v: u64 = num
-        .parse()
-        .map_err(|_| format!("`{t}` is not a size (expected e.g. `16G`, `512M`, `1T`)"))?;
-    v.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("`{t}` is too large"))
 }
 
 /// Parses a spec (see the module docs) into a topology.
@@ -528,24 +512,26 @@ mod tests {
 
     #[test]
     fn errors_name_the_bad_part() {
-        let m = msg("nodes=2,cpus=4");
-        assert!(
-            m.contains("unknown key `cpus`") && m.contains("cores"),
-            "{m}"
-        );
-        assert!(msg("nodes=x").contains("`nodes=x`"));
-        assert!(msg("nodes=0").contains("1-1024"));
-        assert!(msg("smt").contains("not `key=value`"));
-        assert!(msg("nodes=2,nodes=3").contains("twice"));
-        assert!(msg("llc=socket").contains("`node`, `package`"));
-        assert!(msg("mem=lots").contains("`mem`"));
-        assert!(msg("nodes=3,dist=10:20/20:10").contains("3x3"));
-        assert!(msg("nodes=2,dist=10:5").contains("smaller"));
-        assert!(msg("nodes=2,cpuless=0-1").contains("at least one"));
-        assert!(msg("nodes=2,cpuless=5").contains("do not exist"));
-        assert!(msg("nodes=2,cpuless=1,memless=1").contains("neither"));
-        assert!(msg("nodes=3,cores=1,packages=2").contains("evenly"));
-        assert!(msg("siblings=odd").contains("`apart` or `adjacent`"));
+        for (spec, says) in [
+            ("nodes=2,cpus=4", "unknown key `cpus`"),
+            ("nodes=2,cpus=4", "cores"),
+            ("nodes=x", "`nodes=x`"),
+            ("nodes=0", "1-1024"),
+            ("smt", "not `key=value`"),
+            ("nodes=2,nodes=3", "twice"),
+            ("llc=socket", "`node`, `package`"),
+            ("mem=lots", "`mem`"),
+            ("nodes=3,dist=10:20/20:10", "3x3"),
+            ("nodes=2,dist=10:5", "smaller"),
+            ("nodes=2,cpuless=0-1", "at least one"),
+            ("nodes=2,cpuless=5", "do not exist"),
+            ("nodes=2,cpuless=1,memless=1", "neither"),
+            ("nodes=3,cores=1,packages=2", "evenly"),
+            ("siblings=odd", "`apart` or `adjacent`"),
+        ] {
+            let m = msg(spec);
+            assert!(m.contains(says), "{spec}: {m}");
+        }
     }
 
     #[test]
@@ -563,14 +549,5 @@ mod tests {
             let l3: Vec<usize> = t.caches_at(3).map(|c| c.cpus.len()).collect();
             assert_eq!(l3, vec![cpus_each; l3s], "{spec}");
         }
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("16G").unwrap(), 16 << 30);
-        assert_eq!(parse_size("512m").unwrap(), 512 << 20);
-        assert_eq!(parse_size("1T").unwrap(), 1 << 40);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert!(parse_size("G").is_err());
     }
 }

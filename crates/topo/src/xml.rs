@@ -400,15 +400,8 @@ pub fn parse(text: &str) -> Result<Topology, String> {
         }
     }
 
-    Ok(Topology {
-        source: String::new(),
-        nodes,
-        cpus,
-        caches,
-        devices,
-        distances,
-        notes: vec![],
-    })
+    let t = Topology::from_parts(String::new(), nodes, cpus, caches, devices, distances);
+    Ok(t)
 }
 
 /// The NUMA latency matrix, reordered to ascending node ids. `nodes` is (os index, gp index),
@@ -528,10 +521,16 @@ mod tests {
 </topology>
 "#;
 
+    /// `xml` read, and valid.
+    fn parse_valid(xml: &str) -> Topology {
+        let t = parse(xml).unwrap();
+        t.validate().unwrap();
+        t
+    }
+
     #[test]
     fn small_export() {
-        let t = parse(SMALL).unwrap();
-        t.validate().unwrap();
+        let t = parse_valid(SMALL);
         let ids: Vec<u32> = t.nodes.iter().map(|n| n.id).collect();
         assert_eq!(ids, vec![0, 1, 7]);
         assert_eq!(t.nodes[0].cpus.to_string(), "0,2");
@@ -649,8 +648,7 @@ mod tests {
 
     #[test]
     fn cpuless_beside_a_machine_wide_node_and_memoryless_nodes() {
-        let t = parse(BESIDE).unwrap();
-        t.validate().unwrap();
+        let t = parse_valid(BESIDE);
         let cpus: Vec<String> = t.nodes.iter().map(|n| n.cpus.to_string()).collect();
         assert_eq!(cpus, ["", "0-1", ""]);
         assert_eq!(t.cpu(0).unwrap().node, Some(1));
@@ -673,11 +671,9 @@ mod tests {
 
     #[test]
     fn numa_off_export_is_one_node() {
-        let t = parse(
+        let t = parse_valid(
             r#"<topology version="2.0"><object type="Machine"><object type="PU" os_index="0"/><object type="PU" os_index="1"/></object></topology>"#,
-        )
-        .unwrap();
-        t.validate().unwrap();
+        );
         assert_eq!(t.nodes.len(), 1);
         assert_eq!(t.nodes[0].cpus.to_string(), "0-1");
         assert_eq!(t.distances, vec![vec![10]]);

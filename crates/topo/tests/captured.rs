@@ -12,27 +12,11 @@ use std::process::Command;
 
 use loci_topo::{CpuSet, NodeKind, Source, Topology};
 
-/// `../shared/topologies` of the repository root; `LOCI_SHARED` overrides, and a git worktree
-/// nested deeper finds it in the nearest ancestor that has one.
+mod common;
+
+/// `../shared/topologies` (see `common::shared_topologies`).
 fn shared() -> Option<PathBuf> {
-    let candidates: Vec<PathBuf> = match std::env::var_os("LOCI_SHARED") {
-        Some(s) => vec![PathBuf::from(s).join("topologies")],
-        None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .ancestors()
-            .skip(3)
-            .map(|a| a.join("shared/topologies"))
-            .collect(),
-    };
-    match candidates.iter().find(|p| p.is_dir()) {
-        Some(p) => Some(p.clone()),
-        None => {
-            eprintln!(
-                "note: ../shared/topologies is absent (looked at {}); skipping the captured-machine tests",
-                candidates.first().map_or(String::new(), |p| p.display().to_string())
-            );
-            None
-        }
-    }
+    common::shared_topologies("", "the captured-machine tests")
 }
 
 /// Unpacks `NAME.tar.bz2` (once: a marker naming the tarball's size and mtime makes later runs

@@ -6,26 +6,18 @@ use std::path::{Path, PathBuf};
 
 use loci_topo::{DeviceKind, Source, Topology};
 
+mod common;
+
 fn xml_dir() -> Option<PathBuf> {
-    let candidates: Vec<PathBuf> = match std::env::var_os("LOCI_SHARED") {
-        Some(s) => vec![PathBuf::from(s).join("topologies/xml")],
-        None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .ancestors()
-            .skip(3)
-            .map(|a| a.join("shared/topologies/xml"))
-            .collect(),
-    };
-    let found = candidates.into_iter().find(|p| p.is_dir());
-    if found.is_none() {
-        eprintln!("note: ../shared/topologies/xml is absent; skipping the hwloc XML tests");
-    }
-    found
+    common::shared_topologies("xml", "the hwloc XML tests")
 }
 
-fn load(name: &str) -> Option<Topology> {
+/// The export `name`, validated, with `nodes` nodes (`None`: ../shared is absent).
+fn load(name: &str, nodes: usize) -> Option<Topology> {
     let path = xml_dir()?.join(name);
     let t = loci_topo::load(&Source::HwlocXml(path)).unwrap_or_else(|e| panic!("{name}: {e}"));
     t.validate().unwrap();
+    assert_eq!(t.nodes.len(), nodes, "{name}");
     Some(t)
 }
 
@@ -39,10 +31,9 @@ fn l(t: &Topology, level: u8) -> Vec<String> {
 
 #[test]
 fn amd_8_nodes_with_several_matrices() {
-    let Some(t) = load("16amd64-4distances.xml") else {
+    let Some(t) = load("16amd64-4distances.xml", 8) else {
         return;
     };
-    assert_eq!(t.nodes.len(), 8);
     assert_eq!(t.cpus.len(), 16);
     // Package 0 holds NUMANode 1 and PUs 0-1; package 1 holds node 0 and PUs 2-3.
     assert_eq!(cpus_of(&t, 0), "2-3");
@@ -62,10 +53,9 @@ fn amd_8_nodes_with_several_matrices() {
 
 #[test]
 fn intel_24_nodes_384_threads() {
-    let Some(t) = load("192em64t-24n8c2t.xml") else {
+    let Some(t) = load("192em64t-24n8c2t.xml", 24) else {
         return;
     };
-    assert_eq!(t.nodes.len(), 24);
     assert_eq!(t.cpus.len(), 384);
     assert_eq!(cpus_of(&t, 0), "0-7,192-199");
     assert_eq!(cpus_of(&t, 23), "184-191,376-383");
@@ -89,10 +79,9 @@ fn intel_24_nodes_384_threads() {
 
 #[test]
 fn intel_2_nodes_with_pci_devices() {
-    let Some(t) = load("32em64t-2n8c2t-pci-normalio.xml") else {
+    let Some(t) = load("32em64t-2n8c2t-pci-normalio.xml", 2) else {
         return;
     };
-    assert_eq!(t.nodes.len(), 2);
     assert_eq!(cpus_of(&t, 0), "0-7,16-23");
     assert_eq!(cpus_of(&t, 1), "8-15,24-31");
     assert_eq!(t.nodes[0].memory_bytes, Some(34330173440));
@@ -112,10 +101,9 @@ fn intel_2_nodes_with_pci_devices() {
 
 #[test]
 fn knl_like_dram_plus_hbm() {
-    let Some(t) = load("64intel64-heteromem.xml") else {
+    let Some(t) = load("64intel64-heteromem.xml", 8) else {
         return;
     };
-    assert_eq!(t.nodes.len(), 8);
     // DRAM nodes 0-3 carry the cpus; the HBM nodes 4-7 attached beside them are CPU-less.
     assert_eq!(cpus_of(&t, 0), "0-3,16-19,32-35,48-51");
     for hbm in 4..8 {
@@ -134,10 +122,9 @@ fn knl_like_dram_plus_hbm() {
 
 #[test]
 fn sub_numa_clustering_with_memory_side_caches() {
-    let Some(t) = load("memorysidecaches.xml") else {
+    let Some(t) = load("memorysidecaches.xml", 4) else {
         return;
     };
-    assert_eq!(t.nodes.len(), 4);
     assert_eq!(t.cpus.len(), 80);
     // Two packages, each split into two nodes (SNC); the MemCache objects are not cpu caches.
     assert_eq!(t.cpu(0).unwrap().package, t.cpu(2).unwrap().package);

@@ -10,17 +10,21 @@ use loci_vm::{vm_tests_enabled, NumaVm, VmConfig, VmError, VmTopology};
 
 const CHECK: &str = env!("CARGO_BIN_EXE_loci-vm-check");
 
+/// The ids of the VM's nodes that have memory.
+fn memory_nodes(cfg: &VmConfig) -> Vec<u32> {
+    cfg.nodes
+        .iter()
+        .filter(|n| n.mem_mib > 0)
+        .map(|n| n.id)
+        .collect()
+}
+
 /// The check names a topology must produce, derived from its configuration alone, so a check that silently stops
 /// running (or a group that is skipped) fails the test instead of passing with fewer checks.
 fn required_checks(cfg: &VmConfig) -> BTreeSet<String> {
     let mut want = BTreeSet::new();
     want.insert("sysfs/node-ids".to_string());
-    let mem: Vec<u32> = cfg
-        .nodes
-        .iter()
-        .filter(|n| n.mem_mib > 0)
-        .map(|n| n.id)
-        .collect();
+    let mem = memory_nodes(cfg);
     for n in &cfg.nodes {
         for what in ["cpus", "distances", "memory"] {
             want.insert(format!("sysfs/node{}/{what}", n.id));
@@ -104,12 +108,7 @@ fn required_place_checks(cfg: &VmConfig, child_ns: Option<&[usize]>) -> BTreeSet
             }
         }
     }
-    let mem: Vec<u32> = cfg
-        .nodes
-        .iter()
-        .filter(|n| n.mem_mib > 0)
-        .map(|n| n.id)
-        .collect();
+    let mem = memory_nodes(cfg);
     for k in &mem {
         want.insert(format!("place/run-mem/bind:{k}"));
         want.insert(format!("place/run-mem/preferred:{k}"));
@@ -200,34 +199,25 @@ fn suite(topology: VmTopology, place: Place) {
     );
 }
 
-#[test]
-fn vm_2n() {
-    suite("2n".into(), Place::Threads(None));
+/// One test per preset topology (each boots its own VM, so they run and fail apart).
+macro_rules! preset_suites {
+    ($($name:ident: $topology:literal, $place:expr;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                suite($topology.into(), $place);
+            }
+        )*
+    };
 }
 
-#[test]
-fn vm_4n() {
-    suite("4n".into(), Place::Threads(Some(&[4])));
-}
-
-#[test]
-fn vm_8n() {
-    suite("8n".into(), Place::Threads(Some(&[8])));
-}
-
-#[test]
-fn vm_asym() {
-    suite("asym".into(), Place::Threads(Some(&[4])));
-}
-
-#[test]
-fn vm_cpuless() {
-    suite("cpuless".into(), Place::Threads(Some(&[4])));
-}
-
-#[test]
-fn vm_memless() {
-    suite("memless".into(), Place::Threads(Some(&[4])));
+preset_suites! {
+    vm_2n: "2n", Place::Threads(None);
+    vm_4n: "4n", Place::Threads(Some(&[4]));
+    vm_8n: "8n", Place::Threads(Some(&[8]));
+    vm_asym: "asym", Place::Threads(Some(&[4]));
+    vm_cpuless: "cpuless", Place::Threads(Some(&[4]));
+    vm_memless: "memless", Place::Threads(Some(&[4]));
 }
 
 #[test]

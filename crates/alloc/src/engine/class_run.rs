@@ -8,7 +8,9 @@ use core::sync::atomic::Ordering::Relaxed;
 
 use super::heap::drain;
 use super::spans::{map_all, node_free, node_units};
-use super::structs::{ClassState, Free, Heap, Run, RUN_BYTES, R_BLOCK, R_CLASS};
+use super::structs::{
+    list_push, list_unlink, ClassState, Free, Heap, Run, RUN_BYTES, R_BLOCK, R_CLASS,
+};
 use super::{bump, G_ACTIVE, G_FULL, G_SPARE, NGROUPS, UNIT};
 use crate::classes::{magic, NCLASSES, SIZES};
 
@@ -107,17 +109,7 @@ unsafe fn unlink(h: *mut Heap, r: *mut Run) {
     // caller; `r` is listed, so its neighbours are runs of the same list.
     unsafe {
         let g = (*r).group as usize;
-        let cs = &mut (*h).classes[(*r).class as usize];
-        if (*r).prev.is_null() {
-            cs.groups[g] = (*r).next;
-        } else {
-            (*(*r).prev).next = (*r).next;
-        }
-        if !(*r).next.is_null() {
-            (*(*r).next).prev = (*r).prev;
-        }
-        (*r).prev = null_mut();
-        (*r).next = null_mut();
+        list_unlink(&mut (*h).classes[(*r).class as usize].groups[g], r);
     }
 }
 
@@ -179,13 +171,7 @@ pub(super) unsafe fn file(h: *mut Heap, r: *mut Run) {
     unsafe {
         (*r).lo = ((g * cap).div_ceil(NGROUPS)).max(1) as u32;
         (*r).group = g as u32;
-        let cs = &mut (*h).classes[c];
-        (*r).prev = null_mut();
-        (*r).next = cs.groups[g];
-        if !cs.groups[g].is_null() {
-            (*cs.groups[g]).prev = r;
-        }
-        cs.groups[g] = r;
+        list_push(&mut (*h).classes[c].groups[g], r);
     }
 }
 
@@ -285,10 +271,8 @@ unsafe fn refill(h: *mut Heap, c: usize, size: usize) -> *mut u8 {
     // SAFETY: `h`'s class state and runs are changed only by its claim holder, the caller;
     // the active run, once no longer active, is full and in no list.
     unsafe {
-        let cs = &mut (*h).classes[c];
-        let old = cs.active;
+        let old = (*h).classes[c].take_active();
         if !old.is_null() {
-            cs.active = null_mut();
             set_state_group(old, G_FULL);
         }
     }

@@ -1,4 +1,4 @@
-//! Configuration and init: the settings read once from the environment ([`Config`]), the
+//! Configuration and init: the settings read once from the environment ([`AllocConfig`]), the
 //! one-time initialization (node map, memory nodes, the thread-exit key), and the lookups that
 //! depend on it (the node map, a node's memory node, the current cpu's node).
 
@@ -65,7 +65,7 @@ pub(super) static KEY: AtomicU32 = AtomicU32::new(0);
 
 /// The allocator's settings, fixed at first use from the environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Config {
+pub struct AllocConfig {
     /// Superblock size in bytes (`LOCI_ALLOC_SUPERBLOCK`, e.g. `10M`; 2 MiB..64 MiB).
     pub superblock: usize,
     /// Released superblocks each node keeps for reuse (`LOCI_ALLOC_CACHE`).
@@ -200,9 +200,9 @@ fn init_slow() {
 }
 
 /// The settings in force (initializes the allocator if nothing has yet).
-pub fn config() -> Config {
+pub fn config() -> AllocConfig {
     ensure_init();
-    Config {
+    AllocConfig {
         superblock: SB_SIZE.load(Relaxed),
         cache: CACHE_MAX.load(Relaxed),
         mpol: MPOL.load(Relaxed),

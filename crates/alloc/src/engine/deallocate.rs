@@ -17,7 +17,7 @@ use super::{__libc_free, bump, KIND_LARGE, NBINS};
 use crate::os;
 
 /// Frees of another thread's blocks by threads that have no heap (counted in
-/// [`Stats::cross_thread_frees`](super::Stats::cross_thread_frees) with the heaps' own).
+/// [`AllocStats::cross_thread_frees`](super::AllocStats::cross_thread_frees) with the heaps' own).
 pub(super) static ORPHAN_REMOTE: AtomicU64 = AtomicU64::new(0);
 
 /// Frees a block of this allocator or of the system allocator (small blocks when delegated).
@@ -132,19 +132,12 @@ unsafe fn remote_free(h: *mut Heap, owner: *mut Heap, r: *mut Run, blk: usize) {
     // bin locks, two atomic read-modify-writes and a drain each. If the claim is taken (an
     // adopter, another collector), the block goes to a bin as below.
     // SAFETY: `owner` is a heap (heaps are never unmapped).
-    if unsafe {
-        (*owner).shared.abandoned.load(Acquire)
-            && (*owner)
-                .shared
-                .claim
-                .compare_exchange(0, 1, Acquire, Relaxed)
-                .is_ok()
-    } {
+    if unsafe { (*owner).shared.abandoned.load(Acquire) && (*owner).shared.try_claim() } {
         // SAFETY: the claim is held; the block is live, so its run (used >= 1) cannot have
         // left `owner`.
         unsafe {
             local_free(owner, r, blk);
-            (*owner).shared.claim.store(0, SeqCst);
+            (*owner).shared.release();
             collect(owner);
         }
         return;

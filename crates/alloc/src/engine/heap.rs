@@ -5,7 +5,7 @@
 use core::ptr::null_mut;
 use core::sync::atomic::{
     AtomicPtr, AtomicUsize,
-    Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
+    Ordering::{AcqRel, Relaxed, Release, SeqCst},
 };
 
 use super::class_run::{file, local_free};
@@ -150,14 +150,7 @@ fn adopt_or_create(node: usize) -> *mut Heap {
     }
     // SAFETY: valid heap; a collector may hold its claim for a moment.
     unsafe {
-        while (*h)
-            .shared
-            .claim
-            .compare_exchange_weak(0, 1, Acquire, Relaxed)
-            .is_err()
-        {
-            core::hint::spin_loop();
-        }
+        (*h).shared.claim_spinning();
         (*h).shared.abandoned.store(false, SeqCst);
         (*h).mismatch = 0;
     }
@@ -214,19 +207,14 @@ pub(super) unsafe fn collect(h: *mut Heap) {
             if (*h).shared.pending.load(SeqCst) == 0 {
                 return;
             }
-            if (*h)
-                .shared
-                .claim
-                .compare_exchange(0, 1, Acquire, Relaxed)
-                .is_err()
-            {
+            if !(*h).shared.try_claim() {
                 return;
             }
         }
         // SAFETY: this thread has just taken `h`'s claim.
         unsafe { drain(h) };
         // SAFETY: `h` is a heap (contract above).
-        unsafe { (*h).shared.claim.store(0, SeqCst) };
+        unsafe { (*h).shared.release() };
     }
 }
 
@@ -242,10 +230,8 @@ unsafe fn abandon(h: *mut Heap) {
         // SAFETY: `h`'s class state and runs are changed only by its claim holder, the
         // caller; the active run, no longer active, is filed (it is in no list).
         unsafe {
-            let cs = &mut (*h).classes[c];
-            let a = cs.active;
+            let a = (*h).classes[c].take_active();
             if !a.is_null() {
-                cs.active = null_mut();
                 file(h, a);
             }
         }
@@ -277,7 +263,7 @@ unsafe fn abandon(h: *mut Heap) {
     ns.lock.unlock();
     // SAFETY: `h` is a heap; the caller gives up its claim here, then collects like any thread.
     unsafe {
-        (*h).shared.claim.store(0, SeqCst);
+        (*h).shared.release();
         collect(h);
     }
 }

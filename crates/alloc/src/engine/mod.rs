@@ -66,19 +66,25 @@ mod superblock;
 pub use allocate::{
     alloc, alloc_full, alloc_small_fast, alloc_zeroed, realloc, sys_usable_size, usable_size,
 };
-pub use config::{config, Config};
+pub use config::{config, AllocConfig};
 pub use deallocate::{free, free_full};
 pub use node_api::{alloc_on, node_of, task_finished, AllocError};
-pub use stats::{stats, NodeStats, Stats};
+pub use stats::{stats, AllocStats, NodeStats, COUNTERS, MEMORYLESS_FALLBACKS};
 pub use structs::SPAN_MIN;
 
+/// The `kind` word a superblock and a large block's mapping start with.
 const KIND_SB: u32 = 0x10c1_5b01;
 const KIND_LARGE: u32 = 0x10c1_5b02;
+/// Occupancy groups of a class's runs: group g lists the runs with about g/NGROUPS of their
+/// blocks in use.
 const NGROUPS: usize = 8;
+/// Recollection bins of a heap: blocks other threads freed, binned by the freeing heap's id.
 const NBINS: usize = 64;
+/// The `group` of a class run that is in no list: the active run, a full run, the spare.
 const G_ACTIVE: u32 = 100;
 const G_FULL: u32 = 101;
 const G_SPARE: u32 = 102;
+/// The page size the allocator assumes.
 const PAGE: usize = 4096;
 /// Granule of runs and spans: 1 KiB, not a page. Rounding blocks of 8..32 KiB up to whole
 /// pages wasted 5% of `buffer-passing`'s bytes (up to 17% of a 9 KiB block); with 1 KiB units

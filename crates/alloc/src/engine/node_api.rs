@@ -2,7 +2,7 @@
 //! node's shared heap when the calling thread's heap serves another node) and its
 //! [`AllocError`], [`node_of`], and [`task_finished`] (drain the calling thread's bins now).
 
-use core::sync::atomic::Ordering::{Acquire, Relaxed, SeqCst};
+use core::sync::atomic::Ordering::Relaxed;
 
 use super::allocate::{align_into, region_size};
 use super::blocks::{alloc_large, alloc_sized};
@@ -106,14 +106,7 @@ pub unsafe fn alloc_on(node: usize, size: usize, align: usize) -> Result<*mut u8
         }
         // SAFETY: `h` is the node's shared heap (never unmapped).
         unsafe {
-            while (*h)
-                .shared
-                .claim
-                .compare_exchange_weak(0, 1, Acquire, Relaxed)
-                .is_err()
-            {
-                core::hint::spin_loop();
-            }
+            (*h).shared.claim_spinning();
         }
         // SAFETY: initialized; this thread now holds `h`'s claim; `padded <= MEDIUM_MAX`.
         let mut p = unsafe { alloc_sized(h, padded, size) };
@@ -123,7 +116,7 @@ pub unsafe fn alloc_on(node: usize, size: usize, align: usize) -> Result<*mut u8
         }
         // SAFETY: `h` is a heap; its claim is given back, then collected like any thread.
         unsafe {
-            (*h).shared.claim.store(0, SeqCst);
+            (*h).shared.release();
             collect(h);
         }
         return if p.is_null() { oom } else { Ok(p) };

@@ -8,8 +8,8 @@ use core::ptr::null_mut;
 use core::sync::atomic::Ordering::Relaxed;
 
 use super::structs::{
-    NodeInner, NodeState, Run, Segment, SpanBins, SpanPool, NODES, NO_DESC, NPOOLS, R_FREE,
-    SPAN_BINS,
+    list_push, list_unlink, NodeInner, NodeState, Run, Segment, SpanBins, SpanPool, NODES, NO_DESC,
+    NPOOLS, R_FREE, SPAN_BINS,
 };
 use super::superblock::{format_sb, map_sb, pop_cached_sb, release_sb};
 use super::UNIT;
@@ -174,12 +174,7 @@ unsafe fn push_span(sp: *mut SpanPool, r: *mut Run) {
         let sp = bins_of(sp, r);
         let b = span_bin((*r).nunits);
         (*r).group = b as u32;
-        (*r).prev = null_mut();
-        (*r).next = (*sp).spans[b];
-        if !(*r).next.is_null() {
-            (*(*r).next).prev = r;
-        }
-        (*sp).spans[b] = r;
+        list_push(&mut (*sp).spans[b], r);
         (*sp).bits[b / 64] |= 1 << (b % 64);
     }
 }
@@ -194,19 +189,10 @@ unsafe fn unlink_span(sp: *mut SpanPool, r: *mut Run) {
     unsafe {
         let sp = bins_of(sp, r);
         let b = (*r).group as usize;
-        if (*r).prev.is_null() {
-            (*sp).spans[b] = (*r).next;
-            if (*r).next.is_null() {
-                (*sp).bits[b / 64] &= !(1 << (b % 64));
-            }
-        } else {
-            (*(*r).prev).next = (*r).next;
+        list_unlink(&mut (*sp).spans[b], r);
+        if (*sp).spans[b].is_null() {
+            (*sp).bits[b / 64] &= !(1 << (b % 64));
         }
-        if !(*r).next.is_null() {
-            (*(*r).next).prev = (*r).prev;
-        }
-        (*r).prev = null_mut();
-        (*r).next = null_mut();
     }
 }
 

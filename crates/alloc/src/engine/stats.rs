@@ -1,5 +1,5 @@
 //! The allocator's counters: [`stats`] sums the heaps' and the nodes' counters into a
-//! [`Stats`] snapshot with per-node [`NodeStats`].
+//! [`AllocStats`] snapshot with per-node [`NodeStats`].
 
 use core::sync::atomic::Ordering::{Acquire, Relaxed};
 
@@ -39,7 +39,7 @@ pub struct NodeStats {
 /// A snapshot of the allocator's counters (summed without stopping threads: each counter is
 /// exact, their sum may mix moments).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stats {
+pub struct AllocStats {
     /// Allocations served from superblocks (small delegated blocks and large ones not included).
     pub allocs: u64,
     /// Frees of superblock blocks processed by their owners.
@@ -63,17 +63,61 @@ pub struct Stats {
     pub nodes: [NodeStats; MAX_NODES],
 }
 
-impl Stats {
+/// The counters `loci_alloc_stats(u64 *out, size_t n)` of libloci_malloc.so writes, by name, in
+/// the order it writes them ([`AllocStats::counters`]): the one definition of that C ABI, used by the
+/// library and by the programs that read it (`loci bench alloc`). The node counters
+/// (`os_bytes` .. `mbind_failures`) are summed over nodes.
+pub const COUNTERS: [&str; 13] = [
+    "allocs",
+    "frees",
+    "bytes_requested",
+    "live_block_bytes",
+    "cross_thread_frees",
+    "recollected",
+    "heaps",
+    "os_bytes",
+    "superblocks_in_use",
+    "superblocks_cached",
+    "large_bytes",
+    "mbind_failures",
+    "memoryless_fallbacks",
+];
+
+/// The counter of thread heaps started on a node without memory (served by the nearest node
+/// with memory).
+pub const MEMORYLESS_FALLBACKS: &str = COUNTERS[12];
+
+impl AllocStats {
     /// Sum of `os_bytes` over nodes.
     pub fn os_bytes(&self) -> u64 {
         self.nodes.iter().map(|n| n.os_bytes).sum()
     }
+
+    /// The values of [`COUNTERS`], in that order.
+    pub fn counters(&self) -> [u64; COUNTERS.len()] {
+        let sum = |f: fn(&NodeStats) -> u64| self.nodes.iter().map(f).sum::<u64>();
+        [
+            self.allocs,
+            self.frees,
+            self.bytes_requested,
+            self.live_block_bytes.max(0) as u64,
+            self.cross_thread_frees,
+            self.recollected,
+            self.heaps,
+            self.os_bytes(),
+            sum(|n| n.superblocks_in_use),
+            sum(|n| n.superblocks_cached),
+            sum(|n| n.large_bytes),
+            sum(|n| n.mbind_failures),
+            self.memoryless_fallbacks,
+        ]
+    }
 }
 
 /// Current counters.
-pub fn stats() -> Stats {
+pub fn stats() -> AllocStats {
     ensure_init();
-    let mut s = Stats {
+    let mut s = AllocStats {
         allocs: 0,
         frees: 0,
         bytes_requested: 0,
@@ -124,4 +168,38 @@ pub fn stats() -> Stats {
         s.memoryless_fallbacks += s.nodes[i].fallback_heaps;
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each value of `counters()` is the field its name in `COUNTERS` says.
+    #[test]
+    fn counters_are_in_the_order_of_their_names() {
+        let mut s = stats();
+        s.allocs = 1;
+        s.frees = 2;
+        s.bytes_requested = 3;
+        s.live_block_bytes = 4;
+        s.cross_thread_frees = 5;
+        s.recollected = 6;
+        s.heaps = 7;
+        s.memoryless_fallbacks = 13;
+        s.nodes = [NodeStats::default(); MAX_NODES];
+        s.nodes[1] = NodeStats {
+            os_bytes: 8,
+            superblocks_in_use: 9,
+            superblocks_cached: 10,
+            large_bytes: 11,
+            mbind_failures: 12,
+            ..NodeStats::default()
+        };
+        let want: Vec<u64> = (1..=13).collect();
+        assert_eq!(s.counters().to_vec(), want, "{COUNTERS:?}");
+        assert_eq!(MEMORYLESS_FALLBACKS, "memoryless_fallbacks");
+        let mut names = COUNTERS.to_vec();
+        names.dedup();
+        assert_eq!(names.len(), COUNTERS.len());
+    }
 }

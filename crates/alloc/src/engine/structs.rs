@@ -6,7 +6,7 @@ use core::cell::UnsafeCell;
 use core::ptr::null_mut;
 use core::sync::atomic::{
     AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64,
-    Ordering::{Acquire, Relaxed, Release},
+    Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
 
 use super::{NBINS, NGROUPS, UNIT};
@@ -187,6 +187,44 @@ const _: () = assert!(core::mem::offset_of!(Run, capacity) < 64);
 const _: () = assert!(core::mem::size_of::<Segment>() <= os::HEADER_STEP);
 const _: () = assert!(core::mem::size_of::<Run>() == 128);
 
+/// Puts `r` at the head of the doubly linked list of runs whose head is `*head`.
+///
+/// # Safety
+/// `head` and `r` are valid, `r` is in no list, and the caller is the one writer of that list
+/// and its runs (it holds the heap's claim or the node's lock).
+pub(super) unsafe fn list_push(head: *mut *mut Run, r: *mut Run) {
+    // SAFETY: as for this function; the listed runs are valid.
+    unsafe {
+        (*r).prev = null_mut();
+        (*r).next = *head;
+        if !(*r).next.is_null() {
+            (*(*r).next).prev = r;
+        }
+        *head = r;
+    }
+}
+
+/// Takes `r` out of the doubly linked list of runs whose head is `*head`; its links are cleared.
+///
+/// # Safety
+/// `head` and `r` are valid, `r` is in that list, and the caller is the one writer of the list
+/// and its runs.
+pub(super) unsafe fn list_unlink(head: *mut *mut Run, r: *mut Run) {
+    // SAFETY: as for this function: `r`'s neighbours are runs of the same list.
+    unsafe {
+        if (*r).prev.is_null() {
+            *head = (*r).next;
+        } else {
+            (*(*r).prev).next = (*r).next;
+        }
+        if !(*r).next.is_null() {
+            (*(*r).next).prev = (*r).prev;
+        }
+        (*r).prev = null_mut();
+        (*r).next = null_mut();
+    }
+}
+
 #[repr(C)]
 pub(super) struct Large {
     pub(super) kind: u32,
@@ -245,6 +283,13 @@ pub(super) struct ClassState {
     pub(super) groups: [*mut Run; NGROUPS],
 }
 
+impl ClassState {
+    /// Takes the active run out (null when there is none): the class has no active run after.
+    pub(super) fn take_active(&mut self) -> *mut Run {
+        core::mem::replace(&mut self.active, null_mut())
+    }
+}
+
 #[repr(C)]
 pub(super) struct HeapStats {
     /// Blocks of `SPAN_MIN` bytes or more handed out (class blocks: [`ClassState::allocs`]).
@@ -262,6 +307,32 @@ pub(super) struct Shared {
     pub(super) claim: AtomicU32,
     /// The owner thread is gone (or this is a node's shared heap): frees collect it themselves.
     pub(super) abandoned: AtomicBool,
+}
+
+impl Shared {
+    /// Takes the heap's claim if no thread holds it.
+    #[inline]
+    pub(super) fn try_claim(&self) -> bool {
+        self.claim.compare_exchange(0, 1, Acquire, Relaxed).is_ok()
+    }
+
+    /// Takes the heap's claim, spinning while another thread (a collector) holds it a moment.
+    #[inline]
+    pub(super) fn claim_spinning(&self) {
+        while self
+            .claim
+            .compare_exchange_weak(0, 1, Acquire, Relaxed)
+            .is_err()
+        {
+            core::hint::spin_loop();
+        }
+    }
+
+    /// Gives the claim back.
+    #[inline]
+    pub(super) fn release(&self) {
+        self.claim.store(0, SeqCst);
+    }
 }
 
 #[repr(C)]

@@ -23,9 +23,10 @@ use crate::array::Array;
 use crate::error::ArrayError;
 use crate::layout::{Bounds, Layout, PerDim};
 use crate::mem::Home;
-use crate::pin::{run_pinned, Pinning};
+use crate::pin::{self, run_pinned};
 use crate::pool::BufferPool;
 use crate::team;
+use loci_place::Plan;
 
 mod placement;
 mod runs;
@@ -88,7 +89,7 @@ pub struct SubarrayOptions {
     pub huge_pages: bool,
     /// Results smaller than this many bytes are copied by the calling thread and the copy
     /// helpers of its node ([`crate::team`]: at most threads - 1 of them, those that are awake)
-    /// instead of the pinning's threads (default [`INLINE_BYTES`]; 0 always uses the pinning's
+    /// instead of the plan's threads (default [`INLINE_BYTES`]; 0 always uses the plan's
     /// threads).
     pub inline_bytes: usize,
     /// Results smaller than this many bytes are copied by the calling thread and its helpers
@@ -147,7 +148,7 @@ pub struct RunStats {
     /// Number of parts and of source chunks visited.
     pub parts: usize,
     pub chunks: usize,
-    /// Bytes copied by each thread: the pinning's threads in order, or for a result copied
+    /// Bytes copied by each thread: the plan's threads in order, or for a result copied
     /// inline the calling thread first, then each helper that took part.
     pub bytes_per_thread: Vec<usize>,
     /// For each part: the thread that copied it and the cpu it ran on when it started.
@@ -158,7 +159,7 @@ pub struct RunStats {
     /// Where the result's memory came from.
     pub pool: PoolOutcome,
     /// Whether the result was copied inline (by the calling thread and its helpers, under
-    /// [`SubarrayOptions::inline_bytes`] or `inline_bytes_pooled`) rather than by the pinning's
+    /// [`SubarrayOptions::inline_bytes`] or `inline_bytes_pooled`) rather than by the plan's
     /// threads.
     pub inline: bool,
 }
@@ -205,33 +206,27 @@ pub fn plan_parts(
 impl Array {
     /// `subarray(b)` on one unpinned thread (see [`subarray`] for the parallel, pinned form).
     pub fn subarray(&self, b: &[Range<usize>], topo: &Topology) -> Result<Array, ArrayError> {
-        subarray(
-            self,
-            b,
-            &Pinning::unpinned(1),
-            &SubarrayOptions::default(),
-            topo,
-        )
-        .map(|(a, _)| a)
+        let one = pin::unpinned(topo, 1)?;
+        subarray(self, b, &one, &SubarrayOptions::default(), topo).map(|(a, _)| a)
     }
 }
 
-/// Copies the box `b` of `src` into a new array, with the worker threads of `pinning` (results
+/// Copies the box `b` of `src` into a new array, with the worker threads of `plan` (results
 /// under [`SubarrayOptions::inline_bytes`] by the calling thread and the copy helpers of its node
-/// that are awake, at most `pinning.len() - 1` of them: see [`crate::team`]).
+/// that are awake, at most `plan.threads.len() - 1` of them: see [`crate::team`]).
 /// The result's chunks are mapped untouched, so their pages land where the copying thread runs
 /// (first touch); each result chunk's home is the node of the thread that copied its first part.
 pub fn subarray(
     src: &Array,
     b: &[Range<usize>],
-    pinning: &Pinning,
+    plan: &Plan,
     opts: &SubarrayOptions,
     topo: &Topology,
 ) -> Result<(Array, RunStats), ArrayError> {
     let layout = src.layout();
     layout.check_box(b)?;
-    pinning.check(topo)?;
-    let threads = pinning.len();
+    pin::check(plan, topo)?;
+    let threads = plan.threads.len();
     let out_layout = layout.sub_layout(b);
     let parts = plan_parts(layout, b, threads, opts.part_bytes);
     let (arena_len, mut out_chunks) = Array::plan_chunks(&out_layout, |_| Home::Unknown);
@@ -241,7 +236,7 @@ pub fn subarray(
         &parts,
         &out_chunks,
         arena_len,
-        pinning,
+        plan,
         opts,
         result_bytes,
         topo,
@@ -298,13 +293,13 @@ pub fn subarray(
     let per_thread = if inline {
         // A small result is copied by the calling thread and its node's spinning helpers, which
         // take parts from the counter (the dynamic schedule: however many arrive, whenever, share
-        // what is left): waking the pinning's workers and sleeping until they finish (about 19
+        // what is left): waking the plan's workers and sleeping until they finish (about 19
         // us) costs more than copying it. The run reports the caller as thread 0, then each
         // helper that took part.
         let helpers = team::near_helpers(topo, threads.min(parts.len()).saturating_sub(1));
         team::share(&helpers, |t| work(t, Schedule::Dynamic))
     } else {
-        run_pinned(pinning, |t| work(t, opts.schedule))?
+        run_pinned(plan, |t| work(t, opts.schedule))?
     };
     let mut stats = RunStats {
         parts: parts.len(),

@@ -6,8 +6,8 @@ use loci_topo::{CpuSet, Topology};
 use crate::array::{Array, Chunk};
 use crate::error::ArrayError;
 use crate::mem::Region;
-use crate::pin::Pinning;
 use crate::pool::Binding;
+use loci_place::Plan;
 
 use super::runs::for_each_run;
 use super::{Part, PoolOutcome, Schedule, SubarrayOptions};
@@ -28,12 +28,12 @@ fn has_usable_memory(n: u32, topo: &Topology) -> bool {
 }
 
 /// The node that will write each part, when every one is known before the copy: the calling
-/// thread's node for an inline copy; for the pinning's threads, the node of the thread the static
+/// thread's node for an inline copy; for the plan's threads, the node of the thread the static
 /// schedule gives the part, or under the dynamic schedule the one node all threads share. An
 /// unpinned thread's node is known when every cpu this process may use is on one node.
 fn planned_part_nodes(
     parts: &[Part],
-    pinning: &Pinning,
+    plan: &Plan,
     schedule: Schedule,
     inline: bool,
     topo: &Topology,
@@ -46,10 +46,10 @@ fn planned_part_nodes(
         return Some(vec![n; parts.len()]);
     }
     let anywhere = topo.allowed_cpus();
-    let thread_nodes: Vec<u32> = pinning
+    let thread_nodes: Vec<u32> = plan
         .threads
         .iter()
-        .map(|t| node_of(t.as_ref().unwrap_or(&anywhere), topo))
+        .map(|t| node_of(if plan.pinned { &t.cpus } else { &anywhere }, topo))
         .collect::<Option<_>>()?;
     let threads = thread_nodes.len();
     match schedule {
@@ -117,7 +117,7 @@ pub(super) fn result_memory(
     parts: &[Part],
     out_chunks: &[Chunk],
     len: usize,
-    pinning: &Pinning,
+    plan: &Plan,
     opts: &SubarrayOptions,
     result_bytes: usize,
     topo: &Topology,
@@ -130,7 +130,7 @@ pub(super) fn result_memory(
         return Ok((Region::map(len, opts.huge_pages)?, PoolOutcome::Off, inline));
     };
     if !inline && result_bytes < opts.inline_bytes_pooled {
-        if let Some(nodes) = planned_part_nodes(parts, pinning, opts.schedule, true, topo) {
+        if let Some(nodes) = planned_part_nodes(parts, plan, opts.schedule, true, topo) {
             let want = wanted_binding(src, parts, &nodes, out_chunks, len);
             if let Some(p) = pool.take(&want, false) {
                 let r = Region::from_pooled(p, len, pool.clone());
@@ -138,7 +138,7 @@ pub(super) fn result_memory(
             }
         }
     }
-    let Some(nodes) = planned_part_nodes(parts, pinning, opts.schedule, inline, topo) else {
+    let Some(nodes) = planned_part_nodes(parts, plan, opts.schedule, inline, topo) else {
         pool.count_bypass();
         return Ok((
             Region::map(len, opts.huge_pages)?,

@@ -10,7 +10,7 @@ use super::SubarrayOptions;
 pub const INLINE_BYTES: usize = 1 << 20;
 
 /// Default of [`SubarrayOptions::inline_bytes_pooled`]. Into pooled memory (no page faults)
-/// handing parts to the pinning's workers costs about 19 us a call (a broadcast to the persistent
+/// handing parts to the plan's workers costs about 19 us a call (a broadcast to the persistent
 /// workers of [`run_pinned`](crate::run_pinned)), against a few hundred nanoseconds for the
 /// calling thread's spinning helpers ([`crate::team`]); up to here a result is too small for its
 /// placement to matter more than that (measured: docs/array.md, the copy team).

@@ -7,30 +7,26 @@
 //! it had requested and not yet freed. Nothing is installed here: a missing library is
 //! reported with its Debian package and its column skipped.
 //!
-//! * `general` (seed 002): each of T threads does N operations on its own table of slots: an
-//!   empty slot gets a block (allocate, then write all of it), a full slot is read (first and
-//!   last byte checked) and freed. Size classes 16 B .. 512 KiB (powers of two) are drawn with
-//!   probability inversely proportional to the class size, the size uniform inside the class.
-//! * `buffer-passing` (seed 003): T threads in a ring; each allocates batches of 8 KiB .. 512 KiB
-//!   blocks (same size law), writes them, and sends each batch to the next thread, which checks
-//!   them (one word per page) and frees them: every block is freed by another thread than the
-//!   one that allocated it.
+//! The workloads (seed 002's `general`, seed 003's `buffer-passing`) are
+//! `loci_alloc::workloads`; this module runs them per allocator and reports.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::mpsc;
-use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use loci_alloc::workloads::{self, Params, CASES, GENERAL_SLOTS};
+use loci_alloc::MEMORYLESS_FALLBACKS;
 use loci_report::{median, Machine, Report, Row};
 use serde::{Deserialize, Serialize};
 
 use super::common::{
     cpu_seconds, find_system_lib, loci_alloc_stats, max_rss_bytes, Allocator, ALLOCATORS,
-    MEMORYLESS_FALLBACKS,
+    LOCI_CRATE, LOCI_LIB,
 };
+
+const DEFAULT_PEERS: &str = "glibc,jemalloc,tcmalloc,tbbmalloc,mimalloc,loci";
 
 #[derive(Args, Debug)]
 pub struct AllocArgs {
@@ -51,11 +47,7 @@ pub struct AllocArgs {
     pub batch: usize,
     /// Allocators to compare, comma separated: glibc, jemalloc, tcmalloc, tbbmalloc, mimalloc,
     /// loci, and loci-small-system (loci with blocks below 8 KiB delegated to glibc).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "glibc,jemalloc,tcmalloc,tbbmalloc,mimalloc,loci"
-    )]
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_PEERS)]
     pub peers: Vec<String>,
     /// Cases to run, comma separated: general, buffer-passing.
     #[arg(long, value_delimiter = ',', default_value = "general,buffer-passing")]
@@ -69,9 +61,7 @@ pub struct AllocArgs {
     pub child: Option<String>,
 }
 
-const CASES: [&str; 2] = ["general", "buffer-passing"];
-
-/// What a child measured.
+/// What a child measured (the JSON line it prints).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ChildResult {
     pub seconds: f64,
@@ -105,16 +95,25 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
     });
     anyhow::ensure!(ops > 0, "--ops must be positive");
     let blocks = a.blocks.unwrap_or((ops / 16).max(1));
+    let params = Params {
+        threads,
+        ops,
+        blocks,
+        batch: a.batch,
+    };
     if let Some(case) = &a.child {
-        let mut r = match case.as_str() {
-            "general" => general(threads, ops),
-            "buffer-passing" => {
-                anyhow::ensure!(threads >= 2, "buffer-passing needs at least 2 threads");
-                buffer_passing(threads, blocks, a.batch)
-            }
-            other => bail!("unknown case {other:?}; valid: {}", CASES.join(", ")),
+        let m = workloads::run(case, params).map_err(anyhow::Error::msg)?;
+        let max_rss = max_rss_bytes();
+        let r = ChildResult {
+            seconds: m.seconds,
+            rss_bytes: max_rss.saturating_sub(m.rss_before),
+            max_rss_bytes: max_rss,
+            requested_bytes: m.requested_bytes,
+            work: m.work,
+            bytes: m.bytes,
+            checksum: m.checksum,
+            loci_stats: loci_alloc_stats(),
         };
-        r.loci_stats = loci_alloc_stats();
         println!("{}", serde_json::to_string(&r)?);
         std::process::exit(0);
     }
@@ -128,13 +127,14 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
     if a.cases.iter().any(|c| c == "buffer-passing") {
         anyhow::ensure!(threads >= 2, "buffer-passing needs --threads 2 or more");
     }
+    anyhow::ensure!(a.batch > 0, "--batch must be positive");
     let reps = a.common.reps.unwrap_or(5);
     anyhow::ensure!(reps > 0, "--reps must be positive");
     let exe = std::env::current_exe().context("cannot find the loci executable")?;
     let loci_lib = a
         .loci_lib
         .clone()
-        .unwrap_or_else(|| exe.with_file_name("libloci_malloc.so"));
+        .unwrap_or_else(|| exe.with_file_name(LOCI_LIB));
 
     // Which allocators can run.
     let mut chosen: Vec<(&Allocator, Option<PathBuf>)> = Vec::new();
@@ -146,7 +146,7 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
         let lib = if al.name.starts_with("loci") {
             if !loci_lib.exists() {
                 eprintln!(
-                    "alloc: {} not found (build it: cargo build --release -p loci-alloc-preload, or pass --loci-lib); column {} skipped",
+                    "alloc: {} not found (build it: cargo build --release -p {LOCI_CRATE}, or pass --loci-lib); column {} skipped",
                     loci_lib.display(),
                     al.name
                 );
@@ -267,8 +267,17 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
     Ok(rep)
 }
 
+/// The rows the table's ratios are against: the fastest peer of each case.
+pub fn baseline(rep: &Report) -> impl Fn(&Row) -> bool {
+    let best: Vec<(Option<String>, String)> = CASES
+        .iter()
+        .filter_map(|c| best_peer(rep, c).map(|r| (r.case.clone(), r.system.clone())))
+        .collect();
+    move |r| best.iter().any(|(c, s)| *c == r.case && *s == r.system)
+}
+
 /// The fastest row of a case that is not loci: the peer the goals are measured against.
-pub fn best_peer<'a>(rep: &'a Report, case: &'a str) -> Option<&'a Row> {
+fn best_peer<'a>(rep: &'a Report, case: &'a str) -> Option<&'a Row> {
     rep.rows_of(Some(case))
         .filter(|r| !r.system.starts_with("loci"))
         .min_by(|a, b| a.median_s.total_cmp(&b.median_s))
@@ -338,252 +347,4 @@ pub fn goals(rep: &Report) -> String {
         }
     }
     out
-}
-
-// ---------------------------------------------------------------------------------------------
-// The workloads (run in the child, on whatever malloc the child was given)
-
-const GENERAL_SLOTS: usize = 1 << 18;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// A size whose power-of-two class 2^lo..=2^hi is drawn with probability ~ 1/class size,
-    /// uniform inside the class (2^(k-1), 2^k].
-    fn size(&mut self, lo: u32, hi: u32) -> usize {
-        loop {
-            let x = self.next();
-            let k = lo + x.trailing_zeros();
-            if k <= hi {
-                let top = 1usize << k;
-                let half = top / 2;
-                return half + 1 + (x >> 40) as usize % half;
-            }
-        }
-    }
-}
-
-fn rss_now() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = s
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    pages * loci_place::sys::page_size() as u64
-}
-
-fn fill_byte(size: usize) -> u8 {
-    (size as u8) | 1
-}
-
-/// What one `general` thread hands back: peak live bytes, checksum, bytes allocated, and its
-/// slot table (the blocks still live, freed by the caller).
-type GeneralThread = (u64, u64, u64, Vec<(usize, usize)>);
-
-fn general(threads: usize, ops: u64) -> ChildResult {
-    // slot tables first, so the RSS baseline includes them
-    let mut tables: Vec<Vec<(usize, usize)>> = (0..threads)
-        .map(|_| vec![(0usize, 0usize); GENERAL_SLOTS])
-        .collect();
-    // The tables are the harness's memory, not the workload's: write every page of them now.
-    // Some allocators zero a large calloc themselves and others hand out untouched zero pages;
-    // left untouched, the first read of a slot inside the timed loop maps the shared zero page
-    // and the first write then takes a copy-on-write fault with a TLB shootdown to every cpu,
-    // which would charge the harness's page faults to whichever allocator skipped the memset.
-    let per_page = loci_place::sys::page_size() / std::mem::size_of::<(usize, usize)>();
-    for t in &mut tables {
-        for i in (0..t.len()).step_by(per_page.max(1)) {
-            // SAFETY: i < len; a volatile write cannot be elided as a store of zero to
-            // calloc'ed memory.
-            unsafe { std::ptr::write_volatile(t.as_mut_ptr().add(i), (0, 0)) };
-        }
-    }
-    let base = rss_now();
-    let t0 = Instant::now();
-    let results: Vec<GeneralThread> = std::thread::scope(|s| {
-        let hs: Vec<_> = tables
-            .drain(..)
-            .enumerate()
-            .map(|(t, mut slots)| {
-                s.spawn(move || {
-                    let mut r =
-                        Rng(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1).wrapping_mul(0xdead_beef));
-                    let (mut live, mut peak, mut sum, mut bytes) = (0u64, 0u64, 0u64, 0u64);
-                    for _ in 0..ops {
-                        let i = (r.next() % GENERAL_SLOTS as u64) as usize;
-                        let (p, n) = slots[i];
-                        if p == 0 {
-                            let n = r.size(4, 19);
-                            // SAFETY: plain malloc; checked for null below.
-                            let p = unsafe { libc::malloc(n) } as *mut u8;
-                            assert!(!p.is_null(), "malloc({n}) failed");
-                            // SAFETY: p has n bytes.
-                            unsafe { std::ptr::write_bytes(p, fill_byte(n), n) };
-                            slots[i] = (p as usize, n);
-                            live += n as u64;
-                            bytes += n as u64;
-                            peak = peak.max(live);
-                        } else {
-                            let q = p as *mut u8;
-                            // SAFETY: live block of n bytes written above.
-                            let (a, b) = unsafe { (*q, *q.add(n - 1)) };
-                            assert!(a == fill_byte(n) && b == fill_byte(n), "block corrupted");
-                            sum = sum.wrapping_add(a as u64 + b as u64);
-                            // SAFETY: live block from malloc.
-                            unsafe { libc::free(q as *mut libc::c_void) };
-                            slots[i] = (0, 0);
-                            live -= n as u64;
-                        }
-                    }
-                    (peak, sum, bytes, slots)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    let seconds = t0.elapsed().as_secs_f64();
-    let max = max_rss_bytes();
-    let mut r = ChildResult {
-        seconds,
-        rss_bytes: max.saturating_sub(base),
-        max_rss_bytes: max,
-        requested_bytes: 0,
-        work: ops,
-        bytes: 0,
-        checksum: 0,
-        loci_stats: None,
-    };
-    for (peak, sum, bytes, slots) in results {
-        r.requested_bytes += peak;
-        r.checksum = r.checksum.wrapping_add(sum);
-        r.bytes += bytes;
-        for (p, _) in slots {
-            if p != 0 {
-                // SAFETY: live block from malloc.
-                unsafe { libc::free(p as *mut libc::c_void) };
-            }
-        }
-    }
-    r
-}
-
-struct Batch(Vec<(usize, usize)>);
-// SAFETY: blocks are plain memory handed to the next thread, which frees them.
-unsafe impl Send for Batch {}
-
-fn buffer_passing(threads: usize, blocks: u64, batch: usize) -> ChildResult {
-    use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
-    let rounds = blocks.div_ceil(batch as u64);
-    let live = AtomicI64::new(0);
-    let peak = AtomicU64::new(0);
-    let (txs, rxs): (Vec<_>, Vec<_>) = (0..threads).map(|_| mpsc::sync_channel::<Batch>(1)).unzip();
-    let mut rxs: Vec<Option<mpsc::Receiver<Batch>>> = rxs.into_iter().map(Some).collect();
-    let base = rss_now();
-    let t0 = Instant::now();
-    let page = loci_place::sys::page_size();
-    let totals: Vec<(u64, u64)> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads)
-            .map(|t| {
-                let tx = txs[(t + 1) % threads].clone();
-                let rx = rxs[t].take().unwrap();
-                let (live, peak) = (&live, &peak);
-                s.spawn(move || {
-                    let mut r = Rng(0x51_7cc1_b727_220a ^ (t as u64 + 7).wrapping_mul(0x9e37_79b9));
-                    let (mut bytes, mut sum) = (0u64, 0u64);
-                    for _ in 0..rounds {
-                        let mut out = Vec::with_capacity(batch);
-                        let mut got = 0i64;
-                        for _ in 0..batch {
-                            // seed 003's 8 KiB..512 KiB (power-of-two classes (8K,16K] ..
-                            // (256K,512K], the same 1/size law as `general`)
-                            let n = r.size(14, 19);
-                            // SAFETY: plain malloc; checked below.
-                            let p = unsafe { libc::malloc(n) } as *mut u8;
-                            assert!(!p.is_null(), "malloc({n}) failed");
-                            // SAFETY: p has n bytes.
-                            unsafe { std::ptr::write_bytes(p, fill_byte(n), n) };
-                            out.push((p as usize, n));
-                            got += n as i64;
-                            bytes += n as u64;
-                        }
-                        let now = live.fetch_add(got, Relaxed) + got;
-                        peak.fetch_max(now as u64, Relaxed);
-                        tx.send(Batch(out)).unwrap();
-                        let Batch(inb) = rx.recv().unwrap();
-                        let mut freed = 0i64;
-                        for (p, n) in inb {
-                            let q = p as *const u8;
-                            let mut off = 0;
-                            while off < n {
-                                // SAFETY: off < n, live block.
-                                let v = unsafe { *q.add(off) };
-                                assert_eq!(v, fill_byte(n), "block corrupted");
-                                sum = sum.wrapping_add(v as u64);
-                                off += page;
-                            }
-                            // SAFETY: live block from malloc, freed by this (other) thread.
-                            unsafe { libc::free(p as *mut libc::c_void) };
-                            freed += n as i64;
-                        }
-                        live.fetch_sub(freed, Relaxed);
-                    }
-                    (bytes, sum)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    let seconds = t0.elapsed().as_secs_f64();
-    let max = max_rss_bytes();
-    ChildResult {
-        seconds,
-        rss_bytes: max.saturating_sub(base),
-        max_rss_bytes: max,
-        requested_bytes: peak.load(Relaxed),
-        work: rounds * batch as u64 * threads as u64,
-        bytes: totals.iter().map(|t| t.0).sum(),
-        checksum: totals.iter().fold(0, |a, t| a ^ t.1),
-        loci_stats: None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn size_law_is_inverse_to_class_size() {
-        let mut r = Rng(42);
-        let mut counts = [0u64; 20];
-        for _ in 0..200_000 {
-            let n = r.size(4, 19);
-            assert!((9..=1 << 19).contains(&n));
-            counts[n.next_power_of_two().trailing_zeros() as usize] += 1;
-        }
-        // each class about half as frequent as the one below it
-        for k in 5..10 {
-            let ratio = counts[k] as f64 / counts[k + 1] as f64;
-            assert!((1.7..2.3).contains(&ratio), "class {k}: ratio {ratio}");
-        }
-        for _ in 0..1000 {
-            assert!((8193..=1 << 19).contains(&r.size(14, 19)));
-        }
-    }
-
-    #[test]
-    fn workloads_run_and_account_bytes() {
-        let g = general(2, 20_000);
-        assert_eq!(g.work, 20_000);
-        assert!(g.requested_bytes > 0 && g.bytes >= g.requested_bytes);
-        let b = buffer_passing(2, 300, 256);
-        assert_eq!(b.work, 2 * 2 * 256);
-        assert!(b.requested_bytes >= 8192 * 256);
-    }
 }

@@ -17,7 +17,7 @@ pub struct Allocator {
     pub env: &'static [(&'static str, &'static str)],
 }
 
-/// Every allocator the benchmarks know. The ones with a [`Allocator::lib`] run under
+/// Every allocator the benchmarks (and `loci run --alloc`) know. The ones with a [`Allocator::lib`] run under
 /// `LD_PRELOAD` of that Debian library (found by [`find_system_lib`]).
 pub const ALLOCATORS: [Allocator; 7] = [
     Allocator {
@@ -69,18 +69,26 @@ pub fn allocator(name: &str) -> Option<&'static Allocator> {
     ALLOCATORS.iter().find(|a| a.name == name)
 }
 
+/// loci's own allocator library, found next to the `loci` binary, and the crate that builds it.
+pub const LOCI_LIB: &str = "libloci_malloc.so";
+pub const LOCI_CRATE: &str = "loci-alloc-preload";
+
+/// Where Debian installs shared libraries for this machine's architecture, in search order.
+pub fn system_lib_dirs() -> [String; 5] {
+    let triple = format!("{}-linux-gnu", std::env::consts::ARCH);
+    [
+        format!("/usr/lib/{triple}"),
+        format!("/lib/{triple}"),
+        "/usr/lib64".into(),
+        "/usr/lib".into(),
+        "/usr/local/lib".into(),
+    ]
+}
+
 /// Where the Debian library `file` is installed, if it is.
 pub fn find_system_lib(file: &str) -> Option<PathBuf> {
-    let dirs = [
-        "/usr/lib/x86_64-linux-gnu",
-        "/lib/x86_64-linux-gnu",
-        "/usr/lib/aarch64-linux-gnu",
-        "/lib/aarch64-linux-gnu",
-        "/usr/lib64",
-        "/usr/lib",
-        "/usr/local/lib",
-    ];
-    dirs.iter()
+    system_lib_dirs()
+        .iter()
         .map(|d| Path::new(d).join(file))
         .find(|p| p.exists())
 }
@@ -88,31 +96,8 @@ pub fn find_system_lib(file: &str) -> Option<PathBuf> {
 // ---------------------------------------------------------------------------------------------
 // The counters of libloci_malloc.so
 
-/// The counters `loci_alloc_stats(u64 *out, size_t n)` of libloci_malloc.so writes, by name, in
-/// the order it writes them (crates/alloc-preload/src/lib.rs, `LOCI_ALLOC_STATS_LEN` of them):
-/// the one list this side of that ABI. The unit test `counter_names_match_the_preload_library`
-/// checks it against the library's source, so a counter added or moved there fails here.
-pub const LOCI_ALLOC_STATS: [&str; 13] = [
-    "allocs",
-    "frees",
-    "bytes_requested",
-    "live_block_bytes",
-    "cross_thread_frees",
-    "recollected",
-    "heaps",
-    "os_bytes",
-    "superblocks_in_use",
-    "superblocks_cached",
-    "large_bytes",
-    "mbind_failures",
-    "memoryless_fallbacks",
-];
-
-/// The counter of thread heaps started on a node without memory (served by the nearest node
-/// with memory).
-pub const MEMORYLESS_FALLBACKS: &str = LOCI_ALLOC_STATS[12];
-
-/// The counters of libloci_malloc.so when this process runs on it (`None` otherwise), by name.
+/// The counters of libloci_malloc.so (`loci_alloc::COUNTERS`) when this process runs on it
+/// (`None` otherwise), by name.
 pub fn loci_alloc_stats() -> Option<BTreeMap<String, u64>> {
     // SAFETY: dlsym with a NUL-terminated name; the symbol, when present, has this signature.
     unsafe {
@@ -121,10 +106,10 @@ pub fn loci_alloc_stats() -> Option<BTreeMap<String, u64>> {
             return None;
         }
         let f: unsafe extern "C" fn(*mut u64, usize) -> usize = std::mem::transmute(f);
-        let mut v = [0u64; LOCI_ALLOC_STATS.len()];
+        let mut v = [0u64; loci_alloc::COUNTERS.len()];
         let n = f(v.as_mut_ptr(), v.len());
         Some(
-            LOCI_ALLOC_STATS
+            loci_alloc::COUNTERS
                 .iter()
                 .zip(&v[..n])
                 .map(|(k, x)| (k.to_string(), *x))
@@ -186,41 +171,6 @@ pub fn max_rss_bytes() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The names are those of the values `loci_alloc_stats` writes, in its order: entry `i` of its
-    /// array reads the field named `LOCI_ALLOC_STATS[i]`.
-    #[test]
-    fn counter_names_match_the_preload_library() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../alloc-preload/src/lib.rs");
-        let src = std::fs::read_to_string(&path).expect("alloc-preload source");
-        let len = format!(
-            "pub const LOCI_ALLOC_STATS_LEN: usize = {};",
-            LOCI_ALLOC_STATS.len()
-        );
-        assert!(src.contains(&len), "{} lacks `{len}`", path.display());
-        let start = src
-            .find("let v: [u64; LOCI_ALLOC_STATS_LEN] = [")
-            .expect("the counters' array");
-        let body = &src[start..];
-        let body = &body[body.find('[').unwrap() + 1..];
-        let body = &body[body.find('[').unwrap() + 1..body.find("];").unwrap()];
-        let entries: Vec<&str> = body
-            .split(",\n")
-            .map(str::trim)
-            .filter(|e| !e.is_empty())
-            .collect();
-        assert_eq!(entries.len(), LOCI_ALLOC_STATS.len(), "{entries:?}");
-        for (e, name) in entries.iter().zip(LOCI_ALLOC_STATS) {
-            let field = format!(".{name}");
-            let at = e.find(&field);
-            let ends = at.map(|i| e[i + field.len()..].chars().next());
-            assert!(
-                matches!(ends, Some(None | Some('.' | ')' | ','))),
-                "counter {name} is not read by `{e}`"
-            );
-        }
-        assert_eq!(MEMORYLESS_FALLBACKS, "memoryless_fallbacks");
-    }
 
     #[test]
     fn every_preloaded_allocator_has_a_package() {

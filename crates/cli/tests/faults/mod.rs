@@ -395,14 +395,20 @@ fn start_recv(net: &Net, s: &Setup) -> Guard {
 }
 
 fn start_recv_with(net: &Net, s: &Setup, extra: &[&str]) -> Guard {
-    let child = net
-        .cmd(true)
+    let mut cmd = net.cmd(true);
+    let cmd = cmd
         .args(["stream", "recv", "--json", "--listen"])
         .arg(format!("{}:{}", net.recv_ip, s.port))
         .arg("--config")
         .arg(s.dir.join("recv.toml"))
         .arg("--sink")
-        .arg(&s.out)
+        .arg(&s.out);
+    spawn(cmd, extra)
+}
+
+/// Starts `cmd EXTRA` with the shared secret in its environment, its output captured.
+fn spawn(cmd: &mut Command, extra: &[&str]) -> Guard {
+    let child = cmd
         .args(extra)
         .env("LOCI_STREAM_SECRET", SECRET)
         .stdout(Stdio::piped())
@@ -425,8 +431,8 @@ fn start_send_with(
     src: &Path,
     extra: &[&str],
 ) -> Guard {
-    let child = net
-        .cmd(false)
+    let mut cmd = net.cmd(false);
+    let cmd = cmd
         .args([
             "stream",
             "send",
@@ -439,14 +445,8 @@ fn start_send_with(
         .arg("--source")
         .arg(src)
         .arg("--config")
-        .arg(config)
-        .args(extra)
-        .env("LOCI_STREAM_SECRET", SECRET)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    Guard(Some(child))
+        .arg(config);
+    spawn(cmd, extra)
 }
 
 /// The distinct chunks the receiver's journal (`FILE.loci-journal`) records, sorted: the records
@@ -672,40 +672,33 @@ pub fn sender_killed_and_resumed(net: &Net, scale: Scale) {
 /// With authenticated frames (the default) each fails its tag: the receiver ends that connection
 /// and the sender resends the chunk on a new one.
 pub fn corrupt_frames_are_resent(net: &Net, scale: Scale) {
-    let s = setup(free_port(), scale);
-    let recv = start_recv(net, &s);
-    let send = start_send(
-        net,
-        &s,
-        &[
-            "--fault-corrupt",
-            &format!("0,5,17-19,{}", s.scale.chunks - 1),
-        ],
-    );
-    let (sr, _) = finish_exact(&s, send, recv);
-    // Every corrupted chunk was refused and sent again.
-    assert!(sr["resent_chunks"].as_u64().unwrap() >= 6, "{sr}");
+    corrupt_frames(net, scale, false);
 }
 
 /// The same with `--unauthenticated` on both sides (checksum-only frames): the receiver finds
 /// each corrupt payload by its xxh3 and NACKs it; the sender resends it.
 pub fn corrupt_frames_are_nacked_unauthenticated(net: &Net, scale: Scale) {
+    corrupt_frames(net, scale, true);
+}
+
+fn corrupt_frames(net: &Net, scale: Scale, unauthenticated: bool) {
     let s = setup(free_port(), scale);
-    let recv = start_recv_with(net, &s, &["--unauthenticated"]);
-    let send = start_send(
-        net,
-        &s,
-        &[
-            "--unauthenticated",
-            "--fault-corrupt",
-            &format!("0,5,17-19,{}", s.scale.chunks - 1),
-        ],
-    );
+    let flag: &[&str] = if unauthenticated {
+        &["--unauthenticated"]
+    } else {
+        &[]
+    };
+    let recv = start_recv_with(net, &s, flag);
+    let seqs = format!("0,5,17-19,{}", s.scale.chunks - 1);
+    let send = start_send(net, &s, &[flag, &["--fault-corrupt", &seqs]].concat());
     let (sr, rr) = finish_exact(&s, send, recv);
-    assert!(
-        rr["nacks"].as_u64().unwrap() >= 6,
-        "receiver detected every corrupt frame: {rr}"
-    );
+    if unauthenticated {
+        assert!(
+            rr["nacks"].as_u64().unwrap() >= 6,
+            "receiver detected every corrupt frame: {rr}"
+        );
+    }
+    // Every corrupted chunk was refused and sent again.
     assert!(sr["resent_chunks"].as_u64().unwrap() >= 6, "{sr}");
 }
 
@@ -727,38 +720,29 @@ pub fn scenarios() -> Vec<Scenario> {
             run,
         })
     };
-    add(
-        "receiver kill -9, restart",
-        Box::new(move || receiver_killed_and_restarted(&lo(), HOST)),
-    );
-    add(
-        "sender kill -9, --resume",
-        Box::new(move || sender_killed_and_resumed(&lo(), HOST)),
-    );
-    add(
-        "corrupt frames (auth)",
-        Box::new(move || corrupt_frames_are_resent(&lo(), HOST)),
-    );
-    add(
-        "corrupt frames (checksum, NACK)",
-        Box::new(move || corrupt_frames_are_nacked_unauthenticated(&lo(), HOST)),
-    );
-    add(
-        "power loss, sender reconnects",
-        Box::new(|| power_loss(HOST, true)),
-    );
-    add(
-        "power loss, sender --resume",
-        Box::new(|| power_loss(HOST, false)),
-    );
-    add(
-        "two streams into one FILE",
-        Box::new(|| two_streams_one_file(HOST)),
-    );
-    add(
-        "200 half-open connections",
-        Box::new(|| half_open_flood(HOST)),
-    );
+    type OnNet = fn(&Net, Scale);
+    let on_loopback: [(&str, OnNet); 4] = [
+        ("receiver kill -9, restart", receiver_killed_and_restarted),
+        ("sender kill -9, --resume", sender_killed_and_resumed),
+        ("corrupt frames (auth)", corrupt_frames_are_resent),
+        (
+            "corrupt frames (checksum, NACK)",
+            corrupt_frames_are_nacked_unauthenticated,
+        ),
+    ];
+    for (name, f) in on_loopback {
+        add(name, Box::new(move || f(&lo(), HOST)));
+    }
+    type OnHost = fn(Scale);
+    let on_host: [(&str, OnHost); 4] = [
+        ("power loss, sender reconnects", |s| power_loss(s, true)),
+        ("power loss, sender --resume", |s| power_loss(s, false)),
+        ("two streams into one FILE", two_streams_one_file),
+        ("200 half-open connections", half_open_flood),
+    ];
+    for (name, f) in on_host {
+        add(name, Box::new(move || f(HOST)));
+    }
     for attack in Attack::ALL {
         for persist in [Persist::Always, Persist::Once] {
             for mode in Mode::ALL {

@@ -9,7 +9,7 @@ use super::request::ReqRef;
 use super::shared::Shared;
 use super::task::{BlockCache, Task};
 use super::CREDIT_BATCH;
-use crate::layout::Layout;
+use crate::layout::WorkerLayout;
 use crate::sync::{Local, Ordering};
 use crate::SchedError;
 
@@ -75,7 +75,7 @@ impl Ctx {
         self.shared.layout.groups[self.group].node
     }
     /// The layout of the scheduler this worker belongs to.
-    pub fn layout(&self) -> &Layout {
+    pub fn layout(&self) -> &WorkerLayout {
         &self.shared.layout
     }
     pub(super) fn req(&self) -> ReqRef {
@@ -134,18 +134,7 @@ impl Ctx {
         if node == self.node() {
             return Ok(self.group);
         }
-        let gs: Vec<usize> = l.groups_of(node).collect();
-        if gs.is_empty() {
-            return Err(SchedError::UnknownNode {
-                node,
-                valid: l
-                    .nodes
-                    .iter()
-                    .map(|n| n.to_string())
-                    .collect::<Vec<_>>()
-                    .join(","),
-            });
-        }
+        let gs = l.groups_of_known(node)?;
         let k = self.on_rr.get();
         self.on_rr.set(k.wrapping_add(1));
         Ok(gs[k % gs.len()])

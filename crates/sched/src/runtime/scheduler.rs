@@ -18,7 +18,7 @@ use super::stats::Stats;
 use super::task::BlockCache;
 use super::worker::worker_loop;
 use crate::deferred::DeferredQueue;
-use crate::layout::Layout;
+use crate::layout::WorkerLayout;
 use crate::sync::{
     local, lock, thread, AtomicBool, AtomicU64, AtomicUsize, Condvar, Fifo, Mutex, Ordering,
 };
@@ -34,7 +34,7 @@ pub struct Scheduler {
 impl Scheduler {
     /// Starts the workers for `topo` (allowed, online cpus only).
     pub fn new(topo: &loci_topo::Topology, config: Config) -> Result<Scheduler, SchedError> {
-        Scheduler::start(Layout::new(topo, config.cache_level)?, config)
+        Scheduler::start(WorkerLayout::new(topo, config.cache_level)?, config)
     }
 
     /// Starts one worker on each cpu of `plan` (loci-place's plan, the handoff from `loci plan`
@@ -46,11 +46,11 @@ impl Scheduler {
         plan: &loci_place::Plan,
         config: Config,
     ) -> Result<Scheduler, SchedError> {
-        let layout = Layout::within(topo, config.cache_level, &plan.footprint())?;
+        let layout = WorkerLayout::within(topo, config.cache_level, &plan.footprint())?;
         Scheduler::start(layout, config)
     }
 
-    fn start(layout: Layout, config: Config) -> Result<Scheduler, SchedError> {
+    fn start(layout: WorkerLayout, config: Config) -> Result<Scheduler, SchedError> {
         let unpinned = config.policy == Policy::Unpinned;
         let affinity = if unpinned {
             Affinity::None
@@ -285,18 +285,7 @@ impl Scheduler {
         F: FnOnce(&Ctx) -> T + Send + 'static,
     {
         let l = &self.shared.layout;
-        let gs: Vec<usize> = l.groups_of(node).collect();
-        if gs.is_empty() {
-            return Err(SchedError::UnknownNode {
-                node,
-                valid: l
-                    .nodes
-                    .iter()
-                    .map(|n| n.to_string())
-                    .collect::<Vec<_>>()
-                    .join(","),
-            });
-        }
+        let gs = l.groups_of_known(node)?;
         let k = self.shared.next_group.fetch_add(1, Ordering::Relaxed);
         Ok(self.submit_to(gs[k % gs.len()], opts, f))
     }
@@ -342,7 +331,7 @@ impl Scheduler {
     }
 
     /// The layout: groups, workers, scan orders.
-    pub fn layout(&self) -> &Layout {
+    pub fn layout(&self) -> &WorkerLayout {
         &self.shared.layout
     }
     /// Whether this scheduler runs LAS, NLS or unpinned.

@@ -16,7 +16,7 @@ use super::stats::{RequestRecord, WorkerCounters};
 use super::task::Task;
 use super::EXTERNAL;
 use crate::deferred::DeferredQueue;
-use crate::layout::Layout;
+use crate::layout::WorkerLayout;
 use crate::rules::Rule4Class;
 use crate::sync::{
     lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Fifo, Mutex, Ordering, Stealer,
@@ -31,7 +31,7 @@ pub(super) struct GroupState {
 }
 
 pub(crate) struct Shared {
-    pub(crate) layout: Layout,
+    pub(crate) layout: WorkerLayout,
     pub(super) las: bool,
     pub(super) unpinned: bool,
     /// Rule 4 moves the rest of the stolen request along (Config::migrate_requests).

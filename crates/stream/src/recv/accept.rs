@@ -110,12 +110,11 @@ pub(super) fn handle(sh: &Arc<Shared>, mut s: TcpStream) -> io::Result<()> {
     }));
     st.conns.lock().unwrap().push((conn_id, w.clone()));
     *st.last_seen.lock().unwrap() = Instant::now();
-    let i = hello.conn as usize % st.part.recv.count;
-    if let Err(e) = pin("recv", i, st.part.recv.cpus_of(i), st.part.recv.mem_of(i)) {
+    let i = hello.conn as usize % st.recv_stats.threads();
+    if let Err(e) = st.recv_stats.enter(i) {
         *sh.fatal.lock().unwrap() = Some(e.clone());
         return Err(io::Error::other(e));
     }
-    st.recv_stats.saw_affinity(i);
     let r = recv_loop(
         sh,
         &st,
@@ -231,7 +230,7 @@ fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, Refusal> 
         total_chunks: h.total_chunks,
         total_bytes: h.total_bytes,
     };
-    let (sink, resumed) = Sink::open(&sh.opts.sink, h.stream, t, h.resume, cfg.sync)
+    let (sink, resumed) = StreamSink::open(&sh.opts.sink, h.stream, t, h.resume, cfg.sync)
         .map_err(|e| format!("cannot open the sink of stream {}: {e}", h.stream))?;
     if !resumed.repaired.is_empty() {
         eprintln!(
@@ -262,9 +261,9 @@ fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, Refusal> 
         conns: Mutex::new(vec![]),
         last_seen: Mutex::new(Instant::now()),
         next_conn: AtomicU64::new(0),
-        recv_stats: StageStats::new("recv", &part.recv),
-        dec_stats: StageStats::new("decompress", &part.decompress),
-        commit_stats: StageStats::new("commit", &crate::config::Stage::os(1)),
+        recv_stats: StageStats::planned("recv", &part.recv, &sh.here)?,
+        dec_stats: StageStats::planned("decompress", &part.decompress, &sh.here)?,
+        commit_stats: StageStats::planned("commit", &crate::config::Stage::os(1), &sh.here)?,
         wire_bytes: AtomicU64::new(0),
         nacks: AtomicU64::new(0),
         prior: prior.len() as u64,
@@ -276,7 +275,7 @@ fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, Refusal> 
     st.committed_bytes.store(committed, Relaxed);
     // Decompressors and the committer.
     let (ctx, crx) = crossbeam_channel::unbounded::<(u64, u64)>();
-    for i in 0..st.part.decompress.count {
+    for i in 0..st.dec_stats.threads() {
         let (st2, rx2, ctx2, sh2) = (st.clone(), rx.clone(), ctx.clone(), sh.clone());
         std::thread::Builder::new()
             .name(format!("loci-dec-{}-{i}", st.id))

@@ -18,8 +18,8 @@ use crate::config::{ReceiverConfig, StreamPart};
 use crate::proto::{
     self, kind, Header, Hello, Opener, Protection, ProtoError, Sealer, StreamHasher,
 };
-use crate::sink::{Sink, SinkSpec, Transfer};
-use crate::stats::{pin, QueueStats, StageStats, StreamReport, Totals};
+use crate::sink::{SinkSpec, StreamSink, Transfer};
+use crate::stats::{QueueStats, StageStats, StreamReport, Totals};
 
 mod accept;
 
@@ -42,6 +42,8 @@ pub struct RecvOptions {
 pub struct Receiver {
     listener: TcpListener,
     opts: RecvOptions,
+    /// This machine, which every stream's stage plans are made against.
+    here: loci_topo::Topology,
     stop: Arc<AtomicBool>,
 }
 
@@ -63,6 +65,15 @@ impl Receiver {
         opts.config
             .validate()
             .map_err(|e| RecvError::Fatal(e.to_string()))?;
+        let here = crate::config::this_machine().map_err(|e| RecvError::Fatal(e.to_string()))?;
+        // Every configured stage must place on this machine: said now, not at a first connection.
+        for p in &opts.config.streams {
+            for (what, stage) in [("recv", &p.recv), ("decompress", &p.decompress)] {
+                stage
+                    .plan(&here, &format!("stream {}.{what}", p.id))
+                    .map_err(|e| RecvError::Fatal(e.to_string()))?;
+            }
+        }
         let listener = TcpListener::bind(addr).map_err(|err| RecvError::Listen {
             addr: addr.into(),
             err,
@@ -70,6 +81,7 @@ impl Receiver {
         Ok(Receiver {
             listener,
             opts,
+            here,
             stop: Arc::new(AtomicBool::new(false)),
         })
     }
@@ -90,6 +102,7 @@ impl Receiver {
             .unwrap_or(self.opts.config.streams.len().max(1));
         let shared = Arc::new(Shared {
             opts: self.opts.clone(),
+            here: self.here.clone(),
             streams: Mutex::new(HashMap::new()),
             reports: Mutex::new(Vec::new()),
             ended: Condvar::new(),
@@ -199,6 +212,7 @@ fn log(msg: &str) {
 
 struct Shared {
     opts: RecvOptions,
+    here: loci_topo::Topology,
     streams: Mutex<HashMap<u32, Arc<StreamState>>>,
     reports: Mutex<Vec<StreamReport>>,
     ended: Condvar,
@@ -238,7 +252,7 @@ struct StreamState {
     session: AtomicU64,
     t: Transfer,
     codec: Codec,
-    sink: Sink,
+    sink: StreamSink,
     jobs: Tx<Job>,
     queue_stats: QueueStats,
     /// Committed (durable, acknowledged) chunks; and chunks between receipt and commit.
@@ -292,26 +306,19 @@ impl StreamState {
     }
 
     fn report(&self, verified: bool, checksum: u64) -> StreamReport {
-        let secs = self.started.elapsed().as_secs_f64();
-        let raw = self.committed_bytes.load(Relaxed);
-        let wire = self.wire_bytes.load(Relaxed);
-        let stages = vec![
-            self.recv_stats.report(secs),
-            self.dec_stats.report(secs),
-            self.commit_stats.report(secs),
-        ];
         let totals = Totals {
             chunks: self.t.total_chunks,
-            raw_bytes: raw,
-            wire_bytes: wire,
-            seconds: secs,
+            raw_bytes: self.committed_bytes.load(Relaxed),
+            wire_bytes: self.wire_bytes.load(Relaxed),
+            started: self.started,
         };
-        let queues = vec![self.queue_stats.report()];
+        let stages = [&self.recv_stats, &self.dec_stats, &self.commit_stats];
+        let queues = [&self.queue_stats];
         StreamReport {
             verified,
             nacks: self.nacks.load(Relaxed),
             skipped_chunks: self.prior,
-            ..StreamReport::from_totals("recv", self.id, totals, stages, queues, checksum)
+            ..StreamReport::from_totals("recv", self.id, totals, &stages, &queues, checksum)
         }
     }
 }
@@ -328,7 +335,7 @@ fn recv_loop(
     // fault in as written.
     let pool = Pool::lazy(
         Codec::bound(st.t.chunk_bytes as usize) + proto::SEALED_EXTRA,
-        st.part.recv.mem_of(i),
+        st.recv_stats.buffer_node(i),
         st.part.queue_depth + 2,
     );
     let proto_err = |e: ProtoError| io::Error::other(e.to_string());
@@ -479,7 +486,7 @@ fn end_of_stream(
     ))?;
     if !st.ended.swap(true, Relaxed) {
         let rep = st.report(status == 0, sum);
-        if let Sink::Memory(_) = st.sink {
+        if let StreamSink::Memory(_) = st.sink {
             MEMORY
                 .lock()
                 .unwrap()
@@ -528,11 +535,9 @@ fn decompress_loop(
     rx: Rx<Job>,
     commit: Tx<(u64, u64)>,
 ) -> Result<(), String> {
-    let stage = &st.part.decompress;
-    pin("decompress", i, stage.cpus_of(i), stage.mem_of(i))?;
-    st.dec_stats.saw_affinity(i);
+    st.dec_stats.enter(i)?;
     // A raw chunk is done once the sink has it: one buffer per thread, and a spare.
-    let pool = Pool::new(st.t.chunk_bytes as usize, stage.mem_of(i), 2);
+    let pool = Pool::new(st.t.chunk_bytes as usize, st.dec_stats.buffer_node(i), 2);
     st.dec_stats
         .saw_buffer(i, &*pool.probe().map_err(|e| e.to_string())?);
     for job in rx {

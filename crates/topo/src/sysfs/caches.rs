@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
-use super::text::{parse_cache_size, parse_cache_type};
+use super::text::{parse_cache_type, parse_size};
 use super::{bad, numbered_entries, read_int_opt, read_list_opt, read_opt};
 use crate::error::TopoError;
 use crate::idset::CpuSet;
@@ -25,7 +25,7 @@ pub(super) fn read_caches(cpu_entries: &[(u32, PathBuf)]) -> Result<Vec<Cache>, 
             };
             let spath = idx.join("size");
             let size = match read_opt(&spath)? {
-                Some(t) if !t.is_empty() => parse_cache_size(&t).map_err(|m| bad(&spath, &t, m))?,
+                Some(t) if !t.is_empty() => parse_size(&t).map_err(|m| bad(&spath, &t, m))?,
                 _ => 0,
             };
             let mpath = idx.join("shared_cpu_map");
@@ -132,48 +132,32 @@ mod tests {
 
     #[test]
     fn caches_deduplicated_and_repaired() {
-        // Two instances of 2 cpus each, seen from each cpu: two caches.
-        let e = [
-            entry(0, "3", "0-1"),
-            entry(1, "3", "0-1"),
-            entry(2, "c", "2-3"),
-            entry(3, "c", "2-3"),
-        ];
-        let c = resolve_caches(&e);
-        let got: Vec<String> = c.iter().map(|c| c.cpus.to_string()).collect();
-        assert_eq!(got, ["0-1", "2-3"]);
-        // AMD family 15h: the list names only the cpu, the map is right.
-        let e = [entry(0, "3", "0"), entry(1, "3", "1")];
-        let got: Vec<String> = resolve_caches(&e)
-            .iter()
-            .map(|c| c.cpus.to_string())
-            .collect();
-        assert_eq!(got, ["0-1"]);
-        // A wrong map overlapping the neighbours' instance: cpu 2's list is used.
-        let e = [
-            entry(0, "5", "0,2"),
-            entry(2, "3", "0,2"),
-            entry(1, "a", "1,3"),
-            entry(3, "a", "1,3"),
-        ];
-        let got: Vec<String> = resolve_caches(&e)
-            .iter()
-            .map(|c| c.cpus.to_string())
-            .collect();
-        assert_eq!(got, ["0,2", "1,3"]);
-        // Neither fits (and the set lacks the cpu itself): dropped.
-        let e = [entry(0, "2", "1"), entry(1, "2", "1")];
-        let got: Vec<String> = resolve_caches(&e)
-            .iter()
-            .map(|c| c.cpus.to_string())
-            .collect();
-        assert_eq!(got, ["1"]);
-        // Only a list, or nothing: the list, or the cpu alone.
-        let e = [entry(5, "", "5"), entry(6, "", "")];
-        let got: Vec<String> = resolve_caches(&e)
-            .iter()
-            .map(|c| c.cpus.to_string())
-            .collect();
-        assert_eq!(got, ["5", "6"]);
+        // Each cpu's `CPU:MAP:LIST` (shared_cpu_map, shared_cpu_list; empty: the file is
+        // missing), then the caches' cpus.
+        for (cpus, want) in [
+            // Two instances of 2 cpus each, seen from each cpu: two caches.
+            ("0:3:0-1 1:3:0-1 2:c:2-3 3:c:2-3", "0-1 2-3"),
+            // AMD family 15h: the list names only the cpu, the map is right.
+            ("0:3:0 1:3:1", "0-1"),
+            // A wrong map overlapping the neighbours' instance: cpu 2's list is used.
+            ("0:5:0,2 2:3:0,2 1:a:1,3 3:a:1,3", "0,2 1,3"),
+            // Neither fits (and the set lacks the cpu itself): dropped.
+            ("0:2:1 1:2:1", "1"),
+            // Only a list, or nothing: the list, or the cpu alone.
+            ("5::5 6::", "5 6"),
+        ] {
+            let entries: Vec<CacheEntry> = cpus
+                .split_whitespace()
+                .map(|w| {
+                    let f: Vec<&str> = w.split(':').collect();
+                    entry(f[0].parse().unwrap(), f[1], f[2])
+                })
+                .collect();
+            let got: Vec<String> = resolve_caches(&entries)
+                .iter()
+                .map(|c| c.cpus.to_string())
+                .collect();
+            assert_eq!(got.join(" "), want, "{cpus}");
+        }
     }
 }

@@ -293,13 +293,7 @@ pub fn read(root: &Path, live: bool) -> Result<Topology, TopoError> {
     for n in &mut nodes {
         n.allowed = !matches!(&restrict.mems, Some(a) if n.kernel_ids().intersection(a).is_empty());
     }
-    Ok(Topology {
-        source: String::new(),
-        nodes,
-        cpus,
-        caches,
-        devices,
-        distances,
-        notes,
-    })
+    let mut t = Topology::from_parts(String::new(), nodes, cpus, caches, devices, distances);
+    t.notes = notes;
+    Ok(t)
 }

@@ -52,21 +52,26 @@ pub fn parse_distance_row(text: &str) -> Result<Vec<u32>, String> {
         .collect()
 }
 
-/// A cache `size` file: `32K`, `1024K`, `8M`, `1G`, or plain bytes.
-pub fn parse_cache_size(text: &str) -> Result<u64, String> {
+/// A size in bytes: `32K`, `8M`, `16G`, `1T` (binary units, either case) or plain bytes. The
+/// one size syntax of loci: a cache `size` file, a synthetic machine's `mem`, the probe's
+/// `--alloc`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
-    let (num, mult) = match t.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&t[..i], 1u64 << 10),
-        Some((i, 'M' | 'm')) => (&t[..i], 1 << 20),
-        Some((i, 'G' | 'g')) => (&t[..i], 1 << 30),
-        _ => (t, 1),
+    let (num, shift) = match t.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&t[..i], 10),
+        Some((i, 'M' | 'm')) => (&t[..i], 20),
+        Some((i, 'G' | 'g')) => (&t[..i], 30),
+        Some((i, 'T' | 't')) => (&t[..i], 40),
+        _ => (t, 0),
     };
     num.trim()
         .parse::<u64>()
         .ok()
-        .and_then(|n| n.checked_mul(mult))
+        .and_then(|n| n.checked_mul(1 << shift))
         .ok_or_else(|| {
-            format!("`{t}` is not a cache size (expected e.g. `32K`, `8M`, below 2^64 bytes)")
+            format!(
+                "`{t}` is not a size (expected e.g. `32K`, `8M`, `16G`, `1T` or bytes, below 2^64)"
+            )
         })
 }
 
@@ -243,14 +248,23 @@ pub(super) mod tests {
 
     #[test]
     fn cache_sizes_and_types() {
-        assert_eq!(parse_cache_size("32K\n").unwrap(), 32 << 10);
-        assert_eq!(parse_cache_size("32768K").unwrap(), 32 << 20);
-        assert_eq!(parse_cache_size("8M").unwrap(), 8 << 20);
-        assert_eq!(parse_cache_size("4096").unwrap(), 4096);
-        assert!(parse_cache_size("K").is_err());
-        assert!(parse_cache_size("12Q").unwrap_err().contains("`12Q`"));
+        for (text, bytes) in [
+            ("32K\n", 32 << 10),
+            ("32768K", 32 << 20),
+            ("8M", 8 << 20),
+            ("512m", 512 << 20),
+            ("16G", 16 << 30),
+            ("1T", 1 << 40),
+            ("4096", 4096),
+        ] {
+            assert_eq!(parse_size(text).unwrap(), bytes, "{text:?}");
+        }
+        assert!(parse_size("K").is_err());
+        assert!(parse_size("G").is_err());
+        assert!(parse_size("é").is_err());
+        assert!(parse_size("12Q").unwrap_err().contains("`12Q`"));
         // Found by the sysfs_text fuzz target: the unit multiplication overflowed.
-        assert!(parse_cache_size("18446744073709551615m").is_err());
+        assert!(parse_size("18446744073709551615m").is_err());
         assert!(parse_meminfo("MemTotal: 18446744073709551615 kB").is_err());
         assert_eq!(parse_cache_type("Data\n").unwrap(), CacheKind::Data);
         assert_eq!(

@@ -1,7 +1,31 @@
-//! Small sysfs trees written by the tests themselves.
+//! Small sysfs trees written by the tests themselves, and where the shared captured machines are.
 #![allow(dead_code)] // each test binary uses a part
 
 use std::path::{Path, PathBuf};
+
+/// `../shared/topologies/SUB` of the repository root; `LOCI_SHARED` overrides, and a git worktree
+/// nested deeper finds it in the nearest ancestor that has one. `None`, with a note on stderr
+/// naming what `skipping` skips, when it is absent.
+pub fn shared_topologies(sub: &str, skipping: &str) -> Option<PathBuf> {
+    let candidates: Vec<PathBuf> = match std::env::var_os("LOCI_SHARED") {
+        Some(s) => vec![PathBuf::from(s).join("topologies").join(sub)],
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .ancestors()
+            .skip(3)
+            .map(|a| a.join("shared/topologies").join(sub))
+            .collect(),
+    };
+    let found = candidates.iter().find(|p| p.is_dir()).cloned();
+    if found.is_none() {
+        eprintln!(
+            "note: ../shared/topologies/{sub} is absent (looked at {}); skipping {skipping}",
+            candidates
+                .first()
+                .map_or(String::new(), |p| p.display().to_string())
+        );
+    }
+    found
+}
 
 /// A tree under the test target's scratch directory, made anew.
 pub struct Tree(pub PathBuf);

@@ -432,15 +432,7 @@ fn build(p: &Params) -> Machine {
         caches.push(cache(3, CacheKind::Unified, p.l3_size, set));
     }
 
-    let topo = Topology {
-        source: "generated".into(),
-        nodes,
-        cpus,
-        caches,
-        devices: vec![],
-        distances,
-        notes: vec![],
-    };
+    let topo = Topology::from_parts("generated".into(), nodes, cpus, caches, vec![], distances);
     topo.validate()
         .expect("the generator builds valid topologies");
     Machine {

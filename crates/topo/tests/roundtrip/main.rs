@@ -23,6 +23,8 @@
 //! Files: `machine` (the generator), `sysfs` and `hwloc` (the two writers), `compare` (what is
 //! compared, part by part).
 
+#[path = "../common/mod.rs"]
+mod common;
 mod compare;
 mod hwloc;
 mod machine;
@@ -32,10 +34,11 @@ use loci_topo::{CpuSet, Source};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
+use common::Tree;
 use compare::same;
 use hwloc::{hwloc_bitmap, Hwloc};
 use machine::{machine, Machine};
-use sysfs::{kernel_mask, write_sysfs, Tree};
+use sysfs::{kernel_mask, write_sysfs};
 
 /// The machines hwloc exports faithfully (about 96% of them, see [`Hwloc::valid_for_hwloc`]).
 fn hwloc_machine() -> impl Strategy<Value = Machine> {
@@ -54,7 +57,7 @@ proptest! {
 
     #[test]
     fn sysfs_tree_reads_back(m in machine()) {
-        let tree = Tree::new("sysfs");
+        let tree = Tree::new("roundtrip-sysfs");
         write_sysfs(&m, &tree);
         let got = loci_topo::load(&Source::Sysfs(tree.0.clone()))
             .map_err(|e| TestCaseError::fail(format!("{e}")))?;
@@ -64,7 +67,7 @@ proptest! {
 
     #[test]
     fn hwloc_xml_reads_back(m in hwloc_machine()) {
-        let dir = Tree::new("xml");
+        let dir = Tree::new("roundtrip-xml");
         let path = dir.0.join("topology.xml");
         std::fs::write(&path, Hwloc::new(&m).xml(&m)).unwrap();
         let got = loci_topo::load(&Source::HwlocXml(path.clone()))

@@ -1,35 +1,11 @@
 //! Writing a machine out as a Linux sysfs tree.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
 
 use loci_topo::{Cache, CacheKind, CpuSet, Node, NodeSet};
 
+use crate::common::Tree;
 use crate::machine::{Kernel, Machine};
-
-/// A directory written afresh.
-pub(crate) struct Tree(pub(crate) PathBuf);
-
-impl Tree {
-    pub(crate) fn new(name: &str) -> Tree {
-        let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join("roundtrip")
-            .join(name);
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Tree(d)
-    }
-    fn file(&self, rel: &str, text: &str) {
-        let p = self.0.join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, text).unwrap();
-    }
-    fn link(&self, rel: &str, target: &str) {
-        let p = self.0.join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::os::unix::fs::symlink(target, p).unwrap();
-    }
-}
 
 /// A cpu mask as the kernel prints it (`%*pb`): `nbits` bits in 32-bit hex words, most
 /// significant first, separated by commas; the first word has only the digits its bits need.

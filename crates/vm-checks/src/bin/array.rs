@@ -5,12 +5,11 @@
 //!
 //! 1. chunks bound round-robin to the nodes: every sampled page of every chunk is on its home;
 //! 2. first touch by a compact generator pinned on every cpu: pages on the recorded home node;
-//! 3. subarray of every chunk of the first-touched volume under the data-aware `home` pinning:
-//!    threads ran on the cpus
-//!    planned for them, and the local-access ratio is >= 0.95 (the round-robin bound volume's
+//! 3. subarray of every chunk of the first-touched volume under the data-aware `home` plan:
+//!    threads ran on the cpus planned for them, and the local-access ratio is >= 0.95 (the round-robin bound volume's
 //!    ratio, which a static schedule caps at 1/2 here, is reported);
 //! 4. the same query under `compact` (every thread on the first node(s)) is reported for contrast;
-//!    and under the pinning `search` returns on this machine with the MODELED cost (timing in a VM
+//!    and under the plan `search` returns on this machine with the MODELED cost (timing in a VM
 //!    means nothing): every part ran on a cpu of its thread's set, and the local-access ratio is
 //!    >= 0.95;
 //! 5. results equal a slice of the dense volume;
@@ -24,14 +23,15 @@
 //!
 //! Usage: loci-array-vm-check [SIDE] [team]   (volume SIDE^3 f32, default 96; `team`: only 7)
 
-use loci_array::search::home_pinning;
-use loci_array::strategy::{choose, static_pinning, RunInfo, ThreadStrategy};
+use loci_array::search::home_cpus;
+use loci_array::strategy::{choose, RunInfo, ThreadPlacement};
+use loci_place::Strategy;
 use loci_vm::Checker;
 
 use loci_array::{
-    seismic_layout, subarray, Array, BufferPool, BuildOptions, ChunkMem, Chunking, CostModel,
-    DType, Home, ModelEval, ModelWorkload, Pinning, PoolOutcome, Query, RunStats, SearchConfig,
-    Seismic, Span, SubarrayOptions,
+    pin, seismic_layout, subarray, Array, BufferPool, BuildOptions, Chunking, CostModel, DType,
+    Home, ModelEval, ModelWorkload, Plan, PoolOutcome, Query, RunStats, SearchConfig, Seismic,
+    Span, SubarrayOptions,
 };
 
 fn pages_on_home(a: &Array) -> Result<String, String> {
@@ -55,14 +55,11 @@ fn main() {
         .nth(1)
         .map(|s| s.parse().expect("SIDE must be a number"))
         .unwrap_or(96);
-    let topo = match loci_topo::load(&loci_topo::Source::live()) {
-        Ok(t) => t,
-        Err(e) => {
-            let mut c = Checker::new();
-            c.check("array/topology", || Err(e.to_string()));
-            std::process::exit(c.exit_code());
-        }
-    };
+    let topo = loci_topo::load(&loci_topo::Source::live()).unwrap_or_else(|e| {
+        let mut c = Checker::new();
+        c.check("array/topology", || Err(e.to_string()));
+        std::process::exit(c.exit_code())
+    });
     let cpus: Vec<u32> = topo.allowed_cpus().iter().collect();
     let mems = topo.allowed_mems();
     let threads = cpus.len();
@@ -82,8 +79,8 @@ fn main() {
     let bound = Array::build(
         seismic_layout(shape, DType::F32, &Chunking::Count(chunks)).expect("layout"),
         &BuildOptions {
-            mem: ChunkMem::Bind(mems.clone()),
-            pinning: Pinning::unpinned(threads),
+            mem: loci_place::MemPolicy::Parts(loci_place::PartOrder::RoundRobin, None),
+            plan: pin::unpinned(&topo, threads).expect("os plan"),
             huge_pages: false,
         },
         &topo,
@@ -93,19 +90,12 @@ fn main() {
     c.check_noted("array/bind/pages-on-home", || pages_on_home(&bound));
 
     // 2. first touch by a compact generator on every cpu.
-    let gen = static_pinning(
-        &topo,
-        &ThreadStrategy::Compact,
-        threads,
-        &RunInfo::default(),
-    )
-    .expect("compact")
-    .expect("static");
+    let gen = pin::plan(&topo, &Strategy::compact(), threads).expect("compact");
     let touched = Array::build(
         seismic_layout(shape, DType::F32, &Chunking::Count(chunks)).expect("layout"),
         &BuildOptions {
-            mem: ChunkMem::FirstTouch,
-            pinning: gen,
+            mem: loci_place::MemPolicy::FirstTouch,
+            plan: gen,
             huge_pages: false,
         },
         &topo,
@@ -124,7 +114,7 @@ fn main() {
     let q = Query::new(bound.layout(), Span::All, 0.7).expect("query");
     let homes: Vec<Home> = bound.chunks().iter().map(|c| c.home.clone()).collect();
     let w = ModelWorkload::subarray(bound.layout(), &q.bounds, threads, |c| homes[c].clone());
-    let home = home_pinning(&topo, &w.bytes_by_node());
+    let home = pin::plan_on_cpus(&topo, &home_cpus(&topo, &w.bytes_by_node())).expect("home");
     let opts = SubarrayOptions {
         sample_locality: true,
         // Placement is the point here: the pinned threads copy even a small result.
@@ -133,20 +123,14 @@ fn main() {
         ..Default::default()
     };
     let run = subarray(&bound, &q.bounds, &home, &opts, &topo).map_err(|e| e.to_string());
-    placed_run_checks(&mut c, "home", &home, format!("pinning {home}"), &run);
+    let ok = format!("plan {}", pin::describe(&home));
+    placed_run_checks(&mut c, "home", Some(&home), ok, &run);
     search_checks(&mut c, &topo, &bound, &q, &w, &opts);
-    let compact = static_pinning(
-        &topo,
-        &ThreadStrategy::Compact,
-        threads.div_ceil(2),
-        &RunInfo::default(),
-    )
-    .expect("compact")
-    .expect("static");
+    let compact = pin::plan(&topo, &Strategy::compact(), threads.div_ceil(2)).expect("compact");
     match subarray(&bound, &q.bounds, &compact, &opts, &topo) {
         Ok((_, st)) => println!(
             "# array/subarray/compact ({} threads): local-access ratio {:?}",
-            compact.len(),
+            compact.threads.len(),
             st.local_access_ratio
         ),
         Err(e) => println!("# array/subarray/compact: {e}"),
@@ -155,7 +139,7 @@ fn main() {
     {
         let hs: Vec<Home> = bound_rr.chunks().iter().map(|c| c.home.clone()).collect();
         let w = ModelWorkload::subarray(bound_rr.layout(), &q.bounds, threads, |c| hs[c].clone());
-        let p = home_pinning(&topo, &w.bytes_by_node());
+        let p = pin::plan_on_cpus(&topo, &home_cpus(&topo, &w.bytes_by_node())).expect("home");
         match subarray(&bound_rr, &q.bounds, &p, &opts, &topo) {
             Ok((_, st)) => println!(
                 "# array/subarray/bind-round-robin/home: local-access ratio {:?}",
@@ -186,9 +170,9 @@ fn main() {
         }
     });
 
-    // 6. The result-buffer pool keeps placement: a result pinned on node A, dropped, serves the
+    // 6. The result-buffer pool keeps placement: a result copied on node A, dropped, serves the
     // next result on A (same memory, pages still on A); a result on node B does not get it (a
-    // fresh buffer, pages on B); a result spread over every node (the `home` pinning) reused
+    // fresh buffer, pages on B); a result spread over every node (the `home` plan) reused
     // from the pool has every sampled page on the node its binding names.
     let nodes_with_cpus: Vec<u32> = mems
         .iter()
@@ -206,8 +190,11 @@ fn main() {
             stream_bytes: 0,
             ..Default::default()
         };
-        let on = |n: u32| Pinning::on_cpus(&topo.allowed_cpus_of(n).iter().collect::<Vec<_>>());
-        let run = |p: &Pinning| subarray(&bound, &q.bounds, p, &popts, &topo);
+        let on = |n: u32| {
+            let cpus: Vec<u32> = topo.allowed_cpus_of(n).iter().collect();
+            pin::plan_on_cpus(&topo, &cpus).expect("node plan")
+        };
+        let run = |p: &Plan| subarray(&bound, &q.bounds, p, &popts, &topo);
         let first = run(&on(na));
         let addr = first.as_ref().map(|(r, _)| r.arena().as_ptr()).ok();
         let first_ok = match &first {
@@ -300,50 +287,53 @@ fn search_checks(
     let threads = topo.allowed_cpus().len();
     let choice = choose(
         topo,
-        &ThreadStrategy::Search,
+        &ThreadPlacement::SEARCH,
         threads,
         &info,
         &mut eval,
         None,
         &SearchConfig::default(),
     );
-    let (pinning, ok, run) = match choice {
+    let (plan, ok, run) = match choice {
         Ok(c) => {
             let ok = format!(
                 "{} after {} modeled trials: {}",
                 c.label,
                 c.trials.len(),
-                c.pinning
+                pin::describe(&c.plan)
             );
-            let run = subarray(src, &q.bounds, &c.pinning, opts, topo).map_err(|e| e.to_string());
-            (c.pinning, ok, run)
+            let run = subarray(src, &q.bounds, &c.plan, opts, topo).map_err(|e| e.to_string());
+            (Some(c.plan), ok, run)
         }
-        Err(e) => (Pinning::unpinned(0), String::new(), Err(e.to_string())),
+        Err(e) => (None, String::new(), Err(e.to_string())),
     };
-    placed_run_checks(c, "search", &pinning, ok, &run);
+    placed_run_checks(c, "search", plan.as_ref(), ok, &run);
 }
 
 /// `array/subarray/NAME/threads-where-planned` (every part ran on a cpu of its thread's set; `ok`
 /// is the detail printed when it holds) and `array/subarray/NAME/local-access>=0.95` for a run
-/// under `pinning`.
+/// under `plan` (`None`: the plan could not be made, and `run` says why).
 fn placed_run_checks(
     c: &mut Checker,
     name: &str,
-    pinning: &Pinning,
+    plan: Option<&Plan>,
     ok: String,
     run: &Result<(Array, RunStats), String>,
 ) {
-    let placed = run.as_ref().map_err(Clone::clone).and_then(|(_, st)| {
-        match st.part_thread.iter().enumerate().find(|(_, (t, cpu))| {
-            !matches!((&pinning.threads[*t], cpu), (Some(set), Some(c)) if set.contains(*c))
-        }) {
-            Some((i, (t, cpu))) => Err(format!(
-                "part {i}: thread {t} planned on {:?} ran on {cpu:?}",
-                pinning.threads[*t]
-            )),
-            None => Ok(ok),
-        }
-    });
+    let placed =
+        run.as_ref().map_err(Clone::clone).and_then(|(_, st)| {
+            let plan = plan.ok_or("no plan")?;
+            let planned = |t: usize| &plan.threads[t].cpus;
+            match st.part_thread.iter().enumerate().find(|(_, (t, cpu))| {
+                !(plan.pinned && cpu.is_some_and(|c| planned(*t).contains(c)))
+            }) {
+                Some((i, (t, cpu))) => Err(format!(
+                    "part {i}: thread {t} planned on {} ran on {cpu:?}",
+                    planned(*t)
+                )),
+                None => Ok(ok),
+            }
+        });
     c.check_noted(
         format!("array/subarray/{name}/threads-where-planned"),
         || placed,
@@ -367,7 +357,7 @@ fn placed_run_checks(
 fn team_checks(c: &mut Checker, topo: &loci_topo::Topology, shape: [usize; 3], chunks: usize) {
     let src = Array::build(
         seismic_layout(shape, DType::F32, &Chunking::Count(chunks)).expect("layout"),
-        &BuildOptions::first_touch(1),
+        &BuildOptions::first_touch(topo, 1).expect("os plan"),
         topo,
         |c| Seismic::default().fill(c),
     )
@@ -379,7 +369,7 @@ fn team_checks(c: &mut Checker, topo: &loci_topo::Topology, shape: [usize; 3], c
         ..Default::default()
     };
     let all = topo.allowed_cpus();
-    let threads = Pinning::unpinned(all.len());
+    let threads = pin::unpinned(topo, all.len()).expect("os plan");
     let mems = topo.allowed_mems();
     for n in mems.iter() {
         let cpus = topo.allowed_cpus_of(n);

@@ -3,7 +3,7 @@
 //! with loci-vm's `Checker`, and the measured local-access ratios as `#` lines; exits 1 if any
 //! check failed.
 //!
-//! 1. bind-per-node morsels processed by W2 under LAS (loci-sched, workers pinned to their
+//! 1. `per-node` morsels processed by W2 under LAS (loci-sched, workers pinned to their
 //!    node's core group, every morsel a task queued on its home node): every morsel's pages sit on
 //!    its home node, and with `--locality strict` (loci-sched's `stay_on_node` requests) the
 //!    local-access ratio is at least 0.95 in every one of five passes after a warm-up (it is 1.0
@@ -25,7 +25,8 @@
 use loci_engine::agg::w2;
 use loci_engine::storage::local_access_ratio;
 use loci_engine::{
-    generate_agg, reference, AggSpec, Dist, Exec, Locality, MemPolicy, Sched, Strategy,
+    generate_agg, reference, AggSpec, Dist, Exec, Gen, Locality, MemPolicy, Sched, Strategy,
+    TableMem,
 };
 use loci_vm::Checker;
 
@@ -61,11 +62,18 @@ fn main() {
     // 64 Ki rows (512 KiB) per morsel: 256 morsels at the test's 16 Mi rows, 64 per node.
     let morsel = 1 << 16;
 
-    // 1. bind-per-node under LAS.
+    // 1. per-node under LAS.
     let mut pool = Exec::new(&topo, Sched::Las, Strategy::sparse(), None).expect("scheduler");
-    let t = generate_agg(&pool, spec, morsel, &MemPolicy::BindPerNode).expect("generate");
+    let t = generate_agg(
+        &pool,
+        spec,
+        None,
+        morsel,
+        &"per-node".parse::<MemPolicy>().unwrap().into(),
+    )
+    .expect("generate");
     let place = t.placement(8).expect("move_pages");
-    c.check_noted("engine/bind-per-node/pages-on-home", || {
+    c.check_noted("engine/per-node/pages-on-home", || {
         for (i, (m, p)) in t.morsels.iter().zip(&place).enumerate() {
             let home = m.home.ok_or(format!("morsel {i} has no home"))?;
             if p.iter().any(|(n, _)| *n != home) {
@@ -97,7 +105,7 @@ fn main() {
                 *by.entry((t.morsels[m].home, n)).or_default() += 1;
             }
             println!(
-                "# W2 under LAS ({loc}) on bind-per-node, pass {pass}: {:.3} s, local-access {lar:.3}, {} tasks, {} taken from another node's queue (rule 4); morsels by (home, ran on): {by:?}",
+                "# W2 under LAS ({loc}) on per-node, pass {pass}: {:.3} s, local-access {lar:.3}, {} tasks, {} taken from another node's queue (rule 4); morsels by (home, ran on): {by:?}",
                 t0.elapsed().as_secs_f64(),
                 st.tasks,
                 st.found_by(loci_sched::Rule::RemoteDeferred)
@@ -108,7 +116,7 @@ fn main() {
         let mut sorted = ratios.clone();
         sorted.sort_by(f64::total_cmp);
         println!(
-            "# W2 under LAS ({loc}) on bind-per-node: local-access min {:.3}, median {:.3}, max {:.3}, passes {ratios:.3?}",
+            "# W2 under LAS ({loc}) on per-node: local-access min {:.3}, median {:.3}, max {:.3}, passes {ratios:.3?}",
             sorted[0],
             sorted[sorted.len() / 2],
             sorted[sorted.len() - 1]
@@ -119,7 +127,7 @@ fn main() {
     }
     let worst = strict_ratios.iter().copied().fold(f64::INFINITY, f64::min);
     let note = format!("strict: every pass {strict_ratios:.3?}");
-    c.check_noted("engine/bind-per-node/strict/local-access>=0.95", || {
+    c.check_noted("engine/per-node/strict/local-access>=0.95", || {
         if worst >= 0.95 {
             Ok(note)
         } else {
@@ -128,7 +136,7 @@ fn main() {
     });
     let (k1, v1) = t.to_vecs();
     let want = reference::w2(&k1, &v1);
-    c.check_noted("engine/bind-per-node/answer", || {
+    c.check_noted("engine/per-node/answer", || {
         if got.iter().all(|g| *g == want) {
             Ok(format!("{} passes (strict and balanced)", got.len()))
         } else {
@@ -143,12 +151,16 @@ fn main() {
         rows: rows / 2,
         ..spec
     };
-    let t = generate_agg(&pool, spec, morsel / 2, &MemPolicy::FirstTouchSingle).expect("generate");
+    let one = TableMem {
+        policy: MemPolicy::FirstTouch,
+        gen: Gen::OneThread,
+    };
+    let t = generate_agg(&pool, spec, None, morsel / 2, &one).expect("generate");
     let place = t.placement(8).expect("move_pages");
     let (k1, v1) = t.to_vecs();
     let want1 = reference::w2(&k1, &v1);
     let gen_node = t.morsels.first().and_then(|m| m.home);
-    c.check_noted("engine/first-touch-1/pages-on-generator-node", || {
+    c.check_noted("engine/one-thread/pages-on-generator-node", || {
         for (i, p) in place.iter().enumerate() {
             if p.iter().any(|(n, _)| Some(*n) != gen_node) {
                 return Err(format!("morsel {i}: {p:?}, generator on {gen_node:?}"));
@@ -180,7 +192,7 @@ fn main() {
     // The page fact is deterministic: a static split reads exactly 1/k locally. NLS's ratio
     // depends on how fast each emulated cpu drains the shared queue (0.10-0.32 seen on a loaded
     // host), so it is only required to stay far from local (at most 0.6).
-    c.check_noted("engine/first-touch-1/local-access-about-1/k", ||
+    c.check_noted("engine/one-thread/local-access-about-1/k", ||
         if (stat - expect).abs() <= 0.02 && nls <= 0.6 {
             Ok(format!(
                 "W2 under NLS {nls:.3}, 1/k = {expect:.3}; static split {stat:.3}; W2 under LAS {las:.3}"
@@ -190,7 +202,7 @@ fn main() {
                 "W2 under NLS {nls:.3}, expected about {expect:.3} (static split {stat:.3}, LAS {las:.3})"
             ))
         });
-    c.check_noted("engine/first-touch-1/answer", || {
+    c.check_noted("engine/one-thread/answer", || {
         if got == want1 && got_las == want1 {
             Ok(String::new())
         } else {

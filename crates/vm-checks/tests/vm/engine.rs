@@ -1,5 +1,5 @@
 //! Engine placement on a real 4-node kernel (loci-vm): runs `loci-engine-vm-check`
-//! (src/bin/engine.rs) on 16 Mi rows in the `4n` VM. Bind-per-node morsels processed under LAS
+//! (src/bin/engine.rs) on 16 Mi rows in the `4n` VM. `per-node` morsels processed under LAS
 //! (loci-sched) with strict locality (`stay_on_node` requests) must give a local-access ratio of
 //! at least 0.95 in every pass (the default balanced mode's ratios are printed); a table
 //! first-touched by one generating task sits on one node, so a static split over workers on all 4
@@ -20,12 +20,12 @@ fn engine_placement_on_4_nodes() {
         .unwrap_or_else(|e| panic!("{e}"));
     let report = out.checks();
     for name in [
-        "engine/bind-per-node/pages-on-home",
-        "engine/bind-per-node/strict/local-access>=0.95",
-        "engine/bind-per-node/answer",
-        "engine/first-touch-1/pages-on-generator-node",
-        "engine/first-touch-1/local-access-about-1/k",
-        "engine/first-touch-1/answer",
+        "engine/per-node/pages-on-home",
+        "engine/per-node/strict/local-access>=0.95",
+        "engine/per-node/answer",
+        "engine/one-thread/pages-on-generator-node",
+        "engine/one-thread/local-access-about-1/k",
+        "engine/one-thread/answer",
     ] {
         assert!(
             report.names().contains(&name),

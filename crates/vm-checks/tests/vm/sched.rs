@@ -7,32 +7,15 @@ use std::time::Duration;
 
 #[test]
 fn las_locality_on_4_nodes() {
-    if !loci_vm::vm_tests_enabled() {
-        return;
-    }
-    let check = env!("CARGO_BIN_EXE_loci-sched-vm-check");
-    let out = loci_vm::NumaVm::new("4n")
-        .timeout(Duration::from_secs(300))
-        .run(check, &[] as &[&str])
-        .unwrap_or_else(|e| panic!("{e}"));
-    let report = out.checks();
-    for line in out
-        .stdout
-        .lines()
-        .filter(|l| l.starts_with("LOCI-INFO") || l.starts_with('#'))
-    {
-        println!("VM 4n {line}");
-    }
-    for name in [
-        "sched/locality-run",
-        "sched/las-keeps-each-request",
-        "sched/nls-breaks-the-bound",
-    ] {
-        assert!(
-            out.stdout.contains(name),
-            "check {name} did not run:\n{}",
-            out.stdout
-        );
-    }
-    report.print_and_assert();
+    super::run_checks(
+        env!("CARGO_BIN_EXE_loci-sched-vm-check"),
+        "4n",
+        Duration::from_secs(300),
+        &[],
+        &[
+            "sched/locality-run",
+            "sched/las-keeps-each-request",
+            "sched/nls-breaks-the-bound",
+        ],
+    );
 }

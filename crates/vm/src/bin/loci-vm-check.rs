@@ -204,6 +204,23 @@ impl Region {
 }
 
 /// Runs `f` on a new thread pinned to `cpus` (when given) and returns its result; a panic becomes an error.
+/// The calling thread's affinity reads back as `set`, and over `rounds` yields it runs only on
+/// cpus of `set`.
+fn stays_on(set: &CpuSet, rounds: usize) -> Result<(), String> {
+    let got = sys::get_affinity(0).map_err(|e| e.to_string())?;
+    if &got != set {
+        return Err(format!("affinity reads back {got}, want {set}"));
+    }
+    for _ in 0..rounds {
+        let cpu = sys::current_cpu().map_err(|e| e.to_string())?;
+        if !set.contains(cpu) {
+            return Err(format!("ran on cpu {cpu}, outside {set}"));
+        }
+        std::thread::yield_now();
+    }
+    Ok(())
+}
+
 fn on_thread<T: Send>(
     cpus: Option<&CpuSet>,
     f: impl FnOnce() -> Result<T, String> + Send,
@@ -312,22 +329,19 @@ fn mem_checks(c: &mut Checker, nodes: &[SysNode], region: usize) {
     };
     for k in mem_nodes.iter() {
         let one = NodeSet::single(k);
-        c.check(format!("mem/bind/node{k}"), || {
-            room(k)?;
-            let r = Region::map(region)?;
-            r.mbind(mode::MPOL_BIND, &one)
-                .map_err(|e| format!("mbind bind {k}: {e}"))?;
-            r.touch();
-            r.placement()?.check_all_on(&one)
-        });
-        c.check(format!("mem/preferred/node{k}"), || {
-            room(k)?;
-            let r = Region::map(region)?;
-            r.mbind(mode::MPOL_PREFERRED, &one)
-                .map_err(|e| format!("mbind preferred {k}: {e}"))?;
-            r.touch();
-            r.placement()?.check_all_on(&one)
-        });
+        for (name, policy) in [
+            ("bind", mode::MPOL_BIND),
+            ("preferred", mode::MPOL_PREFERRED),
+        ] {
+            c.check(format!("mem/{name}/node{k}"), || {
+                room(k)?;
+                let r = Region::map(region)?;
+                r.mbind(policy, &one)
+                    .map_err(|e| format!("mbind {name} {k}: {e}"))?;
+                r.touch();
+                r.placement()?.check_all_on(&one)
+            });
+        }
         c.check(format!("mem/apply_range-migrate/node{k}"), || {
             // Pages first-touched wherever this thread runs, then moved by loci-place's
             // apply_range (mbind with MPOL_MF_MOVE) onto node k: move_pages must find them there.
@@ -454,18 +468,7 @@ fn thread_checks(c: &mut Checker, nodes: &[SysNode]) {
     for (label, set) in sets {
         c.check(format!("threads/pin/{label}"), || {
             on_thread(Some(&set), || {
-                let got = sys::get_affinity(0).map_err(|e| e.to_string())?;
-                if got != set {
-                    return Err(format!("affinity reads back {got}, set {set}"));
-                }
-                for _ in 0..200 {
-                    let cpu = sys::current_cpu().map_err(|e| e.to_string())?;
-                    if !set.contains(cpu) {
-                        return Err(format!("pinned to {set}, ran on cpu {cpu}"));
-                    }
-                    std::thread::yield_now();
-                }
-                Ok(())
+                stays_on(&set, 200).map_err(|e| format!("pinned: {e}"))
             })
         });
     }

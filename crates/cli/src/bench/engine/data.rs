@@ -8,7 +8,7 @@ use loci_engine::index::{self, IndexKind};
 use loci_engine::join::JoinResult;
 use loci_engine::storage::local_access_ratio;
 use loci_engine::wide::{self, AggDigest, JoinDigest, MedianDigest};
-use loci_engine::{generate_agg64, generate_join, generate_join64, Exec, MemPolicy, Table, Trace};
+use loci_engine::{generate_agg, generate_join, Exec, Table, TableMem, Trace};
 use loci_report::Row;
 use serde_json::json;
 
@@ -78,26 +78,23 @@ pub(super) enum Data {
 
 impl Data {
     pub(super) fn generate(
-        w: Workload,
         pool: &Exec,
         d: &Case,
         sz: &Sizes,
         a: &EngineArgs,
-        mem: &MemPolicy,
+        mem: &TableMem,
     ) -> anyhow::Result<Data> {
         Ok(match (d.dist, d.keys) {
             (Some(dist), Some(keys)) => {
                 let spec = sz.agg(dist, a.seed);
-                let t = generate_agg64(pool, spec, keys, a.morsel_rows, mem)?;
+                let t = generate_agg(pool, spec, Some(keys), a.morsel_rows, mem)?;
                 let place = t.placement(16)?;
                 Data::Agg { t, place }
             }
             (_, keys) => {
                 let spec = sz.join(a.seed);
-                let (r, s) = match (w, keys) {
-                    (Workload::W3, Some(k)) => generate_join64(pool, spec, k, a.morsel_rows, mem)?,
-                    _ => generate_join(pool, spec, a.morsel_rows, mem)?,
-                };
+                // W3 on the 64-bit tables (keys given), W4 on the 32-bit index tables.
+                let (r, s) = generate_join(pool, spec, keys, a.morsel_rows, mem)?;
                 let place = s.placement(16)?;
                 Data::Join { r, s, place }
             }

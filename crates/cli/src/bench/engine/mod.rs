@@ -30,7 +30,8 @@ use anyhow::bail;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use loci_engine::{
-    parse_sched, AggSpec, Dist, Exec, JoinSpec, Keys, Locality, MemPolicy, Sched, Strategy,
+    parse_sched, AggSpec, Dist, Exec, Gen, JoinSpec, Keys, Locality, MemPolicy, Sched, Strategy,
+    TableMem,
 };
 use loci_report::{Machine, Report};
 use serde_json::json;
@@ -101,14 +102,22 @@ pub struct EngineArgs {
     /// Number of workers (default: every allowed cpu; at most one per cpu).
     #[arg(long)]
     pub workers: Option<usize>,
-    /// Memory policies, comma separated: first-touch (by the generating workers), first-touch-1
-    /// (one generating thread), interleave, node:N, bind-per-node (each node holds its share).
+    /// Memory policies of the tables, comma separated, in loci-place's vocabulary (as `loci plan`
+    /// and `loci run --mem`): first-touch (pages where the generating workers write them),
+    /// interleave[:NODES], bind:NODES, per-node[:NODES] (morsel i of m on node i*k/m: each node
+    /// holds a contiguous share), round-robin[:NODES] (morsel i on the (i mod k)-th node), ...
+    /// Write lists inside a policy as ranges (per-node:0-1): commas separate policies here.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "first-touch,interleave,bind-per-node"
+        default_value = "first-touch,interleave,per-node"
     )]
     pub mem: Vec<String>,
+    /// Who writes the generated tables, comma separated: workers (each morsel by its home
+    /// node's workers; first touch: each node writes a contiguous share), one-thread (one task
+    /// writes everything: under first touch, every page on its node).
+    #[arg(long, value_delimiter = ',', default_value = "workers")]
+    pub gen: Vec<String>,
     /// Allocators, comma separated: glibc, jemalloc, tcmalloc, tbbmalloc, mimalloc (others run
     /// in a child process under LD_PRELOAD of the Debian library).
     #[arg(long, value_delimiter = ',', default_value = "glibc")]
@@ -160,12 +169,13 @@ fn engine_allocators() -> impl Iterator<Item = &'static Allocator> {
 const CHILD_ENV: &str = "LOCI_BENCH_ALLOC_CHILD";
 
 /// loci's default configuration, fixed before any run: what a user gets without flags
-/// (scheduler, threads, memory policy, allocator, locality), with the first variant of each
+/// (scheduler, threads, memory policy, generation, allocator, locality), with the first variant of each
 /// workload. The peer ratio is computed from this configuration's row.
-pub const DEFAULT_CONFIG: [(&str, &str); 5] = [
+pub const DEFAULT_CONFIG: [(&str, &str); 6] = [
     ("sched", "las"),
     ("threads", "sparse"),
     ("mem", "first-touch"),
+    ("gen", "workers"),
     ("alloc", "glibc"),
     ("locality", "balanced"),
 ];
@@ -239,6 +249,20 @@ fn variants(w: Workload, a: &EngineArgs) -> anyhow::Result<Vec<String>> {
     Ok(a.variant.clone())
 }
 
+/// Parses one `--mem` policy; the engine's old spellings get a pointer to the new ones.
+fn parse_mem(s: &str) -> anyhow::Result<MemPolicy> {
+    s.parse().map_err(|e| {
+        let hint = match s {
+            "first-touch-1" => {
+                "; one generating thread is now `--mem first-touch --gen one-thread`"
+            }
+            _ if s.starts_with("node:") => "; `node:N` is now `bind:N`",
+            _ => "",
+        };
+        anyhow::anyhow!("--mem {s:?}: {e}{hint}")
+    })
+}
+
 fn parse_all<T: std::str::FromStr<Err = loci_engine::EngineError>>(
     v: &[String],
 ) -> anyhow::Result<Vec<T>> {
@@ -260,7 +284,20 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
                 .map_err(|e| anyhow::anyhow!("--threads {s:?}: {e}"))
         })
         .collect::<anyhow::Result<_>>()?;
-    let mems: Vec<MemPolicy> = parse_all(&a.mem)?;
+    let gens: Vec<Gen> = parse_all(&a.gen)?;
+    let mems: Vec<TableMem> = a
+        .mem
+        .iter()
+        .map(|s| parse_mem(s))
+        .collect::<anyhow::Result<Vec<_>>>()?
+        .into_iter()
+        .flat_map(|policy| {
+            gens.iter().map(move |&gen| TableMem {
+                policy: policy.clone(),
+                gen,
+            })
+        })
+        .collect();
     let vars = variants(w, &a)?;
     let scheds: Vec<Sched> = a
         .sched
@@ -294,7 +331,8 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
             "rows": sz.rows,
             "r_rows": if w.is_join() { Some(sz.rows / 16) } else { None },
             "groups": if w.is_join() { None } else { Some(sz.groups) },
-            "dists": a.dist, "keys": a.keys, "threads": a.threads, "mem": a.mem, "alloc": a.alloc,
+            "dists": a.dist, "keys": a.keys, "threads": a.threads, "mem": a.mem, "gen": a.gen,
+            "alloc": a.alloc,
             "workers": nworkers, "reps": sz.reps, "seed": a.seed, "morsel_rows": a.morsel_rows,
             "sched": a.sched, "locality": locality.to_string(), "variants": vars,
         }),
@@ -352,7 +390,7 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
                         "{} {sc}/{th}/{mem}/{alloc_name}: generating",
                         d.label()
                     ));
-                    let data = Data::generate(w, &pool, d, &sz, &a, mem)?;
+                    let data = Data::generate(&pool, d, &sz, &a, mem)?;
                     for v in &vars {
                         pb.set_message(format!("{} {sc}/{th}/{mem}/{alloc_name} {v}", d.label()));
                         let rows = data.run(w, &pool, d, v, sz.reps, &pb)?;
@@ -371,7 +409,8 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
                             }
                             row = row
                                 .config("threads", th)
-                                .config("mem", mem)
+                                .config("mem", &mem.policy)
+                                .config("gen", mem.gen)
                                 .config("alloc", &alloc_name)
                                 .config("sched", sc)
                                 .config("locality", locality)

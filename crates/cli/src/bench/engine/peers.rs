@@ -6,9 +6,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context};
-use loci_engine::{
-    generate_agg64, generate_join, generate_join64, Exec, MemPolicy, Sched, Strategy, Table,
-};
+use loci_engine::{generate_agg, generate_join, Exec, MemPolicy, Sched, Strategy, Table, TableMem};
 use loci_report::{Report, Row};
 
 use super::{Answer, Case, EngineArgs, Sizes, Workload};
@@ -21,37 +19,32 @@ fn write_col(t: &Table, path: &Path, keys: bool) -> anyhow::Result<()> {
     let mut f = std::io::BufWriter::with_capacity(1 << 20, f);
     let mut b = Vec::with_capacity(1 << 19);
     for m in &t.morsels {
-        if m.width() == 8 {
-            if keys {
-                for chunk in m.keys64().chunks(1 << 16) {
-                    b.clear();
-                    chunk
-                        .iter()
-                        .for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
-                    f.write_all(&b)?;
-                }
-            } else {
-                for chunk in m.vals64().chunks(1 << 16) {
-                    b.clear();
-                    chunk
-                        .iter()
-                        .for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
-                    f.write_all(&b)?;
-                }
-            }
-            continue;
-        }
-        let col = if keys { m.keys() } else { m.vals() };
-        for chunk in col.chunks(1 << 16) {
-            b.clear();
-            for x in chunk {
-                b.extend_from_slice(&x.to_le_bytes());
-            }
-            f.write_all(&b)?;
+        match (m.width(), keys) {
+            (8, true) => put_le(&mut f, &mut b, m.keys64(), u64::to_le_bytes)?,
+            (8, false) => put_le(&mut f, &mut b, m.vals64(), i64::to_le_bytes)?,
+            (_, true) => put_le(&mut f, &mut b, m.keys(), u32::to_le_bytes)?,
+            (_, false) => put_le(&mut f, &mut b, m.vals(), u32::to_le_bytes)?,
         }
     }
     f.flush()
         .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// Writes `col` as little-endian values through the buffer `b`, 64 Ki values at a time.
+fn put_le<T: Copy, const N: usize>(
+    f: &mut impl Write,
+    b: &mut Vec<u8>,
+    col: &[T],
+    le: fn(T) -> [u8; N],
+) -> std::io::Result<()> {
+    for chunk in col.chunks(1 << 16) {
+        b.clear();
+        for &x in chunk {
+            b.extend_from_slice(&le(x));
+        }
+        f.write_all(b)?;
+    }
     Ok(())
 }
 
@@ -94,36 +87,22 @@ pub(super) fn run_peers(
         ),
     };
     std::fs::create_dir_all(&dir)?;
+    // The peers' rows come from one first-touch generation (rows do not depend on placement).
+    let ft = TableMem::from(MemPolicy::FirstTouch);
     let result = (|| -> anyhow::Result<()> {
         for d in cases {
             // Same rows as loci's runs: the generators are independent of placement and threads.
             let format = match (d.dist, d.keys) {
                 (Some(dist), Some(keys)) => {
                     let spec = sz.agg(dist, a.seed);
-                    let t =
-                        generate_agg64(&pool, spec, keys, a.morsel_rows, &MemPolicy::FirstTouch)?;
+                    let t = generate_agg(&pool, spec, Some(keys), a.morsel_rows, &ft)?;
                     export(&t, &dir, "t")?;
                     "u64"
                 }
                 (_, keys) => {
                     let spec = sz.join(a.seed);
-                    let (r, s, f) = match keys {
-                        Some(k) => {
-                            let (r, s) = generate_join64(
-                                &pool,
-                                spec,
-                                k,
-                                a.morsel_rows,
-                                &MemPolicy::FirstTouch,
-                            )?;
-                            (r, s, "u64")
-                        }
-                        None => {
-                            let (r, s) =
-                                generate_join(&pool, spec, a.morsel_rows, &MemPolicy::FirstTouch)?;
-                            (r, s, "u32")
-                        }
-                    };
+                    let (r, s) = generate_join(&pool, spec, keys, a.morsel_rows, &ft)?;
+                    let f = if keys.is_some() { "u64" } else { "u32" };
                     export(&r, &dir, "r")?;
                     export(&s, &dir, "s")?;
                     f

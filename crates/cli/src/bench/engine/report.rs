@@ -13,13 +13,14 @@ fn is_default(r: &Row) -> bool {
             .all(|(k, v)| r.config.get(*k).map(String::as_str) == Some(*v))
 }
 
-/// The baseline row of the `vs base` column: `os + first-touch + glibc`, under the unpinned
+/// The baseline row of the `vs base` column: `os + first-touch (by the workers) + glibc`, under the unpinned
 /// scheduler when it ran (the OS-default configuration of seed 002), else under the first one.
 pub fn baseline(rep: &Report) -> impl Fn(&Row) -> bool {
     let base = |r: &Row| {
         r.system == "loci"
             && r.config.get("threads").map(String::as_str) == Some("os")
             && r.config.get("mem").map(String::as_str) == Some("first-touch")
+            && r.config.get("gen").map(String::as_str) == Some("workers")
             && r.config.get("alloc").map(String::as_str) == Some("glibc")
     };
     let unpinned = rep

@@ -4,18 +4,17 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use loci_sched::workload::{aggregate, produce, transform, PipelineSpec};
+use loci_sched::workload::{
+    aggregate, produce, splitmix as mix, transform, tree_children, PipelineSpec,
+};
 use loci_sched::Ctx;
 
 use super::policy_of;
 
 pub(super) fn rayon_tree<'s>(s: &rayon::Scope<'s>, n: u64) {
-    if n <= 1 {
+    let Some((left, right)) = tree_children(n) else {
         return;
-    }
-    let rest = n - 1;
-    let left = rest / 2;
-    let right = rest - left;
+    };
     if left > 0 {
         s.spawn(move |s| rayon_tree(s, left));
     }
@@ -29,12 +28,9 @@ pub(super) fn rayon_tree<'s>(s: &rayon::Scope<'s>, n: u64) {
 /// child calls it. `visit` runs once per task (a no-op in the benchmark; tests count with it).
 pub(super) fn rayon_join_tree<F: Fn() + Sync>(n: u64, visit: &F) {
     visit();
-    if n <= 1 {
+    let Some((left, right)) = tree_children(n) else {
         return;
-    }
-    let rest = n - 1;
-    let left = rest / 2;
-    let right = rest - left;
+    };
     if left > 0 {
         rayon::join(
             || rayon_join_tree(left, visit),
@@ -53,13 +49,6 @@ pub(super) struct RealWork {
     data: Vec<u64>,
     words: usize,
     out: Vec<AtomicU64>,
-}
-
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
 }
 
 impl RealWork {
@@ -129,10 +118,7 @@ impl RealWork {
 /// which is the largest subtree still unclaimed. Spawned rather than joined: loci has no join,
 /// and no task waits for its children (the request ends when its last task does).
 pub(super) fn loci_work_tree(ctx: &Ctx, w: &'static RealWork, lo: u64, n: u64) {
-    if n > 1 {
-        let rest = n - 1;
-        let left = rest / 2;
-        let right = rest - left;
+    if let Some((left, right)) = tree_children(n) {
         // The right subtree first: this worker runs the youngest task next (the left subtree,
         // so items run in about ascending order, as in rayon's join), another steals the oldest.
         ctx.spawn_immediate(move |c| loci_work_tree(c, w, lo + 1 + left, right));
@@ -146,10 +132,7 @@ pub(super) fn loci_work_tree(ctx: &Ctx, w: &'static RealWork, lo: u64, n: u64) {
 /// rayon's `join` over the same tree as [`loci_work_tree`] (the labelled `rayon-join` row of
 /// real-work): one call per task, the subtrees joined.
 pub(super) fn rayon_work_join(w: &RealWork, lo: u64, n: u64) {
-    if n > 1 {
-        let rest = n - 1;
-        let left = rest / 2;
-        let right = rest - left;
+    if let Some((left, right)) = tree_children(n) {
         if left > 0 {
             rayon::join(
                 || rayon_work_join(w, lo + 1, left),

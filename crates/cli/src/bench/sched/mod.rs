@@ -31,25 +31,20 @@ use cases::{
 use summary::counters_json;
 pub use summary::print_counters;
 
+const DEFAULT_CASES: &str = "tiny-tasks,real-work,multi-request,single-request";
+const DEFAULT_SYSTEMS: &str = "loci-las,loci-nls,loci-unpinned,rayon";
+
 #[derive(Args, Debug)]
 pub struct SchedArgs {
     #[command(flatten)]
     pub common: super::Common,
     /// Cases to run (comma list of tiny-tasks, real-work, multi-request, single-request).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "tiny-tasks,real-work,multi-request,single-request"
-    )]
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_CASES)]
     pub cases: Vec<String>,
     /// Systems to run (comma list of loci-las, loci-nls, loci-unpinned, rayon; rayon runs its
     /// best form per case plus the labelled other forms: rayon-scope in tiny-tasks, rayon-join in
     /// real-work).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "loci-las,loci-nls,loci-unpinned,rayon"
-    )]
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_SYSTEMS)]
     pub systems: Vec<String>,
     /// Empty tasks in the tiny-tasks case (default 10M, 1M with --quick).
     #[arg(long)]

@@ -131,11 +131,7 @@ mod tests {
     #[test]
     fn goals_say_met_only_at_or_below_parity() {
         let row = |sys: &str, case: &str, t: f64| Row::from_times(sys, vec![t]).case(case);
-        let mut rep = Report::new(
-            "sched",
-            serde_json::json!({}),
-            Machine { nodes: 1, cpus: 2 },
-        );
+        let mut rep = Report::new("sched", serde_json::json!({}), Machine::sized(1, 2));
         rep.results = vec![
             row("loci-las", "tiny-tasks", 2.0),
             row("rayon", "tiny-tasks", 1.0).config("form", "join"),

@@ -113,20 +113,17 @@ pub(super) fn peer_once(
     };
     let lz4_rx = |p: u16| format!("nc -l 127.0.0.1 {p} | lz4 -d -c -v > /dev/null");
     let pipes: Vec<Pipeline> = match peer {
-        "lz4-nc" => {
+        "lz4-nc" | "lz4-mt" => {
             let p = port()?;
+            // lz4-mt: the same pipeline with lz4's own threads, one per core.
+            let threads = if peer == "lz4-mt" {
+                format!(" -T{cores}")
+            } else {
+                String::new()
+            };
             vec![Pipeline {
                 rx: lz4_rx(p),
-                tx: format!("lz4 -1 -c {f} | nc -N 127.0.0.1 {p}"),
-                feed: None,
-                expect: Some(len),
-            }]
-        }
-        "lz4-mt" => {
-            let p = port()?;
-            vec![Pipeline {
-                rx: lz4_rx(p),
-                tx: format!("lz4 -1 -T{cores} -c {f} | nc -N 127.0.0.1 {p}"),
+                tx: format!("lz4 -1{threads} -c {f} | nc -N 127.0.0.1 {p}"),
                 feed: None,
                 expect: Some(len),
             }]

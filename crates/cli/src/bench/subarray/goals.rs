@@ -283,7 +283,11 @@ mod tests {
         let mut rep = Report::new(
             "subarray",
             serde_json::json!({ "threads": 2, "pool": "on" }),
-            Machine { nodes: 1, cpus: 2 },
+            Machine {
+                nodes: 1,
+                cpus: 2,
+                ..Machine::default()
+            },
         );
         for (case, k, bytes) in [("a", 1.0, 10u64 << 20), ("b", 2.0, 100 << 20)] {
             rep.results.extend([

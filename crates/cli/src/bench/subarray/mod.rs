@@ -3,7 +3,8 @@
 //!
 //! Rows: one per case (`c<chunks>/<span>/s<selectivity>`) and system/strategy. Throughput is bytes
 //! of result per second. loci rows carry the local-access ratio (move_pages samples of the source
-//! pages each thread read), the pinning used, and for adaptive strategies the trials it took.
+//! pages each thread read), the plan used (`pinning`: each thread's cpus), and for the searches
+//! the trials they took.
 //!
 //! Like for like (2026-11-25): loci with its result-buffer pool (`loci`, pool on: results in
 //! recycled, faulted memory) is compared with numpy writing into a reused, faulted result on as
@@ -18,11 +19,10 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::Args;
 
-use loci_array::strategy::{choose, RunInfo, ThreadStrategy};
+use loci_array::strategy::{choose, PlanSearch, RunInfo, ThreadPlacement};
 use loci_array::{
-    seismic_layout, subarray, Array, BufferPool, BuildOptions, ChunkMem, Chunking, DType,
-    Evaluator, ModelWorkload, Pinning, Query, SearchCache, SearchConfig, Seismic, Span,
-    SubarrayOptions,
+    pin, seismic_layout, subarray, Array, BufferPool, BuildOptions, Chunking, DType, Evaluator,
+    ModelWorkload, Plan, Query, SearchCache, SearchConfig, Seismic, Span, SubarrayOptions,
 };
 use loci_report::{Machine, Report, Row};
 use loci_topo::Topology;
@@ -32,7 +32,7 @@ mod peers;
 mod progress;
 
 pub use goals::goals;
-use peers::{is_python_peer, memcpy_rows, peers_dir, python_rows, PythonJob, PEERS};
+use peers::{is_python_peer, memcpy_rows, peers_dir, python_rows, PythonJob, DEFAULT_PEERS, PEERS};
 use progress::Progress;
 
 #[derive(Args, Debug)]
@@ -51,14 +51,13 @@ pub struct SubarrayArgs {
     /// Which chunks the box touches: one (the middle chunk), fifth (the first fifth), all.
     #[arg(long, value_delimiter = ',', default_value = "one,fifth,all")]
     pub span: Vec<String>,
-    /// Thread strategies: os, compact, sparse, shared[:G], random:K (best of K seeded pinnings,
-    /// each one measured run), elastic, search (cached per machine and workload under
-    /// ${XDG_CACHE_HOME:-~/.cache}/loci/search.json), place:SPEC.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "os,compact,sparse,shared,random:20,elastic,search"
-    )]
+    /// Thread strategies, as `loci plan --threads` spells them (os, compact, sparse, shared:G,
+    /// random:SEED, group, nodes:LIST, cpus:LIST, each optionally @BIND), `shared` (G = threads
+    /// per touched chunk), and the searches: best-of:K (the best of K seeded random plans, each
+    /// one measured run), elastic, search (cached per machine and workload under
+    /// ${XDG_CACHE_HOME:-~/.cache}/loci/search.json). Write lists inside a strategy as ranges
+    /// (cpus:0-3): commas separate strategies here.
+    #[arg(long, value_delimiter = ',', default_value = ThreadPlacement::DEFAULTS)]
     pub threads: Vec<String>,
     /// Worker threads per query (default: every allowed cpu).
     #[arg(long)]
@@ -67,16 +66,13 @@ pub struct SubarrayArgs {
     /// numpy-prealloc (`np.copyto` into a reused, faulted result, one thread), numpy-threads (the
     /// same, the box split over a thread pool of loci's thread count), xarray, tiledb (Python,
     /// from bench/peers/.venv: run bench/peers/setup --subarray once), memcpy (same bytes, one
-    /// thread), loci-nopool (loci's headline strategy again, its pinning, with the result-buffer
+    /// thread), loci-nopool (loci's headline strategy again, its plan, with the result-buffer
     /// pool off: fresh memory for every result; only with --pool on).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "numpy,numpy-prealloc,numpy-threads,xarray,memcpy,loci-nopool"
-    )]
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_PEERS)]
     pub peers: Vec<String>,
-    /// Home nodes of the volume's chunks: first-touch (by a compact generator on every cpu),
-    /// bind[:NODES] (chunk i on the i-th node, round robin), interleave[:NODES].
+    /// Home nodes of the volume's chunks, in loci-place's vocabulary: first-touch (by a compact
+    /// generator on every cpu), round-robin[:NODES] (chunk i on the (i mod k)-th node),
+    /// per-node[:NODES] (contiguous shares), bind:N, interleave[:NODES].
     #[arg(long, default_value = "first-touch")]
     pub mem: String,
     /// Do not ask for transparent huge pages for the volume and the results.
@@ -91,7 +87,7 @@ pub struct SubarrayArgs {
     #[arg(long)]
     pub pool_cap: Option<usize>,
     /// Results under this many bytes are copied inline (the calling thread and spinning helpers on
-    /// its node) when a pooled buffer serves them; larger ones by the pinning's threads (default
+    /// its node) when a pooled buffer serves them; larger ones by the plan's threads (default
     /// 2 MiB, measured; 0: always the threads).
     #[arg(long, value_name = "BYTES", default_value_t = loci_array::subarray::INLINE_POOLED_BYTES)]
     pub inline_pooled: usize,
@@ -100,7 +96,7 @@ pub struct SubarrayArgs {
     pub python: Option<PathBuf>,
 }
 
-/// A measured subarray run as an evaluator for the adaptive strategies: one run per trial.
+/// A measured subarray run as an evaluator for the searches: one run per trial.
 struct Measure<'a> {
     src: &'a Array,
     bounds: &'a [std::ops::Range<usize>],
@@ -109,7 +105,7 @@ struct Measure<'a> {
 }
 
 impl Evaluator for Measure<'_> {
-    fn eval(&mut self, p: &Pinning) -> Result<f64, loci_array::ArrayError> {
+    fn eval(&mut self, p: &Plan) -> Result<f64, loci_array::ArrayError> {
         let t = Instant::now();
         let (r, _) = subarray(self.src, self.bounds, p, self.opts, self.topo)?;
         let s = t.elapsed().as_secs_f64();
@@ -130,10 +126,10 @@ const NOPOOL_WARMUP: usize = 2;
 
 /// The loci strategy the goals (and the `loci-nopool` row) use: `search` when it runs, else the
 /// first one.
-fn headline_strategy(strategies: &[ThreadStrategy]) -> Option<&ThreadStrategy> {
+fn headline_strategy(strategies: &[ThreadPlacement]) -> Option<&ThreadPlacement> {
     strategies
         .iter()
-        .find(|s| **s == ThreadStrategy::Search)
+        .find(|s| **s == ThreadPlacement::SEARCH)
         .or_else(|| strategies.first())
 }
 
@@ -171,14 +167,14 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
     let shape = [side, side, side];
     let topo = crate::this_machine()?;
     let nthreads = a.nthreads.unwrap_or(topo.allowed_cpus().len()).max(1);
-    let mut strategies: Vec<ThreadStrategy> = a
+    let mut strategies: Vec<ThreadPlacement> = a
         .threads
         .iter()
         .map(|s| s.parse())
         .collect::<Result<_, _>>()?;
     if quick {
         for s in &mut strategies {
-            if let ThreadStrategy::Random(k) = s {
+            if let ThreadPlacement::Search(PlanSearch::BestOf(k)) = s {
                 *k = (*k).min(4);
             }
         }
@@ -204,12 +200,12 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
             python.display()
         );
     }
-    let mem = ChunkMem::parse(&a.mem, &topo)?;
+    let mem = loci_array::chunk_policy(&a.mem, &topo)?;
     let huge = !a.no_huge_pages;
-    let cpus: Vec<u32> = topo.allowed_cpus().iter().collect();
     let gen = BuildOptions {
         mem: mem.clone(),
-        pinning: Pinning::on_cpus(&cpus),
+        // One generator thread on every allowed cpu, in id order.
+        plan: pin::plan(&topo, &"cpus:all".parse()?, topo.allowed_cpus().len())?,
         huge_pages: huge,
     };
     let pool = (a.pool == "on").then(|| {
@@ -227,7 +223,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
         ..Default::default()
     };
     // loci without its pool (the like-for-like partner of numpy's fresh result): the headline
-    // strategy's pinning again, results in fresh memory. Redundant when --pool off.
+    // strategy's plan again, results in fresh memory. Redundant when --pool off.
     let nopool = a.peers.iter().any(|p| p == "loci-nopool");
     if nopool && pool.is_none() {
         eprintln!("note: peer loci-nopool skipped: --pool off already gives loci without its pool");
@@ -311,7 +307,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                         q.bounds
                     ),
                 };
-                let mut headline_pinning = None;
+                let mut headline_plan = None;
                 for s in &strategies {
                     pb.start(format!("{case} {s}"));
                     let mut eval = Measure {
@@ -324,7 +320,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                         tolerance: 0.03,
                         ..SearchConfig::default()
                     };
-                    let cache_ref = if *s == ThreadStrategy::Search {
+                    let cache_ref = if *s == ThreadPlacement::SEARCH {
                         cache.as_mut()
                     } else {
                         None
@@ -338,7 +334,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                     let before = pool.as_ref().map(|p| p.stats());
                     for _ in 0..reps {
                         let t = Instant::now();
-                        let (r, _) = subarray(&src, &q.bounds, &choice.pinning, &opts, &topo)?;
+                        let (r, _) = subarray(&src, &q.bounds, &choice.plan, &opts, &topo)?;
                         times.push(t.elapsed().as_secs_f64());
                         // The previous result is dropped here, after the next one was made (as
                         // the Python peers' `out = fn()` does): the pool serves rep k with the
@@ -355,12 +351,12 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                         sample_locality: true,
                         ..opts.clone()
                     };
-                    let (_, stats) = subarray(&src, &q.bounds, &choice.pinning, &sampled, &topo)?;
+                    let (_, stats) = subarray(&src, &q.bounds, &choice.plan, &sampled, &topo)?;
                     let mut row = Row::from_times("loci", times)
                         .case(&case)
                         .config("threads", s)
                         .work(bytes as f64, "B/s")
-                        .extra("pinning", choice.pinning.to_string())
+                        .extra("pinning", pin::describe(&choice.plan))
                         .extra("chosen", &choice.label)
                         .extra("trials", choice.trials.len())
                         .extra("from_cache", choice.from_cache)
@@ -386,18 +382,18 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                     row.local_access_ratio = stats.local_access_ratio;
                     rep.results.push(row);
                     if Some(s) == headline.as_ref() {
-                        headline_pinning = Some(choice.pinning.clone());
+                        headline_plan = Some(choice.plan);
                     }
                     pb.done();
                 }
-                if let (true, Some(s), Some(pinning)) = (nopool, &headline, &headline_pinning) {
+                if let (true, Some(s), Some(plan)) = (nopool, &headline, &headline_plan) {
                     pb.start(format!("{case} loci-nopool {s}"));
                     let mut times = Vec::with_capacity(reps);
                     let mut warmup = Vec::with_capacity(NOPOOL_WARMUP);
                     let mut last = None;
                     for i in 0..NOPOOL_WARMUP + reps {
                         let t = Instant::now();
-                        let (r, _) = subarray(&src, &q.bounds, pinning, &opts_nopool, &topo)?;
+                        let (r, _) = subarray(&src, &q.bounds, plan, &opts_nopool, &topo)?;
                         let took = t.elapsed().as_secs_f64();
                         if i < NOPOOL_WARMUP {
                             warmup.push(took);
@@ -420,7 +416,7 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
                             .case(&case)
                             .config("threads", s)
                             .work(bytes as f64, "B/s")
-                            .extra("pinning", pinning.to_string())
+                            .extra("pinning", pin::describe(plan))
                             .extra("nthreads", nthreads)
                             .extra("result_bytes", bytes)
                             .extra("sum32", sum)
@@ -487,10 +483,10 @@ mod tests {
     #[test]
     fn headline_strategy_and_peer_kinds() {
         let s =
-            |v: &[&str]| -> Vec<ThreadStrategy> { v.iter().map(|x| x.parse().unwrap()).collect() };
+            |v: &[&str]| -> Vec<ThreadPlacement> { v.iter().map(|x| x.parse().unwrap()).collect() };
         assert_eq!(
             headline_strategy(&s(&["os", "compact", "search"])),
-            Some(&ThreadStrategy::Search)
+            Some(&ThreadPlacement::SEARCH)
         );
         assert_eq!(
             headline_strategy(&s(&["compact", "os"])),

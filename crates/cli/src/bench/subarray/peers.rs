@@ -23,6 +23,9 @@ pub(super) const PEERS: [&str; 7] = [
     "numpy-threads",
     "loci-nopool",
 ];
+/// The default `--peers` (TileDB only when named).
+pub(super) const DEFAULT_PEERS: &str =
+    "numpy,numpy-prealloc,numpy-threads,xarray,memcpy,loci-nopool";
 
 /// Whether peer `p` runs in the Python script (not in this process).
 pub(super) fn is_python_peer(p: &str) -> bool {

@@ -10,7 +10,7 @@ use loci_place::{apply, MemPolicy, Plan, Strategy};
 use loci_topo::{CpuSet, NodeSet};
 use serde_json::Value;
 
-use super::{nearest_memory, sys, Checker, Region, SysNode};
+use super::{nearest_memory, stays_on, Checker, Region, SysNode};
 
 /// Strategies checked for every thread count (`nodes:` gets the list of nodes that have cpus; `shared:2` runs only
 /// where every node with cpus has at least 2, its precondition: see `shared_applies`).
@@ -30,6 +30,16 @@ fn show(args: &[&str]) -> String {
 }
 
 /// Runs a command that must succeed and print JSON on stdout.
+/// [`run_json`] of `loci` with `args` separated by spaces, `PROBE` standing for the probe
+/// program's path `probe` (which may hold spaces).
+fn run_probe_json(loci: &Path, args: &str, probe: &str) -> Result<Value, String> {
+    let args: Vec<&str> = args
+        .split_whitespace()
+        .map(|a| if a == "PROBE" { probe } else { a })
+        .collect();
+    run_json(loci, &args)
+}
+
 fn run_json(prog: &Path, args: &[&str]) -> Result<Value, String> {
     let out = run(prog, args)?;
     if !out.status.success() {
@@ -93,19 +103,8 @@ fn own_threads(plan: &Plan, n: usize) -> Result<(), String> {
             .map(|i| {
                 s.spawn(move || -> Result<(), String> {
                     apply::apply_thread(plan, i).map_err(|e| format!("apply_thread {i}: {e}"))?;
-                    let want = &plan.threads[i].cpus;
-                    let got = sys::get_affinity(0).map_err(|e| e.to_string())?;
-                    if &got != want {
-                        return Err(format!("own thread {i}: affinity {got}, plan {want}"));
-                    }
-                    for _ in 0..50 {
-                        let cpu = sys::current_cpu().map_err(|e| e.to_string())?;
-                        if !want.contains(cpu) {
-                            return Err(format!("own thread {i}: ran on cpu {cpu}, plan {want}"));
-                        }
-                        std::thread::yield_now();
-                    }
-                    Ok(())
+                    stays_on(&plan.threads[i].cpus, 50)
+                        .map_err(|e| format!("own thread {i} (want the plan's cpus): {e}"))
                 })
             })
             .collect();
@@ -125,22 +124,14 @@ fn child_threads(
     n: usize,
     plan: &[CpuSet],
 ) -> Result<(), String> {
-    let ns = n.to_string();
-    let extra = (n - 1).to_string();
     let probe_s = probe.to_str().ok_or("probe path is not UTF-8")?;
-    let v = run_json(
+    let v = run_probe_json(
         loci,
-        &[
-            "run",
-            "--threads",
-            strategy,
-            "-n",
-            &ns,
-            "--",
-            probe_s,
-            "--threads",
-            &extra,
-        ],
+        &format!(
+            "run --threads {strategy} -n {n} -- PROBE --threads {}",
+            n - 1
+        ),
+        probe_s,
     )?;
     let mut seen = vec![(0usize, v["cpus"].clone(), v["cpu"].clone())];
     for t in v["threads"].as_array().ok_or("probe JSON has no threads")? {
@@ -308,9 +299,10 @@ pub(super) fn checks(
             let probe_s = probe_s.clone();
             c.check(format!("place/run-mem/{policy}:{k}"), move || {
                 let p = format!("{policy}:{k}");
-                let v = run_json(
+                let v = run_probe_json(
                     loci,
-                    &["run", "--mem", &p, "--", &probe_s, "--alloc", "16M"],
+                    &format!("run --mem {p} -- PROBE --alloc 16M"),
+                    &probe_s,
                 )?;
                 policy_is(&v, name)?;
                 all_on(&v, &NodeSet::single(k), &p)
@@ -321,19 +313,10 @@ pub(super) fn checks(
         let (probe_s, mem_nodes) = (probe_s.clone(), mem_nodes.clone());
         c.check("place/run-mem/interleave", move || {
             // THP off: interleave then spreads 4 KiB pages, within 1 page per node.
-            let v = run_json(
+            let v = run_probe_json(
                 loci,
-                &[
-                    "run",
-                    "--mem",
-                    "interleave",
-                    "--thp",
-                    "off",
-                    "--",
-                    &probe_s,
-                    "--alloc",
-                    "16M",
-                ],
+                "run --mem interleave --thp off -- PROBE --alloc 16M",
+                &probe_s,
             )?;
             policy_is(&v, "interleave")?;
             let b = probe_pages(&v)?;
@@ -358,21 +341,10 @@ pub(super) fn checks(
         {
             let (want, nodes_k, probe_s) = (want.clone(), nodes_k.clone(), probe_s.clone());
             c.check(format!("place/run-mem/localalloc/node{k}"), move || {
-                let v = run_json(
+                let v = run_probe_json(
                     loci,
-                    &[
-                        "run",
-                        "--threads",
-                        &nodes_k,
-                        "-n",
-                        "1",
-                        "--mem",
-                        "localalloc",
-                        "--",
-                        &probe_s,
-                        "--alloc",
-                        "16M",
-                    ],
+                    &format!("run --threads {nodes_k} -n 1 --mem localalloc -- PROBE --alloc 16M"),
+                    &probe_s,
                 )?;
                 policy_is(&v, "localalloc")?;
                 all_on(&v, &want, &format!("localalloc on node {k}"))
@@ -381,24 +353,13 @@ pub(super) fn checks(
         let probe_s = probe_s.clone();
         c.check(format!("place/run-mem/first-touch/node{k}"), move || {
             // Thread 1 of the child (placed by the pin library) touches the buffer; --oversubscribe for 1-cpu nodes.
-            let v = run_json(
+            let v = run_probe_json(
                 loci,
-                &[
-                    "run",
-                    "--threads",
-                    &nodes_k,
-                    "-n",
-                    "2",
-                    "--oversubscribe",
-                    "--",
-                    &probe_s,
-                    "--threads",
-                    "1",
-                    "--alloc",
-                    "16M",
-                    "--alloc-thread",
-                    "1",
-                ],
+                &format!(
+                    "run --threads {nodes_k} -n 2 --oversubscribe -- PROBE --threads 1 --alloc 16M \
+                     --alloc-thread 1"
+                ),
+                &probe_s,
             )?;
             all_on(&v, &want, &format!("first touch by a thread on node {k}"))
         });
@@ -560,66 +521,50 @@ fn clean_error(loci: &Path, args: &[&str], mention: &str) -> Result<(), String> 
     Ok(())
 }
 
+/// `loci` commands that must fail with a clean error naming the bad number `N`: (check name, the
+/// arguments), `N` standing for the number in both (a name without `N` is the check's whole name).
+const ON_MEMORYLESS_NODE: [(&str, &str); 2] = [
+    ("bind-memoryless-nodeN", "run --mem bind:N -- true"),
+    (
+        "preferred-memoryless-nodeN",
+        "plan --mem preferred:N --json",
+    ),
+];
+const ON_CPULESS_NODE: [(&str, &str); 1] =
+    [("threads-cpuless-nodeN", "run --threads nodes:N -- true")];
+const ON_MISSING_NODE: [(&str, &str); 2] = [
+    ("bind-no-such-nodeN", "run --mem bind:N -- true"),
+    ("threads-no-such-nodeN", "plan --threads nodes:N --json"),
+];
+const ON_MISSING_CPU: [(&str, &str); 1] = [("no-such-cpu", "plan --threads cpus:N --json")];
+const ON_TOO_MANY_THREADS: [(&str, &str); 1] = [(
+    "more-threads-than-cpus",
+    "plan --threads compact -n N --json",
+)];
+
 pub(super) fn error_checks(c: &mut Checker, loci: &Path, nodes: &[SysNode]) {
-    // (check name, `loci` arguments, what the error must name)
-    let mut cases: Vec<(String, Vec<String>, String)> = Vec::new();
-    let mut case = |name: String, args: &[&str], mention: &str| {
-        let args = args.iter().map(|a| a.to_string()).collect();
-        cases.push((name, args, mention.to_string()));
-    };
-    for n in nodes.iter().filter(|n| n.mem_total_kb == 0) {
-        let k = n.id.to_string();
-        let (bind, preferred) = (format!("bind:{k}"), format!("preferred:{k}"));
-        case(
-            format!("bind-memoryless-node{k}"),
-            &["run", "--mem", &bind, "--", "true"],
-            &k,
-        );
-        case(
-            format!("preferred-memoryless-node{k}"),
-            &["plan", "--mem", &preferred, "--json"],
-            &k,
-        );
-    }
-    for n in nodes.iter().filter(|n| n.cpus.is_empty()) {
-        let k = n.id.to_string();
-        let on = format!("nodes:{k}");
-        case(
-            format!("threads-cpuless-node{k}"),
-            &["run", "--threads", &on, "--", "true"],
-            &k,
-        );
-    }
-    let missing = (nodes.iter().map(|n| n.id).max().unwrap_or(0) + 1).to_string();
-    let (bind, on) = (format!("bind:{missing}"), format!("nodes:{missing}"));
-    case(
-        format!("bind-no-such-node{missing}"),
-        &["run", "--mem", &bind, "--", "true"],
-        &missing,
-    );
-    case(
-        format!("threads-no-such-node{missing}"),
-        &["plan", "--threads", &on, "--json"],
-        &missing,
-    );
+    let missing_node = nodes.iter().map(|n| n.id as usize).max().unwrap_or(0) + 1;
     let ncpus: usize = nodes.iter().map(|n| n.cpus.len()).sum();
-    let bad_cpu = (ncpus + 5).to_string();
-    let cpus = format!("cpus:{bad_cpu}");
-    case(
-        "no-such-cpu".into(),
-        &["plan", "--threads", &cpus, "--json"],
-        &bad_cpu,
-    );
-    let too_many = (ncpus + 1).to_string();
-    case(
-        "more-threads-than-cpus".into(),
-        &["plan", "--threads", "compact", "-n", &too_many, "--json"],
-        &too_many,
-    );
-    for (name, args, mention) in cases {
-        c.check(format!("cli-errors/{name}"), || {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            clean_error(loci, &args, &mention)
-        });
+    let mut cases: Vec<(&[(&str, &str)], usize)> = Vec::new();
+    for n in nodes {
+        if n.mem_total_kb == 0 {
+            cases.push((&ON_MEMORYLESS_NODE, n.id as usize));
+        }
+        if n.cpus.is_empty() {
+            cases.push((&ON_CPULESS_NODE, n.id as usize));
+        }
+    }
+    cases.push((&ON_MISSING_NODE, missing_node));
+    cases.push((&ON_MISSING_CPU, ncpus + 5));
+    cases.push((&ON_TOO_MANY_THREADS, ncpus + 1));
+    for (commands, number) in cases {
+        let number = number.to_string();
+        for (name, args) in commands {
+            c.check(format!("cli-errors/{}", name.replace('N', &number)), || {
+                let args = args.replace('N', &number);
+                let args: Vec<&str> = args.split_whitespace().collect();
+                clean_error(loci, &args, &number)
+            });
+        }
     }
 }

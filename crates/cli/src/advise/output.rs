@@ -1,0 +1,397 @@
+//! What `loci advise` prints and writes: the rules, the ranked table, the `loci run` line, the
+//! OS settings, the result file and plot, and the per-machine cache.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use loci_report::{Report, Row};
+
+use super::rules::{Advice, Facts, OsChange};
+use super::search::{median, Verdict, MIN_EFFECT};
+use super::trial::Target;
+use super::{AdviseCmd, Config, Found};
+
+/// `arg` as a shell would need it typed.
+fn quote(arg: &str) -> String {
+    let plain = !arg.is_empty()
+        && arg
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_./:=,@%+-".contains(c));
+    if plain {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
+/// The exact command that runs the workload under `config`.
+pub fn run_line(config: &Config, threads: usize, command: &[String]) -> String {
+    std::iter::once("loci".to_string())
+        .chain(config.run_args(threads))
+        .chain(std::iter::once("--".to_string()))
+        .chain(command.iter().cloned())
+        .map(|a| quote(&a))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub fn print_rules(f: &Facts, a: &Advice, target: &Target, threads: usize) {
+    let onoff = |v: Option<bool>| match v {
+        Some(true) => "on",
+        Some(false) => "off",
+        None => "absent",
+    };
+    println!(
+        "machine: {} node(s) with cpus, {} with memory, {} cpus; workload threads {}; AutoNUMA {}; THP {}; {}",
+        f.cpu_nodes,
+        f.mem_nodes,
+        f.cpus,
+        threads,
+        onoff(f.autonuma_on),
+        f.thp.as_deref().unwrap_or("absent"),
+        if f.root { "root" } else { "not root" }
+    );
+    println!("\nflowchart (seed 002, figure 10), rule by rule:");
+    for x in &a.findings {
+        println!("  {:<18} {}", x.rule, x.conclusion);
+        println!("  {:<18} evidence: {}", "", x.evidence);
+    }
+    println!(
+        "\nthe flowchart's answer, before measuring:\n  {}",
+        run_line(&a.recommended, threads, &target.shown())
+    );
+}
+
+pub fn finish_rules_only(
+    c: &AdviseCmd,
+    advice: &Advice,
+    target: &Target,
+    threads: usize,
+    topo: &loci_topo::Topology,
+) -> anyhow::Result<()> {
+    print_os(&advice.os_changes);
+    if let Some(path) = &c.json {
+        let line = run_line(&advice.recommended, threads, &target.shown());
+        let params = serde_json::json!({
+            "workload": target.name, "command": target.shown(), "threads": threads,
+            "advice": advice, "flowchart_line": line, "measured": false,
+        });
+        Report::new("advise", params, loci_report::Machine::of(topo)).write_json(path)?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn print_os(changes: &[OsChange]) {
+    if changes.is_empty() {
+        return;
+    }
+    println!("\nOS settings the flowchart recommends (system-wide; need root; not measured here, since changing them needs root and affects every program):");
+    for ch in changes {
+        println!("  {:<14} {}", ch.setting, ch.why);
+    }
+    let all: Vec<&str> = changes.iter().map(|c| c.setting.as_str()).collect();
+    println!(
+        "  set them with: loci os set {}   (or: loci advise ... --apply-os)",
+        all.join(" ")
+    );
+}
+
+/// A figure for display: the metric's own unit (a maximised figure was stored as 1/figure).
+fn shown(found: &Found, score: f64) -> f64 {
+    if found.maximize {
+        1.0 / score
+    } else {
+        score
+    }
+}
+
+pub fn print_found(found: &Found, target: &Target) {
+    let base = &found.measured[0];
+    let runs: usize = found.measured.iter().map(|m| m.outcome.samples.len()).sum();
+    println!(
+        "\nmeasured: {}, {} runs in {:.0} s (budget {:.0} s), every run a `loci run` line; ranked:",
+        found.metric, runs, found.elapsed_s, found.budget_s
+    );
+    let mut order: Vec<usize> = (0..found.measured.len()).collect();
+    order.sort_by(|&a, &b| {
+        let key = |i: usize| {
+            let m = &found.measured[i];
+            (m.failed.is_some(), m.outcome.ratio)
+        };
+        key(a)
+            .partial_cmp(&key(b))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    println!(
+        "  {:<58} {:>4} {:>10} {:>21} {:>9} {:>15}  verdict",
+        "configuration", "runs", "median", "spread (min-max)", "ratio", "interval"
+    );
+    for i in order {
+        let m = &found.measured[i];
+        let s = &m.outcome.samples;
+        if let Some(why) = &m.failed {
+            println!("  {:<58} failed: {why}", m.config.label());
+            continue;
+        }
+        let (lo, hi) = s
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| {
+                (a.min(shown(found, v)), b.max(shown(found, v)))
+            });
+        let ratio = if found.maximize {
+            1.0 / m.outcome.ratio
+        } else {
+            m.outcome.ratio
+        };
+        let ci = if m.outcome.ci.0.is_nan() || i == 0 {
+            "-".to_string()
+        } else if found.maximize {
+            format!("{:.3}-{:.3}", 1.0 / m.outcome.ci.1, 1.0 / m.outcome.ci.0)
+        } else {
+            format!("{:.3}-{:.3}", m.outcome.ci.0, m.outcome.ci.1)
+        };
+        println!(
+            "  {:<58} {:>4} {:>10.4} {:>10.4}-{:<10.4} {:>8.3}x {:>15}  {}",
+            m.config.label(),
+            s.len(),
+            shown(found, median(s)),
+            lo,
+            hi,
+            ratio,
+            ci,
+            m.outcome.verdict.word()
+        );
+    }
+    let k = found.measured.len().saturating_sub(1);
+    println!(
+        "  ratio: median over the default's median ({}); interval: bootstrap of that ratio at {:.1}% \
+(95% Bonferroni-corrected over {k} candidates); better = interval wholly {} 1 and at least {:.0}% off",
+        if found.maximize { "above 1 is better" } else { "below 1 is faster" },
+        100.0 * (1.0 - 0.05 / k.max(1) as f64),
+        if found.maximize { "above" } else { "below" },
+        MIN_EFFECT * 100.0
+    );
+    let best = found
+        .measured
+        .iter()
+        .find(|m| m.config == found.best)
+        .unwrap_or(base);
+    println!();
+    if best.config == base.config {
+        println!(
+            "recommendation: keep the default; no candidate beat it beyond the noise. Run it as:"
+        );
+    } else {
+        let r = if found.maximize {
+            1.0 / best.outcome.ratio
+        } else {
+            best.outcome.ratio
+        };
+        println!(
+            "recommendation: {} ({:.3}x the default's {}). Run it as:",
+            best.config.label(),
+            r,
+            if found.maximize { "figure" } else { "time" }
+        );
+    }
+    println!(
+        "  {}",
+        run_line(&best.config, found.threads, &target.shown())
+    );
+    let flow = &found.advice.recommended;
+    if *flow != best.config {
+        let m = found.measured.iter().find(|m| m.config == *flow);
+        let note = match m.map(|m| m.outcome.verdict) {
+            Some(Verdict::Better) => "better than the default, but not the best measured",
+            Some(Verdict::Worse) => "worse than the default here",
+            Some(Verdict::Same) => "no different from the default here, beyond the noise",
+            _ => "not measured often enough to judge",
+        };
+        println!("  (the flowchart's answer, {}, was {note})", flow.label());
+    }
+    print_os(&found.advice.os_changes);
+}
+
+pub fn write_outputs(
+    found: &Found,
+    json: &Option<PathBuf>,
+    plot: &Option<PathBuf>,
+    topo: &loci_topo::Topology,
+) -> anyhow::Result<()> {
+    if json.is_none() && plot.is_none() {
+        return Ok(());
+    }
+    let line = run_line(&found.best, found.threads, &found.command);
+    let params = serde_json::json!({
+        "workload": found.workload, "command": found.command, "metric": found.metric,
+        "maximize": found.maximize, "threads": found.threads, "facts": found.facts,
+        "advice": found.advice, "best": found.best, "line": line,
+        "budget_s": found.budget_s, "elapsed_s": found.elapsed_s, "measured_at": found.when,
+        "matrix": found.matrix,
+    });
+    let mut report = Report::new("advise", params, loci_report::Machine::of(topo));
+    for m in &found.measured {
+        let values: Vec<f64> = m.outcome.samples.iter().map(|&v| shown(found, v)).collect();
+        if values.is_empty() {
+            continue;
+        }
+        let mut row = Row::from_times(&found.workload, values)
+            .case(&found.workload)
+            .config("threads", &m.config.threads)
+            .config("mem", &m.config.mem)
+            .config("alloc", &m.config.alloc)
+            .config(
+                "thp",
+                if m.config.thp.is_empty() {
+                    "system"
+                } else {
+                    &m.config.thp
+                },
+            )
+            .extra("ratio", m.outcome.ratio)
+            .extra("verdict", m.outcome.verdict);
+        if !m.outcome.ci.0.is_nan() {
+            row = row.extra("interval", [m.outcome.ci.0, m.outcome.ci.1]);
+        }
+        report.results.push(row);
+    }
+    if let Some(p) = json {
+        report.write_json(p)?;
+        println!("wrote {}", p.display());
+    }
+    if let Some(p) = plot {
+        report.plot_svg(p)?;
+        println!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+pub fn apply_os(changes: &[OsChange]) -> anyhow::Result<()> {
+    if changes.is_empty() {
+        println!("--apply-os: the flowchart recommends no OS change here");
+        return Ok(());
+    }
+    if !loci_place::knobs::is_root() {
+        bail!("--apply-os changes system-wide settings and needs root; run as root, or `sudo loci os set ...` as printed above");
+    }
+    for ch in changes {
+        let setting: loci_place::knobs::Setting = ch.setting.parse().map_err(anyhow::Error::msg)?;
+        let (file, old, new) = loci_place::knobs::set(Path::new("/"), &setting)?;
+        println!("--apply-os: {} {old} -> {new}", file.display());
+    }
+    Ok(())
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .map(|d| d.join("loci").join("advise"))
+}
+
+/// The machine's fingerprint and everything the answer depends on, hashed.
+pub fn cache_key(
+    topo: &loci_topo::Topology,
+    facts: &Facts,
+    target: &Target,
+    metric: &Option<String>,
+    threads: usize,
+    budget: std::time::Duration,
+) -> String {
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(str::to_string)
+        })
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    // A user's program that was rebuilt is another workload.
+    let program = target
+        .argv
+        .first()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map(|m| {
+            (
+                m.len(),
+                m.modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()),
+            )
+        });
+    let key = serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "cpus": topo.allowed_cpus().to_string(), "mems": topo.allowed_mems().to_string(),
+        "cpu_model": cpu_model, "kernel": kernel.trim(), "facts": facts,
+        "command": target.shown(), "program": format!("{program:?}"), "metric": metric,
+        "threads": threads, "budget_s": budget.as_secs(),
+    });
+    blake3::hash(key.to_string().as_bytes()).to_hex()[..16].to_string()
+}
+
+pub fn cache_load(key: &str) -> Option<Found> {
+    let text = std::fs::read_to_string(cache_dir()?.join(format!("{key}.json"))).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Stores a result; a cache that cannot be written only costs a later re-measurement.
+pub fn cache_store(key: &str, found: &Found) {
+    let Some(dir) = cache_dir() else { return };
+    let write = || -> anyhow::Result<()> {
+        std::fs::create_dir_all(&dir)?;
+        let tmp = dir.join(format!("{key}.json.tmp"));
+        std::fs::write(&tmp, serde_json::to_string_pretty(found)?)?;
+        std::fs::rename(&tmp, dir.join(format!("{key}.json")))?;
+        Ok(())
+    };
+    if let Err(e) = write().with_context(|| format!("caching the result in {}", dir.display())) {
+        eprintln!("loci advise: note: {e:#}");
+    }
+}
+
+/// "12 minutes ago" for a Unix time.
+pub fn ago(when: u64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(when);
+    let s = now.saturating_sub(when);
+    match s {
+        0..=119 => format!("{s} s ago"),
+        120..=7199 => format!("{} minutes ago", s / 60),
+        7200..=172_799 => format!("{} hours ago", s / 3600),
+        _ => format!("{} days ago", s / 86400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_line_quotes_what_a_shell_would_split() {
+        let c = Config {
+            alloc: "jemalloc".into(),
+            thp: "off".into(),
+            ..Config::default()
+        };
+        let line = run_line(&c, 4, &["./app".into(), "a b".into(), "it's".into()]);
+        assert_eq!(
+            line,
+            r"loci run --threads os -n 4 --mem first-touch --alloc jemalloc --thp off -- ./app 'a b' 'it'\''s'"
+        );
+    }
+
+    #[test]
+    fn ago_reads_like_a_person() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert_eq!(ago(now - 30), "30 s ago");
+        assert_eq!(ago(now - 600), "10 minutes ago");
+        assert_eq!(ago(now - 3 * 86400), "3 days ago");
+    }
+}

@@ -1,0 +1,322 @@
+//! One trial of `loci advise`: the workload run once under one configuration, through the same
+//! `loci run` line the advice prints, and the figure read from it.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use regex::Regex;
+
+use super::Config;
+
+/// A built-in workload: the arguments of `loci bench` run once per trial. Its figure is the
+/// workload's own timed region (data generation and process start left out): the `loci` rows'
+/// medians of its result file, summed (the run gets `--reps 1 --json FILE`), or, when `printed`
+/// is set, the number that regex captures in its output.
+pub struct Workload {
+    pub name: &'static str,
+    pub about: &'static str,
+    pub bench: &'static str,
+    pub printed: Option<&'static str>,
+}
+
+/// `loci advise --workload NAME`. The sizes keep one trial near a second on a 2-core machine;
+/// engine workloads run unpinned on first-touch memory so that `loci run` decides both.
+pub const WORKLOADS: &[Workload] = &[
+    Workload {
+        name: "w3",
+        about: "hash join, 16M x 1M rows, sparse u64 keys (seed 002 W3; the default)",
+        bench: "w3 --rows 16000000 --threads os --mem first-touch",
+        printed: None,
+    },
+    Workload {
+        name: "w1",
+        about: "exact median by group, 10M rows, 100K groups (seed 002 W1)",
+        bench: "w1 --rows 10000000 --groups 100000 --threads os --mem first-touch",
+        printed: None,
+    },
+    Workload {
+        name: "w2",
+        about: "count/sum/min/max/avg by group, 10M rows, 100K groups (seed 002 W2)",
+        bench: "w2 --rows 10000000 --groups 100000 --threads os --mem first-touch",
+        printed: None,
+    },
+    Workload {
+        name: "w4",
+        about: "index nested-loop join over a sorted index, 16M probes (seed 002 W4)",
+        bench: "w4 --rows 16000000 --variant sorted --threads os --mem first-touch",
+        printed: None,
+    },
+    Workload {
+        name: "subarray",
+        about: "subarray slicing of a 64 MiB volume in 100 chunks, 6 boxes (seed 000)",
+        bench: "subarray --quick --chunks 100 --threads os --peers memcpy",
+        printed: None,
+    },
+    Workload {
+        name: "alloc",
+        about: "seed 002's allocator microbenchmark (`general`, 2 threads x 2M operations) in the allocator `loci run` preloads",
+        bench: "alloc --child general --ops 2000000",
+        printed: Some(r#""seconds":([0-9.eE+-]+)"#),
+    },
+    Workload {
+        name: "stream",
+        about: "LZ4 compress, send over loopback TCP, receive, decompress: 20 MB (seed 001)",
+        bench: "stream --quick --no-os --peers= --protection=",
+        printed: None,
+    },
+];
+
+/// Looks up a built-in workload, naming the valid ones when `name` is not one.
+pub fn workload(name: &str) -> anyhow::Result<&'static Workload> {
+    WORKLOADS.iter().find(|w| w.name == name).with_context(|| {
+        format!(
+            "unknown workload `{name}`; valid: {} (or give a command after `--`)",
+            WORKLOADS
+                .iter()
+                .map(|w| w.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })
+}
+
+/// What a trial's figure is.
+pub enum Metric {
+    /// Built-in workloads: the summed `median_s` of the `loci` rows of the JSON result.
+    Report,
+    /// Wall time of the whole `loci run` process.
+    Time,
+    /// The first number the regex captures (group 1, else the whole match) in stdout+stderr.
+    Regex(Regex),
+}
+
+/// What advise runs: a built-in workload or the user's command.
+pub struct Target {
+    pub name: String,
+    /// The program and its arguments (a built-in workload: this `loci` and its bench arguments).
+    pub argv: Vec<OsString>,
+    pub metric: Metric,
+    /// Whether a larger figure is better (`--maximize`).
+    pub maximize: bool,
+    /// Set for built-in workloads that write a result file: where it goes.
+    json: Option<PathBuf>,
+    builtin: bool,
+}
+
+impl Target {
+    pub fn builtin(w: &Workload, exe: &Path, scratch: &Path) -> Target {
+        let mut argv = vec![exe.as_os_str().to_owned(), "bench".into()];
+        argv.extend(w.bench.split_whitespace().map(OsString::from));
+        let (metric, json) = match w.printed {
+            Some(re) => (
+                Metric::Regex(Regex::new(re).expect("valid built-in regex")),
+                None,
+            ),
+            None => {
+                let json = scratch.join("trial.json");
+                argv.extend([
+                    "--reps".into(),
+                    "1".into(),
+                    "--json".into(),
+                    json.clone().into_os_string(),
+                ]);
+                (Metric::Report, Some(json))
+            }
+        };
+        Target {
+            name: w.name.to_string(),
+            builtin: true,
+            argv,
+            metric,
+            maximize: false,
+            json,
+        }
+    }
+
+    pub fn command(argv: Vec<OsString>, metric: Metric, maximize: bool) -> Target {
+        let name = Path::new(&argv[0])
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Target {
+            name,
+            argv,
+            metric,
+            maximize,
+            json: None,
+            builtin: false,
+        }
+    }
+
+    /// What the figure is, for the report.
+    pub fn metric_name(&self) -> String {
+        match &self.metric {
+            _ if self.builtin => "the workload's timed region (s)".into(),
+            Metric::Time => "wall time (s)".into(),
+            Metric::Report => "the loci rows' medians of the result file (s)".into(),
+            Metric::Regex(re) => format!("regex `{re}`"),
+        }
+    }
+
+    /// The command as a user would type it (a built-in's result-file arguments left out).
+    pub fn shown(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut skip = false;
+        for (i, a) in self.argv.iter().enumerate() {
+            let a = a.to_string_lossy();
+            if skip {
+                skip = false;
+                continue;
+            }
+            if self.json.is_some() && a == "--json" {
+                skip = true;
+                continue;
+            }
+            out.push(if i == 0 && self.builtin {
+                "loci".into()
+            } else {
+                a.into_owned()
+            });
+        }
+        out
+    }
+
+    /// Runs the target once under `config` with `n` plan threads and returns its score (lower is
+    /// better: a maximised figure is inverted, so ratios of scores stay ratios of figures).
+    pub fn trial(&self, exe: &Path, config: &Config, n: usize) -> anyhow::Result<f64> {
+        if let Some(j) = &self.json {
+            let _ = std::fs::remove_file(j);
+        }
+        let mut cmd = Command::new(exe);
+        cmd.args(config.run_args(n)).arg("--").args(&self.argv);
+        cmd.stdin(Stdio::null());
+        let start = Instant::now();
+        let out = cmd
+            .output()
+            .with_context(|| format!("starting {}", exe.display()))?;
+        let wall = start.elapsed().as_secs_f64();
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let tail: Vec<&str> = err.lines().rev().take(6).collect();
+            bail!(
+                "`{}` failed ({}): {}",
+                config.label(),
+                out.status,
+                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            );
+        }
+        let figure = match &self.metric {
+            Metric::Time => wall,
+            Metric::Report => {
+                let path = self.json.as_ref().expect("built-in targets write a report");
+                report_time(path)?
+            }
+            Metric::Regex(re) => {
+                let text = format!(
+                    "{}\n{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                parse_metric(re, &text)?
+            }
+        };
+        if !(figure > 0.0 && figure.is_finite()) {
+            bail!(
+                "`{}`: the figure {figure} is not a positive number",
+                config.label()
+            );
+        }
+        Ok(if self.maximize { 1.0 / figure } else { figure })
+    }
+}
+
+/// The summed `median_s` of the `loci` rows of a result file.
+fn report_time(path: &Path) -> anyhow::Result<f64> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("the workload wrote no result file {}", path.display()))?;
+    let r: loci_report::Report =
+        serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
+    let times: Vec<f64> = r
+        .results
+        .iter()
+        .filter(|row| row.system == "loci")
+        .map(|row| row.median_s)
+        .collect();
+    if times.is_empty() {
+        bail!("{} has no `loci` row", path.display());
+    }
+    Ok(times.iter().sum())
+}
+
+/// The number `re` finds in `text`: capture group 1 if the regex has one, else the whole match.
+pub fn parse_metric(re: &Regex, text: &str) -> anyhow::Result<f64> {
+    let caps = re
+        .captures(text)
+        .with_context(|| format!("--metric `{re}` matched nothing in the program's output"))?;
+    let m = caps
+        .get(1)
+        .or_else(|| caps.get(0))
+        .expect("a match has group 0");
+    m.as_str().trim().parse::<f64>().with_context(|| {
+        format!(
+            "--metric `{re}` matched `{}`, which is not a number (put the number in a capture group)",
+            m.as_str()
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_regex_takes_the_group_or_the_match() {
+        let re = Regex::new(r"took ([0-9.]+) s").unwrap();
+        assert_eq!(parse_metric(&re, "x\ntook 1.25 s\n").unwrap(), 1.25);
+        let re = Regex::new(r"[0-9]+\.[0-9]+").unwrap();
+        assert_eq!(parse_metric(&re, "rate 3.5 GB/s").unwrap(), 3.5);
+        let e = parse_metric(&Regex::new("(took) ").unwrap(), "took 1").unwrap_err();
+        assert!(e.to_string().contains("not a number"), "{e}");
+        let e = parse_metric(&Regex::new("zzz").unwrap(), "took 1").unwrap_err();
+        assert!(e.to_string().contains("matched nothing"), "{e}");
+    }
+
+    #[test]
+    fn unknown_workload_lists_the_valid_ones() {
+        let e = workload("w9").err().unwrap().to_string();
+        assert!(
+            e.contains("w9") && e.contains("w3, w1, w2, w4, subarray, alloc, stream"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn every_builtin_workload_is_a_valid_loci_command() {
+        use clap::Parser;
+        let scratch = Path::new("/tmp/x");
+        for w in WORKLOADS {
+            let t = Target::builtin(w, Path::new("loci"), scratch);
+            if let Err(e) = crate::Cli::try_parse_from(&t.argv) {
+                panic!("workload {}: {e}", w.name);
+            }
+        }
+    }
+
+    #[test]
+    fn builtin_shown_command_drops_the_result_file() {
+        let t = Target::builtin(
+            workload("w3").unwrap(),
+            Path::new("/x/loci"),
+            Path::new("/tmp/s"),
+        );
+        let shown = t.shown().join(" ");
+        assert!(
+            shown.starts_with("loci bench w3 --rows 16000000"),
+            "{shown}"
+        );
+        assert!(!shown.contains("json"), "{shown}");
+    }
+}

@@ -1,0 +1,567 @@
+//! `loci bench tpch` (seed 002's W5): TPC-H on real database engines, each run under
+//! `loci run` with the configuration under test (allocator x thread placement x memory policy x
+//! THP), per-query medians of warm runs, geometric means, and ratios to the engine's default
+//! configuration. Answers are checked across engines and configurations.
+//!
+//! Engines: DuckDB and DataFusion embedded in bench/tpch/tpch.py (the Python process is the
+//! engine), and PostgreSQL (a throwaway cluster, see [`postgres`]; the server runs under `loci run`, the
+//! client does not). Data: [`data`]. Queries: bench/tpch/queries/qNN.sql.
+
+mod answers;
+mod data;
+mod postgres;
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use loci_report::{Machine, Report, Row};
+
+use crate::bench::common;
+
+#[derive(Args, Debug)]
+pub struct TpchArgs {
+    #[command(flatten)]
+    pub common: super::Common,
+    /// Scale factor: 0.01, 0.1, 1 or 10 (default 1; --quick: 0.01). Generated once into
+    /// ${XDG_CACHE_HOME:-~/.cache}/loci/tpch/sfS.
+    #[arg(long)]
+    pub sf: Option<String>,
+    /// Engines, comma separated: duckdb, datafusion (embedded, Python packages), postgres
+    /// (Debian package).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "duckdb,postgres,datafusion"
+    )]
+    pub engines: Vec<String>,
+    /// Queries: a comma-separated list of 1..22, or all.
+    #[arg(long, default_value = "all")]
+    pub queries: String,
+    /// Allocators preloaded into the engine by `loci run --alloc`, comma separated: glibc,
+    /// jemalloc, tcmalloc, tbbmalloc, mimalloc, loci.
+    #[arg(long, value_delimiter = ',', default_value = "glibc")]
+    pub alloc: Vec<String>,
+    /// Thread placements (`loci run --threads`), comma separated: os, sparse, compact, ...
+    /// (loci-place's strategy vocabulary; write lists inside one as ranges).
+    #[arg(long, value_delimiter = ',', default_value = "os")]
+    pub threads: Vec<String>,
+    /// Memory policies (`loci run --mem`), comma separated: first-touch, interleave, bind:N, ...
+    #[arg(long, value_delimiter = ',', default_value = "first-touch")]
+    pub mem: Vec<String>,
+    /// Transparent huge pages (`loci run --thp`), comma separated: default (leave the system
+    /// setting), on, off.
+    #[arg(long, value_delimiter = ',', default_value = "default")]
+    pub thp: Vec<String>,
+    /// Untimed runs of each query before its timed run, in every engine session.
+    #[arg(long, default_value_t = 1)]
+    pub warm: usize,
+}
+
+/// The engines this bench runs.
+const ENGINES: [&str; 3] = ["duckdb", "postgres", "datafusion"];
+
+/// One configuration under test: the knobs `loci run` applies to the engine.
+#[derive(Clone, Debug, PartialEq)]
+struct Config {
+    alloc: String,
+    threads: String,
+    mem: String,
+    thp: String,
+}
+
+impl Config {
+    fn default_config() -> Self {
+        Config {
+            alloc: "glibc".into(),
+            threads: "os".into(),
+            mem: "first-touch".into(),
+            thp: "default".into(),
+        }
+    }
+
+    /// `loci run --threads T --mem M --alloc A [--thp on|off] --`.
+    fn loci_run(&self) -> anyhow::Result<Vec<OsString>> {
+        let exe = std::env::current_exe().context("finding this loci executable")?;
+        let mut v: Vec<OsString> = vec![exe.into()];
+        v.extend(
+            [
+                "run",
+                "--threads",
+                &self.threads,
+                "--mem",
+                &self.mem,
+                "--alloc",
+                &self.alloc,
+            ]
+            .map(OsString::from),
+        );
+        if self.thp != "default" {
+            v.extend(["--thp", &self.thp].map(OsString::from));
+        }
+        v.push("--".into());
+        Ok(v)
+    }
+
+    fn row(&self, row: Row) -> Row {
+        row.config("alloc", &self.alloc)
+            .config("threads", &self.threads)
+            .config("mem", &self.mem)
+            .config("thp", &self.thp)
+    }
+}
+
+/// Every combination of the knob lists, the default configuration first (added when the lists
+/// leave it out, so every engine has its baseline). Each value is checked here against the
+/// vocabulary `loci run` takes, so a typo fails before any engine starts.
+fn configs(a: &TpchArgs) -> anyhow::Result<Vec<Config>> {
+    for x in &a.alloc {
+        crate::run_cmd::Alloc::from_str(x, false).map_err(|_| {
+            anyhow::anyhow!(
+                "--alloc {x}: unknown; valid: glibc, jemalloc, tcmalloc, tbbmalloc, mimalloc, loci"
+            )
+        })?;
+    }
+    for x in &a.threads {
+        x.parse::<loci_place::Strategy>()
+            .map_err(|e| anyhow::anyhow!("--threads {x}: {e}"))?;
+    }
+    for x in &a.mem {
+        x.parse::<loci_place::MemPolicy>()
+            .map_err(|e| anyhow::anyhow!("--mem {x}: {e}"))?;
+    }
+    for x in &a.thp {
+        if !["default", "on", "off"].contains(&x.as_str()) {
+            bail!("--thp {x}: unknown; valid: default, on, off");
+        }
+    }
+    let mut out = vec![Config::default_config()];
+    for alloc in &a.alloc {
+        for threads in &a.threads {
+            for mem in &a.mem {
+                for thp in &a.thp {
+                    let c = Config {
+                        alloc: alloc.clone(),
+                        threads: threads.clone(),
+                        mem: mem.clone(),
+                        thp: thp.clone(),
+                    };
+                    if !out.contains(&c) {
+                        out.push(c);
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `--queries`: `all` or a list of numbers in 1..=22.
+fn parse_queries(s: &str) -> anyhow::Result<Vec<u32>> {
+    if s == "all" {
+        return Ok((1..=22).collect());
+    }
+    let mut v = Vec::new();
+    for p in s.split(',') {
+        match p.trim().parse::<u32>() {
+            Ok(q) if (1..=22).contains(&q) => v.push(q),
+            _ => bail!(
+                "--queries: '{p}' is not a TPC-H query; valid: 1..22, comma separated, or all"
+            ),
+        }
+    }
+    Ok(v)
+}
+
+/// Where the bench's files are: bench/tpch (driver and queries) and the venv's programs.
+struct Paths {
+    tpch: PathBuf,
+    python: PathBuf,
+    tpchgen: PathBuf,
+}
+
+impl Paths {
+    /// Finds bench/ and makes sure the venv has the TPC-H set (`bench/peers/setup --tpch`).
+    fn setup() -> anyhow::Result<Self> {
+        let peers = common::peers_dir("../tpch/tpch.py")
+            .context("bench/tpch/tpch.py not found (run loci from the repository root)")?;
+        let st = Command::new(peers.join("setup"))
+            .arg("--tpch")
+            .stdout(Stdio::null())
+            .status()
+            .context("running bench/peers/setup --tpch")?;
+        if !st.success() {
+            bail!("bench/peers/setup --tpch failed ({st}): it needs python3 with venv and PyPI access");
+        }
+        let bin = peers.join(".venv/bin");
+        Ok(Paths {
+            tpch: peers
+                .parent()
+                .expect("bench/peers has a parent")
+                .join("tpch"),
+            python: bin.join("python"),
+            tpchgen: bin.join("tpchgen-cli"),
+        })
+    }
+
+    /// `python bench/tpch/tpch.py MODE` with the query arguments of this run.
+    fn driver(&self, mode: &str, run: &RunSpec, answers: Option<&Path>) -> Vec<OsString> {
+        let mut v: Vec<OsString> = vec![
+            self.python.clone().into(),
+            self.tpch.join("tpch.py").into(),
+            mode.into(),
+        ];
+        let list = run.queries.iter().map(u32::to_string).collect::<Vec<_>>();
+        for (k, val) in [
+            ("--data", run.data.display().to_string()),
+            ("--queries", self.tpch.join("queries").display().to_string()),
+            ("--sf", run.sf.clone()),
+            ("--list", list.join(",")),
+            ("--warm", run.warm.to_string()),
+            ("--threads", run.cpus.to_string()),
+        ] {
+            v.push(k.into());
+            v.push(val.into());
+        }
+        if let Some(p) = answers {
+            v.push("--answers".into());
+            v.push(p.into());
+        }
+        v
+    }
+}
+
+/// What every engine session of one invocation shares.
+struct RunSpec {
+    sf: String,
+    data: PathBuf,
+    queries: Vec<u32>,
+    warm: usize,
+    cpus: usize,
+}
+
+/// One engine session's output: the timed run of each query, and the driver's facts about the
+/// engine process (version, pid, allocators mapped, own allocator, cpus allowed).
+struct Session {
+    times: BTreeMap<u32, f64>,
+    facts: serde_json::Value,
+}
+
+/// Runs `argv` and reads the driver's JSON lines from its stdout.
+fn drive(argv: &[OsString]) -> anyhow::Result<Session> {
+    let mut child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {argv:?}"))?;
+    let mut s = Session {
+        times: BTreeMap::new(),
+        facts: serde_json::Value::Null,
+    };
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line?;
+        let v: serde_json::Value = serde_json::from_str(&line).with_context(|| {
+            format!("bench/tpch/tpch.py printed a line that is not JSON: {line}")
+        })?;
+        match (v["query"].as_u64(), v["time_s"].as_f64()) {
+            (Some(q), Some(t)) => {
+                s.times.insert(q as u32, t);
+            }
+            _ => s.facts = v,
+        }
+    }
+    let st = child.wait()?;
+    if !st.success() {
+        bail!("{argv:?} failed ({st})");
+    }
+    Ok(s)
+}
+
+/// One engine, started as the harness needs it for a run.
+enum Engine {
+    /// In the driver's process: its mode of bench/tpch/tpch.py (`duckdb`, `datafusion`).
+    Embedded(&'static str),
+    Postgres(postgres::Cluster),
+}
+
+impl Engine {
+    /// Embedded engines need nothing; PostgreSQL gets a new cluster, loaded from the Parquet tables by a
+    /// server started without loci (the load is not measured).
+    fn prepare(name: &str, paths: &Paths, run: &RunSpec) -> anyhow::Result<Self> {
+        match name {
+            "duckdb" => Ok(Engine::Embedded("duckdb")),
+            "datafusion" => Ok(Engine::Embedded("datafusion")),
+            "postgres" => {
+                let cluster = postgres::Cluster::init(run.cpus)?;
+                let server = cluster.start(&[])?;
+                eprintln!(
+                    "loading PostgreSQL sf {} (COPY, keys, indexes, ANALYZE)",
+                    run.sf
+                );
+                let mut argv = paths.driver("load-postgres", run, None);
+                argv.extend(pg_client_args(&cluster));
+                argv.push("--csv-dir".into());
+                argv.push(cluster.socket_dir().into());
+                drive(&argv).context("loading PostgreSQL")?;
+                server.stop()?;
+                Ok(Engine::Postgres(cluster))
+            }
+            other => bail!("--engines {other}: unknown; valid: {ENGINES:?}"),
+        }
+    }
+
+    /// One session under `cfg`: every query warmed and timed once.
+    fn session(
+        &self,
+        paths: &Paths,
+        run: &RunSpec,
+        cfg: &Config,
+        answers: Option<&Path>,
+    ) -> anyhow::Result<Session> {
+        match self {
+            Engine::Embedded(mode) => {
+                let mut argv = cfg.loci_run()?;
+                argv.extend(paths.driver(mode, run, answers));
+                drive(&argv)
+            }
+            Engine::Postgres(cluster) => {
+                let server = cluster.start(&cfg.loci_run()?)?;
+                let mut argv = paths.driver("postgres", run, answers);
+                argv.extend(pg_client_args(cluster));
+                let s = drive(&argv);
+                server.stop()?;
+                s
+            }
+        }
+    }
+}
+
+fn pg_client_args(c: &postgres::Cluster) -> Vec<OsString> {
+    vec![
+        "--socket".into(),
+        c.socket_dir().into(),
+        "--port".into(),
+        postgres::PORT.into(),
+    ]
+}
+
+pub fn run(a: TpchArgs) -> anyhow::Result<Report> {
+    let sf =
+        data::check_scale(
+            a.sf.as_deref()
+                .unwrap_or(if a.common.quick { "0.01" } else { "1" }),
+        )?
+        .to_string();
+    let queries = parse_queries(&a.queries)?;
+    let cfgs = configs(&a)?;
+    for e in &a.engines {
+        if !ENGINES.contains(&e.as_str()) {
+            bail!("--engines {e}: unknown; valid: {ENGINES:?}");
+        }
+    }
+    let reps = a
+        .common
+        .reps
+        .unwrap_or(if a.common.quick { 1 } else { 3 })
+        .max(1);
+    let topo = crate::this_machine()?;
+    let paths = Paths::setup()?;
+    let run = RunSpec {
+        data: data::ensure(&sf, &paths.tpchgen)?,
+        sf,
+        queries,
+        warm: a.warm,
+        cpus: topo.allowed_cpus().len().max(1),
+    };
+    let mut rep = Report::new(
+        "tpch",
+        serde_json::json!({
+            "sf": run.sf, "engines": a.engines, "queries": run.queries, "reps": reps,
+            "warm": run.warm, "engine_threads": run.cpus,
+            "answers_tolerance": answers::TOLERANCE_TEXT,
+        }),
+        Machine::of(&topo),
+    );
+    let scratch = tempfile::Builder::new().prefix("loci-tpch-").tempdir()?;
+    let mut check = answers::Check::default();
+    for name in &a.engines {
+        let engine = Engine::prepare(name, &paths, &run)?;
+        // times[config][query] over rounds; facts of each config's last session.
+        let mut times: Vec<BTreeMap<u32, Vec<f64>>> = vec![BTreeMap::new(); cfgs.len()];
+        let mut facts = vec![serde_json::Value::Null; cfgs.len()];
+        for round in 0..reps {
+            // Rotate the order each round so drift (page cache, heat) spreads over configurations.
+            for k in 0..cfgs.len() {
+                let i = (k + round) % cfgs.len();
+                let ans = (round == 0).then(|| scratch.path().join(format!("{name}-{i}.json")));
+                eprintln!(
+                    "tpch {name} round {}/{reps}: {}",
+                    round + 1,
+                    label(&cfgs[i])
+                );
+                let s = engine.session(&paths, &run, &cfgs[i], ans.as_deref())?;
+                if let Some(p) = &ans {
+                    check.add(&format!("{name} {}", label(&cfgs[i])), p)?;
+                }
+                for (q, t) in s.times {
+                    times[i].entry(q).or_default().push(t);
+                }
+                facts[i] = s.facts;
+            }
+        }
+        if let Engine::Postgres(c) = &engine {
+            rep.params["postgres_user"] = c.user().unwrap_or("(this user)").into();
+        }
+        for (i, cfg) in cfgs.iter().enumerate() {
+            push_rows(&mut rep, name, cfg, &times[i], &facts[i]);
+        }
+    }
+    rep.params["answers"] = check.summary().into();
+    Ok(rep)
+}
+
+fn label(c: &Config) -> String {
+    format!("{}/{}/{}/{}", c.alloc, c.mem, c.thp, c.threads)
+}
+
+/// Rows of one engine and configuration: one per query (case `ENGINE qNN`) and the geometric
+/// mean over the queries (case `ENGINE geomean`, one value per round).
+fn push_rows(
+    rep: &mut Report,
+    engine: &str,
+    cfg: &Config,
+    times: &BTreeMap<u32, Vec<f64>>,
+    facts: &serde_json::Value,
+) {
+    let honoured = allocator_honoured(&cfg.alloc, facts);
+    let with_facts = |row: Row| {
+        cfg.row(row)
+            .extra("version", facts["version"].clone())
+            .extra("maps_allocators", facts["maps_allocators"].clone())
+            .extra("own_allocator", facts["own_allocator"].clone())
+            .extra("cpus_allowed", facts["cpus_allowed"].clone())
+            .extra("thp_enabled", facts["thp_enabled"].clone())
+            .extra("allocator_preloaded", honoured)
+    };
+    for (q, t) in times {
+        rep.results.push(with_facts(
+            Row::from_times(engine, t.clone()).case(&format!("{engine} q{q:02}")),
+        ));
+    }
+    let rounds = times.values().map(Vec::len).min().unwrap_or(0);
+    let geo: Vec<f64> = (0..rounds)
+        .map(|r| geomean(times.values().map(|t| t[r])))
+        .collect();
+    if !geo.is_empty() {
+        rep.results.push(with_facts(
+            Row::from_times(engine, geo).case(&format!("{engine} geomean")),
+        ));
+    }
+}
+
+/// Whether the allocator asked for is mapped into the engine process (glibc: always).
+fn allocator_honoured(alloc: &str, facts: &serde_json::Value) -> bool {
+    let lib = match alloc {
+        "glibc" => return true,
+        "loci" => "loci_malloc",
+        a => a,
+    };
+    facts["maps_allocators"].as_array().is_some_and(|v| {
+        v.iter()
+            .any(|x| x.as_str().is_some_and(|s| s.contains(lib)))
+    })
+}
+
+fn geomean(v: impl Iterator<Item = f64>) -> f64 {
+    let (s, n) = v.fold((0.0, 0usize), |(s, n), x| (s + x.max(1e-9).ln(), n + 1));
+    (s / n.max(1) as f64).exp()
+}
+
+/// The default configuration's row of each case is the baseline.
+pub fn baseline(r: &Row) -> bool {
+    let d = Config::default_config();
+    d.row(Row::default()).config == r.config
+}
+
+/// Lines after the table: per engine and configuration, the geometric mean against the
+/// default's, and whether the allocator asked for was in the engine process.
+pub fn summary(rep: &Report) -> String {
+    let mut out = String::new();
+    for e in ENGINES {
+        let case = format!("{e} geomean");
+        let rows: Vec<&Row> = rep.rows_of(Some(&case)).collect();
+        let Some(base) = rows.iter().find(|r| baseline(r)) else {
+            continue;
+        };
+        for r in &rows {
+            out += &format!(
+                "tpch {e} {}: geomean {:.4} s, {:.3}x default{}{}\n",
+                r.config.values().cloned().collect::<Vec<_>>().join("/"),
+                r.median_s,
+                r.median_s / base.median_s,
+                match r.extra.get("allocator_preloaded") {
+                    Some(serde_json::Value::Bool(false)) => ", allocator NOT in the engine process",
+                    _ => "",
+                },
+                match r.extra.get("own_allocator").and_then(|v| v.as_str()) {
+                    Some(own) => format!(", links its own {own}"),
+                    None => String::new(),
+                }
+            );
+        }
+    }
+    out + &format!(
+        "tpch answers: {}\n",
+        rep.params["answers"].as_str().unwrap_or("-")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: TpchArgs,
+    }
+
+    fn args(s: &str) -> TpchArgs {
+        Cli::parse_from(std::iter::once("tpch").chain(s.split_whitespace())).a
+    }
+
+    #[test]
+    fn the_matrix_starts_with_the_default_and_has_each_combination_once() {
+        let c = configs(&args("--alloc jemalloc,glibc --thp off,default")).unwrap();
+        assert_eq!(c[0], Config::default_config());
+        assert_eq!(c.len(), 4);
+        assert!(c.iter().any(|x| x.alloc == "jemalloc" && x.thp == "off"));
+        assert!(baseline(&c[0].row(Row::default())));
+        assert!(!baseline(&c[1].row(Row::default())));
+        let argv = c[1].loci_run().unwrap();
+        let s: Vec<String> = argv[1..]
+            .iter()
+            .map(|x| x.to_string_lossy().into())
+            .collect();
+        assert_eq!(s[0], "run");
+        assert_eq!(s.last().map(String::as_str), Some("--"));
+        assert!(configs(&args("--mem nowhere")).is_err());
+    }
+
+    #[test]
+    fn queries_and_geomean() {
+        assert_eq!(parse_queries("all").unwrap().len(), 22);
+        assert_eq!(parse_queries("1,5,18").unwrap(), vec![1, 5, 18]);
+        assert!(parse_queries("0").is_err() && parse_queries("x").is_err());
+        assert!((geomean([1.0, 4.0].into_iter()) - 2.0).abs() < 1e-12);
+        assert!(allocator_honoured("glibc", &serde_json::Value::Null));
+        let facts = serde_json::json!({"maps_allocators": ["libjemalloc.so.2"]});
+        assert!(allocator_honoured("jemalloc", &facts));
+        assert!(!allocator_honoured("mimalloc", &facts));
+    }
+}

@@ -1,0 +1,140 @@
+//! `loci advise` end to end: the search finds a planted winner (a program that runs faster under
+//! one allocator) and declares no winner when every configuration is the same program.
+
+use std::path::Path;
+use std::process::Command;
+
+const LOCI: &str = env!("CARGO_BIN_EXE_loci");
+
+/// An allocator `loci run --alloc` can load on this machine (besides glibc), if any.
+fn some_allocator() -> Option<&'static str> {
+    let dir = format!("/usr/lib/{}-linux-gnu", std::env::consts::ARCH);
+    [
+        ("jemalloc", "libjemalloc.so.2"),
+        ("mimalloc", "libmimalloc.so.2"),
+        ("tcmalloc", "libtcmalloc_minimal.so.4"),
+    ]
+    .into_iter()
+    .find(|(_, f)| Path::new(&dir).join(f).exists())
+    .map(|(a, _)| a)
+}
+
+/// Runs `loci advise` on a shell script with a fresh cache; returns (stdout, result JSON).
+fn advise(script: &str, budget: &str) -> (String, serde_json::Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("advise.json");
+    let out = Command::new(LOCI)
+        .args(["advise", "--budget", budget, "--json"])
+        .arg(&json)
+        .args(["--", "sh", "-c", script])
+        .env("XDG_CACHE_HOME", dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "loci advise failed\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (stdout, v)
+}
+
+#[test]
+fn finds_a_planted_allocator_winner() {
+    let Some(alloc) = some_allocator() else {
+        eprintln!("note: no preloadable allocator installed (scripts/install-deps installs them); test skipped");
+        return;
+    };
+    // 1.5x faster when the allocator is preloaded: a stand-in for a program whose speed depends on
+    // a setting loci controls.
+    let script = format!("case \"$LD_PRELOAD\" in *{alloc}*) sleep 0.04 ;; *) sleep 0.06 ;; esac");
+    for run in 0..2 {
+        let (stdout, v) = advise(&script, "12s");
+        let best = &v["params"]["best"];
+        assert_eq!(best["alloc"], alloc, "run {run}: best {best}\n{stdout}");
+        assert!(
+            stdout.contains(&format!("--alloc {alloc}"))
+                && stdout.contains("recommendation: threads="),
+            "{stdout}"
+        );
+        let row = v["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["config"]["alloc"] == alloc && r["config"]["thp"] == "system")
+            .unwrap();
+        let ratio = row["extra"]["ratio"].as_f64().unwrap();
+        assert!((0.55..0.8).contains(&ratio), "ratio {ratio}");
+        assert_eq!(row["extra"]["verdict"], "better");
+    }
+}
+
+#[test]
+fn recommends_the_default_when_nothing_matters() {
+    let (stdout, v) = advise("sleep 0.03", "8s");
+    assert_eq!(v["params"]["best"]["alloc"], "glibc", "{stdout}");
+    assert_eq!(v["params"]["best"]["thp"], "", "{stdout}");
+    assert!(
+        stdout.contains("recommendation: keep the default"),
+        "{stdout}"
+    );
+    assert!(v["results"].as_array().unwrap().len() >= 2);
+}
+
+#[test]
+fn rules_only_on_a_four_node_preset_pins_sparse_and_interleaves() {
+    let out = Command::new(LOCI)
+        .args([
+            "advise",
+            "--rules-only",
+            "--preset",
+            "xeon-e7-4850v4-4s",
+            "-n",
+            "16",
+            "--",
+            "./app",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("pin-sparse"), "{stdout}");
+    assert!(
+        stdout.contains("loci run --threads sparse -n 16 --mem interleave"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn bad_input_is_named() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["advise", "--workload", "w9"],
+            "unknown workload `w9`; valid: w3, w1",
+        ),
+        (
+            &["advise", "--budget", "soon", "--", "true"],
+            "`soon` is not a duration",
+        ),
+        (
+            &["advise", "--metric", "(", "--", "true"],
+            "is not a valid regex",
+        ),
+        (
+            &["advise", "--workload", "w3", "--metric", "x"],
+            "--metric applies to a command",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = Command::new(LOCI).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
