@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod advise;
 mod bench;
+mod deploy;
 mod os_cmd;
 mod plan_cmd;
 mod run_cmd;
@@ -49,6 +50,7 @@ enum Cmd {
     Topo(topo::TopoCmd),
     Plan(plan_cmd::PlanCmd),
     Run(run_cmd::RunCmd),
+    Deploy(deploy::DeployCmd),
     /// Run a workload and compare it with peers in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -86,6 +88,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Bench(b) => bench::run(b),
         Cmd::Plan(c) => plan_cmd::run(c),
         Cmd::Run(c) => run_cmd::run(c),
+        Cmd::Deploy(c) => deploy::run(c),
         Cmd::Os(c) => os_cmd::run(c),
         Cmd::Stream(s) => stream::run(s),
     }

@@ -19,6 +19,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 mod advise_vm;
+mod deploy_vm;
 mod faults;
 
 const SCRIPT: &str = r#"
@@ -36,12 +37,40 @@ echo "SEND-REPORT $(tr -d '\n' < "$D/send.json")"
 echo "RECV-REPORT $(tr -d '\n' < "$D/recv.json")"
 "#;
 
-fn report(stdout: &str, tag: &str) -> Value {
-    let line = stdout
+/// The text after `tag` on the first line of a VM program's stdout that starts with it.
+pub(crate) fn tagged(stdout: &str, tag: &str) -> String {
+    stdout
         .lines()
         .find_map(|l| l.strip_prefix(tag))
-        .unwrap_or_else(|| panic!("no {tag} line in the VM's output:\n{stdout}"));
-    serde_json::from_str::<Value>(line.trim()).unwrap()[0].clone()
+        .unwrap_or_else(|| panic!("no {tag} line in the VM's output:\n{stdout}"))
+        .trim()
+        .to_string()
+}
+
+/// The JSON after `tag` (see [`tagged`]).
+pub(crate) fn tagged_json(stdout: &str, tag: &str) -> Value {
+    serde_json::from_str(&tagged(stdout, tag)).unwrap()
+}
+
+/// A VM of `topology` with this `loci` and `loci-probe` named in LOCI_BIN and PROBE_BIN.
+pub(crate) fn loci_vm(topology: &str) -> loci_vm::NumaVm {
+    let probe = loci_vm::target_bin("loci-probe").unwrap_or_else(|e| panic!("{e}"));
+    loci_vm::NumaVm::new(topology)
+        .timeout(Duration::from_secs(300))
+        .env("LOCI_BIN", env!("CARGO_BIN_EXE_loci"))
+        .env("PROBE_BIN", probe.to_str().unwrap())
+}
+
+/// Runs a shell script in the VM; it must succeed. Returns its stdout.
+pub(crate) fn run_script(vm: &loci_vm::NumaVm, script: &str) -> String {
+    vm.run("/bin/sh", &["-c", script])
+        .unwrap_or_else(|e| panic!("{e}"))
+        .expect_success()
+        .stdout
+}
+
+fn report(stdout: &str, tag: &str) -> Value {
+    tagged_json(stdout, tag)[0].clone()
 }
 
 fn ids(v: &Value) -> Vec<u32> {

@@ -3,8 +3,6 @@
 //! that its threads and pages are where the advice says: thread i on node i mod 4 (sparse) and
 //! its buffer interleaved over the four nodes.
 
-use std::time::Duration;
-
 use serde_json::Value;
 
 const SCRIPT: &str = r#"
@@ -21,51 +19,22 @@ echo "ADVICE $(tr -d '\n' < "$D/a.json")"
 echo "PROBE $(tr -d '\n' < "$D/probe.json")"
 "#;
 
-fn tagged(stdout: &str, tag: &str) -> String {
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix(tag))
-        .unwrap_or_else(|| panic!("no {tag} line in the VM's output:\n{stdout}"))
-        .trim()
-        .to_string()
-}
+use super::{loci_vm, run_script, tagged, tagged_json};
 
 #[test]
 fn advised_line_places_threads_and_pages_as_advised_in_a_4_node_vm() {
     if !loci_vm::vm_tests_enabled() {
         return;
     }
-    let probe = std::path::Path::new(env!("CARGO_BIN_EXE_loci"))
-        .parent()
-        .unwrap()
-        .join("loci-probe");
-    assert!(
-        probe.exists(),
-        "{} missing: build the workspace first",
-        probe.display()
-    );
-    let vm = loci_vm::NumaVm::new("4n")
-        .timeout(Duration::from_secs(300))
-        .autonuma(true)
-        .env("LOCI_BIN", env!("CARGO_BIN_EXE_loci"))
-        .env("PROBE_BIN", probe.to_str().unwrap());
+    let vm = loci_vm("4n").autonuma(true);
     let cfg = vm.config().unwrap();
-    let out = vm
-        .run("/bin/sh", &["-c", SCRIPT])
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        out.success(),
-        "VM run failed ({}):\n{}\n{}",
-        out.status,
-        out.stdout,
-        out.stderr
-    );
-    let line = tagged(&out.stdout, "LINE");
+    let out = run_script(&vm, SCRIPT);
+    let line = tagged(&out, "LINE");
     assert!(
         line.starts_with("loci run --threads sparse -n 4 --mem interleave"),
         "the flowchart's answer on 4 nodes with AutoNUMA on: {line}"
     );
-    let advice: Value = serde_json::from_str(&tagged(&out.stdout, "ADVICE")).unwrap();
+    let advice = tagged_json(&out, "ADVICE");
     let rules: Vec<&str> = advice["params"]["advice"]["findings"]
         .as_array()
         .unwrap()
@@ -77,7 +46,7 @@ fn advised_line_places_threads_and_pages_as_advised_in_a_4_node_vm() {
         "root in the VM with AutoNUMA on: {rules:?}"
     );
 
-    let probe: Value = serde_json::from_str(&tagged(&out.stdout, "PROBE")).unwrap();
+    let probe = tagged_json(&out, "PROBE");
     let node_of = |cpus: &Value| {
         let set = loci_topo::CpuSet::parse(cpus.as_str().unwrap()).unwrap();
         let nodes: Vec<u32> = (0..4)
