@@ -14,6 +14,7 @@ pub mod phantom;
 pub mod plan;
 pub mod proto;
 pub mod recv;
+pub mod secret;
 pub mod send;
 pub mod sink;
 pub mod source;
