@@ -138,3 +138,34 @@ fn bad_input_is_named() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn rules_only_on_a_captured_tiered_memory_machine_interleaves_over_dram() {
+    let xml = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/topologies/xml/64intel64-heteromem.xml");
+    if !xml.exists() {
+        eprintln!(
+            "note: {} absent (../shared not beside the repository); test skipped",
+            xml.display()
+        );
+        return;
+    }
+    let out = Command::new(LOCI)
+        .args(["advise", "--rules-only", "-n", "8", "--topology"])
+        .arg(&xml)
+        .args(["--", "./app"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Four DRAM nodes with cpus (0-3) and four memory-only nodes of other kinds.
+    assert!(stdout.contains("tiered-memory"), "{stdout}");
+    assert!(
+        stdout.contains("loci run --threads sparse -n 8 --mem interleave:0-3"),
+        "{stdout}"
+    );
+}

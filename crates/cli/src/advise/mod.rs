@@ -259,6 +259,17 @@ fn facts(topo: &loci_topo::Topology, threads: usize, program: Option<&Path>) -> 
         missing_allocators,
         static_binary,
         pin_library: crate::run_cmd::pin_library(exe_dir).is_ok_and(|p| p.exists()),
+        dram_nodes: {
+            let mems = topo.allowed_mems();
+            let dram: loci_topo::NodeSet = mems
+                .iter()
+                .filter(|&n| {
+                    topo.node(n)
+                        .is_some_and(|n| n.kind == loci_topo::NodeKind::Dram)
+                })
+                .collect();
+            (!dram.is_empty() && dram.len() < mems.len()).then(|| dram.to_string())
+        },
     }
 }
 
@@ -550,6 +561,7 @@ mod tests {
             missing_allocators: vec![],
             static_binary: false,
             pin_library: true,
+            dram_nodes: None,
         };
         let a = rules::decide(&f);
         let c = candidates(&a);

@@ -31,6 +31,10 @@ pub struct Facts {
     pub static_binary: bool,
     /// `libloci_pin.so` (per-thread placement of `loci run`) is built next to `loci`.
     pub pin_library: bool,
+    /// The usable DRAM nodes, when some nodes with memory are not DRAM (HBM, NVM, CXL): memory
+    /// is then interleaved over these only.
+    #[serde(default)]
+    pub dram_nodes: Option<String>,
 }
 
 /// One rule's conclusion.
@@ -80,6 +84,8 @@ cannot change where data lives (seed 002's placement gains are remote-access gai
 const EV_OVERSUB: &str =
     "seed 001, obs. 2: more busy threads than cores halves throughput by context switching; \
 pinning several threads to one cpu makes it worse";
+const EV_TIERS: &str = "seed 002 interleaves over DRAM nodes of equal speed; spreading pages over slower (NVM, CXL) \
+or capacity-limited (HBM) nodes changes what interleave means, so those are left to an explicit policy";
 const EV_PIN: &str =
     "loci run places the threads of an unmodified program one by one through libloci_pin.so \
 (preloaded; it pins the k-th pthread_create'd thread), built with the workspace";
@@ -155,8 +161,19 @@ pub fn decide(f: &Facts) -> Advice {
     // 2. Memory policy and AutoNUMA.
     let mut os_changes = Vec::new();
     if multi {
-        rec.mem = "interleave".into();
-        mem.extend(["interleave".into(), "localalloc".into()]);
+        let interleave = match &f.dram_nodes {
+            Some(dram) => {
+                say(
+                    "tiered-memory",
+                    format!("some memory nodes are not DRAM (HBM, NVM or CXL): interleave over the DRAM nodes {dram} only"),
+                    EV_TIERS,
+                );
+                format!("interleave:{dram}")
+            }
+            None => "interleave".into(),
+        };
+        rec.mem = interleave.clone();
+        mem.extend([interleave, "localalloc".into()]);
         match f.autonuma_on {
             Some(true) if f.root => {
                 os_changes.push(OsChange {
@@ -278,6 +295,7 @@ mod tests {
             missing_allocators: vec![("mimalloc".into(), "apt-get install libmimalloc2.0".into())],
             static_binary: false,
             pin_library: true,
+            dram_nodes: None,
         }
     }
 
@@ -358,6 +376,16 @@ mod tests {
         assert_eq!(a.threads, ["os"]);
         assert_eq!(a.recommended.threads, "os");
         assert!(rules(&a).contains(&"no-pin-library"));
+    }
+
+    #[test]
+    fn tiered_memory_interleaves_over_dram_only() {
+        let mut f = facts(8, 8);
+        f.dram_nodes = Some("0-3".into());
+        let a = decide(&f);
+        assert_eq!(a.recommended.mem, "interleave:0-3");
+        assert_eq!(a.mem, ["first-touch", "interleave:0-3", "localalloc"]);
+        assert!(rules(&a).contains(&"tiered-memory"));
     }
 
     #[test]
