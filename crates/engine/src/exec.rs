@@ -244,7 +244,7 @@ impl Exec {
             .unwrap_or_else(|e| panic!("engine request: {e}"))
     }
 
-    /// Runs `f` once, on one worker (single-threaded phases: `first-touch-1` generation, an
+    /// Runs `f` once, on one worker (single-threaded phases: `--gen one-thread` generation, an
     /// index built by one thread). Returns its result and the node of the worker that ran it.
     pub fn one<R: Send>(&self, f: impl FnOnce() -> R + Send) -> (R, Option<u32>) {
         self.request(|ctx| {
