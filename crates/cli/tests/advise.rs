@@ -83,27 +83,26 @@ fn recommends_the_default_when_nothing_matters() {
     assert!(v["results"].as_array().unwrap().len() >= 2);
 }
 
-#[test]
-fn rules_only_on_a_four_node_preset_pins_sparse_and_interleaves() {
+/// `loci advise --rules-only ARGS -- ./app`, which must succeed; its stdout.
+fn rules_only(args: &[&str]) -> String {
     let out = Command::new(LOCI)
-        .args([
-            "advise",
-            "--rules-only",
-            "--preset",
-            "xeon-e7-4850v4-4s",
-            "-n",
-            "16",
-            "--",
-            "./app",
-        ])
+        .args(["advise", "--rules-only"])
+        .args(args)
+        .args(["--", "./app"])
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    stdout
+}
+
+#[test]
+fn rules_only_on_a_four_node_preset_pins_sparse_and_interleaves() {
+    let stdout = rules_only(&["--preset", "xeon-e7-4850v4-4s", "-n", "16"]);
     assert!(stdout.contains("pin-sparse"), "{stdout}");
     assert!(
         stdout.contains("loci run --threads sparse -n 16 --mem interleave"),
@@ -150,18 +149,7 @@ fn rules_only_on_a_captured_tiered_memory_machine_interleaves_over_dram() {
         );
         return;
     }
-    let out = Command::new(LOCI)
-        .args(["advise", "--rules-only", "-n", "8", "--topology"])
-        .arg(&xml)
-        .args(["--", "./app"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = rules_only(&["-n", "8", "--topology", xml.to_str().unwrap()]);
     // Four DRAM nodes with cpus (0-3) and four memory-only nodes of other kinds.
     assert!(stdout.contains("tiered-memory"), "{stdout}");
     assert!(
