@@ -158,6 +158,26 @@ pub fn pin_library(exe_dir: &Path) -> anyhow::Result<PathBuf> {
     }
 }
 
+/// A command line as a shell would take it back: arguments with characters a shell treats
+/// specially are single-quoted (`{...}` stays bare unless a comma would make it a brace expansion).
+pub fn shell_line<S: AsRef<str>>(args: &[S]) -> String {
+    args.iter()
+        .map(|a| {
+            let a = a.as_ref();
+            let plain = !a.is_empty()
+                && (!a.contains('{') || !a.contains(','))
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./:=,@%+{}".contains(c));
+            if plain {
+                a.to_string()
+            } else {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Resolves a command name through PATH as execvp would.
 pub fn resolve(cmd: &OsString) -> Option<PathBuf> {
     let p = Path::new(cmd);

@@ -11,28 +11,14 @@ use super::search::{median, Verdict, MIN_EFFECT};
 use super::trial::Target;
 use super::{AdviseCmd, Config, Found};
 
-/// `arg` as a shell would need it typed.
-fn quote(arg: &str) -> String {
-    let plain = !arg.is_empty()
-        && arg
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_./:=,@%+-".contains(c));
-    if plain {
-        arg.to_string()
-    } else {
-        format!("'{}'", arg.replace('\'', r"'\''"))
-    }
-}
-
 /// The exact command that runs the workload under `config`.
 pub fn run_line(config: &Config, threads: usize, command: &[String]) -> String {
-    std::iter::once("loci".to_string())
+    let args: Vec<String> = std::iter::once("loci".to_string())
         .chain(config.run_args(threads))
         .chain(std::iter::once("--".to_string()))
         .chain(command.iter().cloned())
-        .map(|a| quote(&a))
-        .collect::<Vec<_>>()
-        .join(" ")
+        .collect();
+    crate::run_cmd::shell_line(&args)
 }
 
 pub fn print_rules(f: &Facts, a: &Advice, target: &Target, threads: usize) {

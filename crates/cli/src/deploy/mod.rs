@@ -202,23 +202,6 @@ pub fn planned(
     })
 }
 
-/// A command line as a shell would take it back (arguments quoted where needed).
-fn shell_line(args: &[String]) -> String {
-    args.iter()
-        .map(|a| {
-            if !a.is_empty()
-                && a.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_./:=,@%+{}".contains(c))
-            {
-                a.clone()
-            } else {
-                format!("'{}'", a.replace('\'', "'\\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 fn print_plan(m: &Manifest) {
     println!(
         "deploy {} on {}: {} instance(s)",
@@ -241,7 +224,7 @@ fn print_plan(m: &Manifest) {
             },
             r.port
         );
-        println!("    {}", shell_line(&r.run));
+        println!("    {}", crate::run_cmd::shell_line(&r.run));
     }
     for n in &m.notes {
         println!("  note: {n}");
@@ -339,7 +322,7 @@ mod tests {
     fn shell_lines_quote_what_needs_it() {
         let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
         assert_eq!(
-            shell_line(&v(&["a", "b c", "it's", ""])),
+            crate::run_cmd::shell_line(&v(&["a", "b c", "it's", ""])),
             "a 'b c' 'it'\\''s' ''"
         );
     }
