@@ -19,22 +19,28 @@ fn some_allocator() -> Option<&'static str> {
     .map(|(a, _)| a)
 }
 
+/// Runs a `loci` command line, which must succeed; its stdout.
+fn loci(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// Runs `loci advise` on a shell script with a fresh cache; returns (stdout, result JSON).
 fn advise(script: &str, budget: &str) -> (String, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("advise.json");
-    let out = Command::new(LOCI)
-        .args(["advise", "--budget", budget, "--json"])
-        .arg(&json)
-        .args(["--", "sh", "-c", script])
-        .env("XDG_CACHE_HOME", dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "loci advise failed\nstdout:\n{stdout}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = loci(
+        Command::new(LOCI)
+            .args(["advise", "--budget", budget, "--json"])
+            .arg(&json)
+            .args(["--", "sh", "-c", script])
+            .env("XDG_CACHE_HOME", dir.path()),
     );
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -66,7 +72,9 @@ fn finds_a_planted_allocator_winner() {
             .find(|r| r["config"]["alloc"] == alloc && r["config"]["thp"] == "system")
             .unwrap();
         let ratio = row["extra"]["ratio"].as_f64().unwrap();
-        assert!((0.55..0.8).contains(&ratio), "ratio {ratio}");
+        // 0.04 / 0.06 plus the same start-up cost (`loci run`, sh) on both sides: below 0.8 on a
+        // quiet machine, nearer 0.85 when other work slows every start.
+        assert!((0.55..0.9).contains(&ratio), "ratio {ratio}");
         assert_eq!(row["extra"]["verdict"], "better");
     }
 }
@@ -85,19 +93,12 @@ fn recommends_the_default_when_nothing_matters() {
 
 /// `loci advise --rules-only ARGS -- ./app`, which must succeed; its stdout.
 fn rules_only(args: &[&str]) -> String {
-    let out = Command::new(LOCI)
-        .args(["advise", "--rules-only"])
-        .args(args)
-        .args(["--", "./app"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    loci(
+        Command::new(LOCI)
+            .args(["advise", "--rules-only"])
+            .args(args)
+            .args(["--", "./app"]),
+    )
 }
 
 #[test]
@@ -156,4 +157,64 @@ fn rules_only_on_a_captured_tiered_memory_machine_interleaves_over_dram() {
         stdout.contains("loci run --threads sparse -n 8 --mem interleave:0-3"),
         "{stdout}"
     );
+}
+
+/// `--workload tpch:ENGINE:SF`: the configuration reaches the engine as `loci bench tpch`'s own
+/// flags, every candidate is measured on the 22 queries' geometric mean, and the advice line is
+/// that bench command. Skips (saying so) when the TPC-H set cannot be installed.
+#[test]
+fn tpch_workload_measures_the_engine_through_the_bench() {
+    let setup = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/peers/setup");
+    if !Command::new(setup)
+        .arg("--tpch")
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        eprintln!("note: bench/peers/setup --tpch could not install the TPC-H set; test skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("advise.json");
+    let stdout = loci(
+        Command::new(LOCI)
+            .args([
+                "advise",
+                "--workload",
+                "tpch:duckdb:0.01",
+                "--budget",
+                "20s",
+                "--json",
+            ])
+            .arg(&json)
+            .env("XDG_CACHE_HOME", dir.path()),
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let p = &v["params"];
+    assert_eq!(p["workload"], "tpch:duckdb:0.01");
+    assert_eq!(p["metric"], "the geometric mean of the queries' times (s)");
+    let line = p["line"].as_str().unwrap();
+    assert!(
+        line.starts_with("loci bench tpch --engines duckdb --sf 0.01 ")
+            && line.contains(" --alloc ")
+            && !line.contains("--json"),
+        "{line}"
+    );
+    assert!(
+        stdout.contains("the same flags place your own server"),
+        "{stdout}"
+    );
+    let rows = v["results"].as_array().unwrap();
+    assert!(
+        rows.len() >= 3,
+        "the default and at least two candidates: {rows:?}"
+    );
+    let default = rows
+        .iter()
+        .find(|r| r["extra"]["verdict"] == "default")
+        .expect("the default is measured");
+    assert!(default["times_s"].as_array().unwrap().len() >= 5);
+    for r in rows {
+        assert!(r["median_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
 }

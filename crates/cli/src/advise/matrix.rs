@@ -1,6 +1,9 @@
 //! `loci advise --matrix`: the reference the advice is checked against. Every combination of the
 //! values the rules left open is measured the same number of times, interleaved, in the same
 //! run; the advice is then compared with the best of that full matrix, in quality and in time.
+//! Configurations are compared by their paired ratio to the default (the median over passes of
+//! the configuration's run over the default's run in the same pass), as advise's own search does,
+//! so that the machine drifting during a long matrix does not pick the winner.
 
 use std::path::Path;
 use std::time::Instant;
@@ -8,7 +11,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::rules::Advice;
-use super::search::median;
+use super::search::{median, paired_ratios, Samples};
 use super::trial::Target;
 use super::Config;
 
@@ -18,29 +21,37 @@ pub struct MatrixCheck {
     pub configs: usize,
     pub reps: usize,
     pub elapsed_s: f64,
-    /// Every configuration and its median score.
+    /// Every configuration and its median paired ratio to the default (below 1 is better).
     pub medians: Vec<(Config, f64)>,
+    /// Huge-page faults that fell back to 4 KiB pages during each configuration's runs, in the
+    /// order of `medians`.
+    #[serde(default)]
+    pub thp_fallbacks: Vec<u64>,
     pub best: Config,
-    /// Median of the advised configuration over the matrix's best median, both from the matrix
-    /// run (1.0 = advise found the best).
+    /// The advised configuration's paired ratio over the matrix's best, both from the matrix run
+    /// (1.0 = advise found the best).
     pub advised_over_best: f64,
     /// Advise's measuring time over the matrix's.
     pub time_share: f64,
 }
 
-/// Every combination of the open values.
+/// Every combination of the open values, and the default (the pairs' other half) where the open
+/// values leave it out.
 pub fn combinations(a: &Advice) -> Vec<Config> {
-    let mut out = Vec::new();
+    let mut out = vec![Config::default()];
     for t in &a.threads {
         for m in &a.mem {
             for al in &a.alloc {
                 for h in &a.thp {
-                    out.push(Config {
+                    let c = Config {
                         threads: t.clone(),
                         mem: m.clone(),
                         alloc: al.clone(),
                         thp: h.clone(),
-                    });
+                    };
+                    if c != out[0] {
+                        out.push(c);
+                    }
                 }
             }
         }
@@ -61,19 +72,29 @@ pub fn check(
     let configs = combinations(advice);
     let start = Instant::now();
     let bar = indicatif::ProgressBar::new((configs.len() * reps) as u64);
-    let mut samples = vec![Vec::new(); configs.len()];
-    for rep in 0..reps {
+    let mut samples = vec![Samples::default(); configs.len()];
+    let mut fallbacks = vec![0u64; configs.len()];
+    for pass in 0..reps {
         for j in 0..configs.len() {
-            let i = (j + rep) % configs.len();
+            let i = (j + pass) % configs.len();
             bar.set_message(configs[i].label());
-            samples[i].push(target.trial(exe, &configs[i], threads)?);
+            let before = super::trial::thp_fault_fallbacks();
+            samples[i].push(pass, target.trial(exe, &configs[i], threads)?);
+            if let (Some(a), Some(b)) = (before, super::trial::thp_fault_fallbacks()) {
+                fallbacks[i] += b.saturating_sub(a);
+            }
             bar.inc(1);
         }
     }
     bar.finish_and_clear();
+    let default = 0;
     let medians: Vec<(Config, f64)> = configs
         .into_iter()
-        .zip(samples.iter().map(|s| median(s)))
+        .zip(
+            samples
+                .iter()
+                .map(|s| median(&paired_ratios(s, &samples[default]))),
+        )
         .collect();
     let (best, best_median) = medians
         .iter()
@@ -91,6 +112,7 @@ pub fn check(
         reps,
         elapsed_s,
         medians,
+        thp_fallbacks: fallbacks,
         best,
         advised_over_best: advised_median / best_median,
         time_share: advise_s / elapsed_s,
@@ -105,13 +127,17 @@ pub fn print(m: &MatrixCheck) {
     let mut rows = m.medians.clone();
     rows.sort_by(|a, b| a.1.total_cmp(&b.1));
     for (c, med) in rows.iter().take(5) {
-        println!("  {:<58} {:>10.4}", c.label(), med);
+        println!("  {:<58} {:>8.3}x the default", c.label(), med);
     }
     if rows.len() > 5 {
         println!("  ... {} more", rows.len() - 5);
     }
+    let fell: u64 = m.thp_fallbacks.iter().sum();
+    if fell > 0 {
+        println!("  THP: {fell} huge-page faults fell back to 4 KiB pages during the matrix");
+    }
     println!(
-        "  the advised configuration: {:.3}x the matrix's best median (goal <= 1.05), found in {:.2} of the matrix's time (goal <= 0.25)",
+        "  the advised configuration: {:.3}x the matrix's best (paired ratios to the default; goal <= 1.05), found in {:.2} of the matrix's time (goal <= 0.25)",
         m.advised_over_best, m.time_share
     );
 }
@@ -137,7 +163,7 @@ mod tests {
         };
         let c = combinations(&a);
         assert_eq!(c.len(), 24);
-        assert!(c.contains(&Config::default()));
+        assert_eq!(c[0], Config::default());
         let mut uniq = c.clone();
         uniq.dedup();
         assert_eq!(uniq.len(), 24);

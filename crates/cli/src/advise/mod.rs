@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::run_cmd::Alloc;
 use crate::topo_args::TopoArgs;
 use rules::Facts;
-use search::{Outcome, Schedule, Verdict};
+use search::{Outcome, Samples, Schedule, Verdict};
 use trial::{Metric, Target};
 
 /// Find how a workload should run on this machine: threads, memory policy, allocator, THP.
@@ -31,9 +31,10 @@ use trial::{Metric, Target};
 /// rules leave open is measured against the default configuration (unpinned threads, first
 /// touch, glibc malloc, THP as the system has it): repetitions interleaved across candidates,
 /// successive halving within --budget, and a candidate is called better only when a bootstrap
-/// interval of its median ratio to the default lies wholly below 1 (Bonferroni-corrected over the
-/// candidates) and the ratio is at least 2% off 1. Each trial runs the exact `loci run` line the
-/// advice prints. Results are cached per machine and workload (--fresh measures again).
+/// interval of its paired ratio to the default (the median of its run over the default's run in
+/// the same pass) lies wholly below 1 (Bonferroni-corrected over the candidates) and the ratio
+/// is at least 2% off 1. Each trial runs the exact `loci run` line the advice prints. Results
+/// are cached per machine and workload (--fresh measures again).
 ///
 /// On a one-node machine only the allocator and THP can matter; placement is shown on machines
 /// with several nodes (or planned with --rules-only --preset NAME).
@@ -47,7 +48,10 @@ use trial::{Metric, Target};
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct AdviseCmd {
-    /// A built-in workload: w1, w2, w3, w4, subarray, alloc, stream (default: w3).
+    /// A built-in workload: w1, w2, w3, w4, subarray, alloc, stream (default: w3), or
+    /// tpch:ENGINE[:SF] (duckdb, postgres, datafusion; SF 0.01, 0.1 (default), 1, 10: TPC-H's 22
+    /// queries through `loci bench tpch`, the configuration applied to the engine; needs
+    /// bench/peers/setup --tpch).
     #[arg(long, value_name = "NAME", conflicts_with = "cmd")]
     workload: Option<String>,
     /// Time for the measured part: 90s, 2m, 45 (seconds).
@@ -135,6 +139,28 @@ impl Config {
         a
     }
 
+    /// The same configuration as a bench's own flags (`loci bench tpch`, which starts its
+    /// engines under `loci run` itself).
+    pub fn bench_flags(&self) -> Vec<String> {
+        let thp = if self.thp.is_empty() {
+            "default"
+        } else {
+            self.thp.as_str()
+        };
+        [
+            "--threads",
+            &self.threads,
+            "--mem",
+            &self.mem,
+            "--alloc",
+            &self.alloc,
+            "--thp",
+            thp,
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
     pub fn label(&self) -> String {
         format!(
             "threads={} mem={} alloc={} thp={}",
@@ -157,6 +183,10 @@ pub struct Measured {
     pub outcome: Outcome,
     /// Why the candidate could not run, if it could not.
     pub failed: Option<String>,
+    /// Huge-page faults that fell back to 4 KiB pages during this candidate's runs (summed; see
+    /// [`trial::thp_fault_fallbacks`]).
+    #[serde(default)]
+    pub thp_fallbacks: u64,
 }
 
 /// Everything advise found, as cached and written with --json.
@@ -164,6 +194,10 @@ pub struct Measured {
 pub struct Found {
     pub workload: String,
     pub command: Vec<String>,
+    /// The command takes the configuration as its own flags (`tpch:ENGINE`) instead of running
+    /// under `loci run`.
+    #[serde(default)]
+    pub config_flags: bool,
     pub metric: String,
     pub maximize: bool,
     pub threads: usize,
@@ -350,12 +384,19 @@ pub fn run(c: AdviseCmd) -> anyhow::Result<()> {
     }
     let scratch = tempfile::tempdir().context("creating a scratch directory")?;
     let target = if c.cmd.is_empty() {
-        let w = trial::workload(c.workload.as_deref().unwrap_or("w3"))?;
         if c.metric.is_some() {
             bail!("--metric applies to a command after `--`; built-in workloads report their own timed region");
         }
-        eprintln!("loci advise: workload {} - {}", w.name, w.about);
-        Target::builtin(w, &exe, scratch.path())
+        let name = c.workload.as_deref().unwrap_or("w3");
+        if let Some(spec) = name.strip_prefix("tpch:") {
+            let t = Target::tpch(spec, &exe, scratch.path())?;
+            eprintln!("loci advise: workload {} - the 22 TPC-H queries (seed 002 W5) through `loci bench tpch`", t.name);
+            t
+        } else {
+            let w = trial::workload(name)?;
+            eprintln!("loci advise: workload {} - {}", w.name, w.about);
+            Target::builtin(w, &exe, scratch.path())
+        }
     } else {
         let metric = match c.metric.as_deref() {
             None | Some("time") => Metric::Time,
@@ -445,6 +486,7 @@ fn measure(
             .progress_chars("=> "),
     );
     let mut failed: Vec<Option<String>> = vec![None; configs.len()];
+    let mut fallbacks: Vec<u64> = vec![0; configs.len()];
     let mut outcomes = search::halve(
         configs.len(),
         &schedule,
@@ -453,7 +495,12 @@ fn measure(
             if failed[i].is_some() {
                 return Ok(f64::INFINITY);
             }
-            match target.trial(exe, &configs[i], threads) {
+            let before = trial::thp_fault_fallbacks();
+            let result = target.trial(exe, &configs[i], threads);
+            if let (Some(a), Some(b)) = (before, trial::thp_fault_fallbacks()) {
+                fallbacks[i] += b.saturating_sub(a);
+            }
+            match result {
                 Ok(v) => Ok(v),
                 Err(e) if i > 0 => {
                     failed[i] = Some(e.to_string());
@@ -472,37 +519,45 @@ fn measure(
     let mut configs = configs;
     if let Some(combo) = combine(&configs, &outcomes) {
         bar.set_message(format!("combination: {}", combo.label()));
-        let mut samples: Vec<Vec<f64>> = outcomes.iter().map(|o| o.samples.clone()).collect();
+        let mut samples: Vec<Samples> = outcomes.iter().map(Samples::from).collect();
         let dropped: Vec<Option<usize>> = outcomes.iter().map(|o| o.dropped_in).collect();
-        let mut extra = Vec::new();
-        for rep in 0..schedule.first_reps {
+        let mut extra = Samples::default();
+        let first_pass = samples[0].passes.iter().max().map_or(0, |p| p + 1);
+        for pass in first_pass..first_pass + schedule.first_reps.max(search::MIN_RUNS) {
             for k in 0..2 {
-                if (k + rep) % 2 == 0 {
-                    samples[0].push(target.trial(exe, &configs[0], threads)?);
+                if (k + pass) % 2 == 0 {
+                    samples[0].push(pass, target.trial(exe, &configs[0], threads)?);
                 } else {
-                    extra.push(target.trial(exe, &combo, threads).unwrap_or(f64::INFINITY));
+                    let v = target.trial(exe, &combo, threads).unwrap_or(f64::INFINITY);
+                    extra.push(pass, v);
                 }
             }
         }
         samples.push(extra);
         configs.push(combo);
         failed.push(None);
+        fallbacks.push(0);
         outcomes = search::outcomes(&samples, &dropped);
     }
     bar.finish_and_clear();
     let measured: Vec<Measured> = configs
         .into_iter()
         .zip(outcomes)
-        .zip(failed)
-        .map(|((config, mut outcome), failed)| {
+        .zip(failed.into_iter().zip(fallbacks))
+        .map(|((config, mut outcome), (failed, thp_fallbacks))| {
             if failed.is_some() {
                 outcome.verdict = Verdict::Dropped;
-                outcome.samples.retain(|v| v.is_finite());
+                let keep: Vec<bool> = outcome.samples.iter().map(|v| v.is_finite()).collect();
+                let mut k = keep.iter();
+                outcome.samples.retain(|_| *k.next().unwrap_or(&false));
+                let mut k = keep.iter();
+                outcome.passes.retain(|_| *k.next().unwrap_or(&false));
             }
             Measured {
                 config,
                 outcome,
                 failed,
+                thp_fallbacks,
             }
         })
         .collect();
@@ -515,6 +570,7 @@ fn measure(
     Ok(Found {
         workload: target.name.clone(),
         command: target.shown(),
+        config_flags: target.config_flags,
         metric: target.metric_name(),
         maximize: target.maximize,
         threads,
@@ -621,6 +677,7 @@ mod tests {
         ];
         let o = |ratio: f64, verdict: Verdict| Outcome {
             samples: vec![],
+            passes: vec![],
             ratio,
             ci: (0.0, 0.0),
             verdict,

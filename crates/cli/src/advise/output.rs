@@ -21,6 +21,21 @@ pub fn run_line(config: &Config, threads: usize, command: &[String]) -> String {
     crate::run_cmd::shell_line(&args)
 }
 
+/// The line that runs `command` under `config`: wrapped in `loci run`, or, for a command that
+/// takes the configuration as its own flags (`loci bench tpch`), with those flags appended.
+pub fn advice_line(config: &Config, threads: usize, command: &[String], flags: bool) -> String {
+    if flags {
+        let args: Vec<String> = command
+            .iter()
+            .cloned()
+            .chain(config.bench_flags())
+            .collect();
+        crate::run_cmd::shell_line(&args)
+    } else {
+        run_line(config, threads, command)
+    }
+}
+
 pub fn print_rules(f: &Facts, a: &Advice, target: &Target, threads: usize) {
     let onoff = |v: Option<bool>| match v {
         Some(true) => "on",
@@ -44,7 +59,12 @@ pub fn print_rules(f: &Facts, a: &Advice, target: &Target, threads: usize) {
     }
     println!(
         "\nthe flowchart's answer, before measuring:\n  {}",
-        run_line(&a.recommended, threads, &target.shown())
+        advice_line(
+            &a.recommended,
+            threads,
+            &target.shown(),
+            target.config_flags
+        )
     );
 }
 
@@ -57,7 +77,12 @@ pub fn finish_rules_only(
 ) -> anyhow::Result<()> {
     print_os(&advice.os_changes);
     if let Some(path) = &c.json {
-        let line = run_line(&advice.recommended, threads, &target.shown());
+        let line = advice_line(
+            &advice.recommended,
+            threads,
+            &target.shown(),
+            target.config_flags,
+        );
         let params = serde_json::json!({
             "workload": target.name, "command": target.shown(), "threads": threads,
             "advice": advice, "flowchart_line": line, "measured": false,
@@ -151,13 +176,14 @@ pub fn print_found(found: &Found, target: &Target) {
     }
     let k = found.measured.len().saturating_sub(1);
     println!(
-        "  ratio: median over the default's median ({}); interval: bootstrap of that ratio at {:.1}% \
-(95% Bonferroni-corrected over {k} candidates); better = interval wholly {} 1 and at least {:.0}% off",
+        "  ratio: median of the per-pass ratios to the default's run in the same pass ({}); interval: \
+bootstrap of that median at {:.1}% (95% Bonferroni-corrected over {k} candidates); better = interval wholly {} 1 and at least {:.0}% off",
         if found.maximize { "above 1 is better" } else { "below 1 is faster" },
         100.0 * (1.0 - 0.05 / k.max(1) as f64),
         if found.maximize { "above" } else { "below" },
         MIN_EFFECT * 100.0
     );
+    print_thp_fallbacks(found);
     let best = found
         .measured
         .iter()
@@ -183,8 +209,23 @@ pub fn print_found(found: &Found, target: &Target) {
     }
     println!(
         "  {}",
-        run_line(&best.config, found.threads, &target.shown())
+        advice_line(
+            &best.config,
+            found.threads,
+            &target.shown(),
+            target.config_flags
+        )
     );
+    if target.config_flags {
+        println!(
+            "  (the bench starts the engine as `{} -- ENGINE`: the same flags place your own server)",
+            crate::run_cmd::shell_line(
+                &std::iter::once("loci".to_string())
+                    .chain(best.config.run_args(found.threads))
+                    .collect::<Vec<_>>()
+            )
+        );
+    }
     let flow = &found.advice.recommended;
     if *flow != best.config {
         let m = found.measured.iter().find(|m| m.config == *flow);
@@ -199,6 +240,26 @@ pub fn print_found(found: &Found, target: &Target) {
     print_os(&found.advice.os_changes);
 }
 
+/// Says when huge-page faults fell back to 4 KiB pages during the search: THP-on figures then
+/// depend on how fragmented memory was when each ran.
+fn print_thp_fallbacks(found: &Found) {
+    let total: u64 = found.measured.iter().map(|m| m.thp_fallbacks).sum();
+    if total == 0 {
+        return;
+    }
+    let worst: Vec<String> = found
+        .measured
+        .iter()
+        .filter(|m| m.thp_fallbacks > 0)
+        .map(|m| format!("{} {}", m.config.label(), m.thp_fallbacks))
+        .collect();
+    println!(
+        "  THP: {total} huge-page faults fell back to 4 KiB pages during the search (the kernel \
+had no free 2 MiB page); figures with THP on vary with fragmentation. Per candidate: {}",
+        worst.join(", ")
+    );
+}
+
 pub fn write_outputs(
     found: &Found,
     json: &Option<PathBuf>,
@@ -208,7 +269,12 @@ pub fn write_outputs(
     if json.is_none() && plot.is_none() {
         return Ok(());
     }
-    let line = run_line(&found.best, found.threads, &found.command);
+    let line = advice_line(
+        &found.best,
+        found.threads,
+        &found.command,
+        found.config_flags,
+    );
     let params = serde_json::json!({
         "workload": found.workload, "command": found.command, "metric": found.metric,
         "maximize": found.maximize, "threads": found.threads, "facts": found.facts,
@@ -236,7 +302,8 @@ pub fn write_outputs(
                 },
             )
             .extra("ratio", m.outcome.ratio)
-            .extra("verdict", m.outcome.verdict);
+            .extra("verdict", m.outcome.verdict)
+            .extra("thp_fault_fallbacks", m.thp_fallbacks);
         if !m.outcome.ci.0.is_nan() {
             row = row.extra("interval", [m.outcome.ci.0, m.outcome.ci.1]);
         }

@@ -1,10 +1,14 @@
 //! The measured part of `loci advise`: successive halving over the candidates within a time
 //! budget, repetitions interleaved across candidates, and a verdict per candidate from a
-//! bootstrap interval of the ratio of its median to the default's median.
+//! bootstrap interval of its paired ratio to the default.
 //!
-//! The statistic: resample each side's measurements with replacement, take the ratio of the two
-//! medians, 4000 times; the interval is the central `1 - 0.05/m` of those ratios, `m` the number
-//! of candidates compared with the default (a Bonferroni correction, so that with eight
+//! Pairing: the default runs in every pass over the candidates, so each run of a candidate has a
+//! run of the default from the same pass, minutes apart at most. The statistic is the median of
+//! the per-pass ratios `candidate / default`; a slow drift of the machine (page-cache or huge-page
+//! fragmentation over a long search) moves both sides of a pair alike and cancels, where a ratio
+//! of pooled medians would credit it to whichever candidate ran early. The interval resamples the
+//! pairs with replacement, 4000 times, and keeps the central `1 - 0.05/m` of the medians, `m` the
+//! number of candidates compared with the default (a Bonferroni correction, so that with eight
 //! candidates and nothing mattering, the chance of any false "better" stays near 5%). A candidate
 //! is better only when the whole interval lies below 1 and its median ratio is at least
 //! [`MIN_EFFECT`] away from 1; worse symmetrically.
@@ -15,8 +19,11 @@ use serde::{Deserialize, Serialize};
 
 /// The smallest difference from the default reported as a difference (2%).
 pub const MIN_EFFECT: f64 = 0.02;
-/// Runs each side needs before a verdict: a bootstrap over fewer samples understates the spread.
+/// Pairs a candidate needs before a verdict: a bootstrap over fewer understates the spread.
 pub const MIN_RUNS: usize = 5;
+/// The fewest runs per candidate in the first round, the screening round, when trials are long:
+/// survivors collect [`MIN_RUNS`] in the rounds that follow.
+pub const SCREEN_RUNS: usize = 3;
 const RESAMPLES: usize = 4000;
 
 /// How a candidate compares with the default.
@@ -49,8 +56,11 @@ impl Verdict {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Outcome {
     pub samples: Vec<f64>,
-    /// Median of the candidate over median of the default (in the metric's own sense: below 1 is
-    /// better for times, above 1 is better for maximised figures).
+    /// The pass over the candidates each sample was measured in (the default's run of the same
+    /// pass is its pair).
+    #[serde(default)]
+    pub passes: Vec<usize>,
+    /// Median of the per-pass ratios candidate / default (on scores: below 1 is better).
     pub ratio: f64,
     pub ci: (f64, f64),
     pub verdict: Verdict,
@@ -63,34 +73,39 @@ pub fn median(v: &[f64]) -> f64 {
     loci_report::median(v).unwrap_or(f64::NAN)
 }
 
-/// Bootstrap interval of `median(a) / median(b)` at confidence `1 - alpha`.
-pub fn ratio_interval(a: &[f64], b: &[f64], alpha: f64, seed: u64) -> (f64, f64) {
+/// Bootstrap interval of the median of `ratios` at confidence `1 - alpha`.
+pub fn median_interval(ratios: &[f64], alpha: f64, seed: u64) -> (f64, f64) {
     let mut rng = fastrand::Rng::with_seed(seed);
-    let mut buf_a = vec![0.0; a.len()];
-    let mut buf_b = vec![0.0; b.len()];
-    let mut ratios: Vec<f64> = (0..RESAMPLES)
+    let mut buf = vec![0.0; ratios.len()];
+    let mut medians: Vec<f64> = (0..RESAMPLES)
         .map(|_| {
-            for x in buf_a.iter_mut() {
-                *x = a[rng.usize(..a.len())];
+            for x in buf.iter_mut() {
+                *x = ratios[rng.usize(..ratios.len())];
             }
-            for x in buf_b.iter_mut() {
-                *x = b[rng.usize(..b.len())];
-            }
-            median(&buf_a) / median(&buf_b)
+            median(&buf)
         })
         .collect();
-    ratios.sort_by(f64::total_cmp);
-    let at = |q: f64| ratios[((q * (RESAMPLES - 1) as f64).round() as usize).min(RESAMPLES - 1)];
+    medians.sort_by(f64::total_cmp);
+    let at = |q: f64| medians[((q * (RESAMPLES - 1) as f64).round() as usize).min(RESAMPLES - 1)];
     (at(alpha / 2.0), at(1.0 - alpha / 2.0))
 }
 
-/// Judges `cand` against `base` (both lower-is-better scores), `m` candidates compared in all.
-pub fn judge(cand: &[f64], base: &[f64], m: usize, seed: u64) -> (f64, (f64, f64), Verdict) {
-    let ratio = median(cand) / median(base);
-    if cand.len() < MIN_RUNS || base.len() < MIN_RUNS {
+/// The per-pass ratios of a candidate's samples to the default's sample of the same pass.
+pub fn paired_ratios(cand: &Samples, base: &Samples) -> Vec<f64> {
+    cand.iter()
+        .filter_map(|(pass, v)| base.at(pass).map(|b| v / b))
+        .collect()
+}
+
+/// Judges `cand` against `base` (both lower-is-better scores, paired by pass), `m` candidates
+/// compared in all.
+pub fn judge(cand: &Samples, base: &Samples, m: usize, seed: u64) -> (f64, (f64, f64), Verdict) {
+    let ratios = paired_ratios(cand, base);
+    let ratio = median(&ratios);
+    if ratios.len() < MIN_RUNS {
         return (ratio, (f64::NAN, f64::NAN), Verdict::Dropped);
     }
-    let ci = ratio_interval(cand, base, 0.05 / m.max(1) as f64, seed);
+    let ci = median_interval(&ratios, 0.05 / m.max(1) as f64, seed);
     let verdict = if ci.1 < 1.0 && ratio <= 1.0 - MIN_EFFECT {
         Verdict::Better
     } else if ci.0 > 1.0 && ratio >= 1.0 + MIN_EFFECT {
@@ -99,6 +114,42 @@ pub fn judge(cand: &[f64], base: &[f64], m: usize, seed: u64) -> (f64, (f64, f64
         Verdict::Same
     };
     (ratio, ci, verdict)
+}
+
+/// One candidate's scores, each with the pass it was measured in.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Samples {
+    pub values: Vec<f64>,
+    pub passes: Vec<usize>,
+}
+
+impl Samples {
+    pub fn push(&mut self, pass: usize, v: f64) {
+        self.passes.push(pass);
+        self.values.push(v);
+    }
+    /// The score measured in `pass`, if any.
+    pub fn at(&self, pass: usize) -> Option<f64> {
+        self.passes
+            .iter()
+            .position(|&p| p == pass)
+            .map(|k| self.values[k])
+    }
+    pub fn iter(&self) -> impl Iterator<Item = (usize, f64)> + '_ {
+        self.passes.iter().copied().zip(self.values.iter().copied())
+    }
+    pub fn runs(&self) -> usize {
+        self.values.len()
+    }
+}
+
+impl From<&Outcome> for Samples {
+    fn from(o: &Outcome) -> Samples {
+        Samples {
+            values: o.samples.clone(),
+            passes: o.passes.clone(),
+        }
+    }
 }
 
 /// Successive halving's plan: how many repetitions each round gives every survivor.
@@ -115,18 +166,21 @@ impl Schedule {
         let rounds = (candidates.max(2) as f64).log2().ceil() as usize;
         let per_round = budget.as_secs_f64() / rounds as f64;
         let first_reps = (per_round / (trial.as_secs_f64().max(1e-3) * candidates as f64)) as usize;
+        // One round: every run counts for the verdict. Several: the first only screens, and the
+        // survivors are topped up to MIN_RUNS by the rounds after it (or by `halve` at the end).
+        let floor = if rounds == 1 { MIN_RUNS } else { SCREEN_RUNS };
         Schedule {
-            first_reps: first_reps.clamp(MIN_RUNS, 50),
+            first_reps: first_reps.clamp(floor, 50),
             rounds,
         }
     }
 }
 
-/// Runs successive halving. Candidate 0 is the default: it is measured in every round and never
+/// Runs successive halving. Candidate 0 is the default: it is measured in every pass and never
 /// dropped. `measure(i)` runs candidate `i` once and returns its score (lower is better).
 /// `on_trial` is told after every measurement (for a progress bar). Stops starting new rounds
 /// when the budget is spent; a round once started is finished so that its survivors are compared
-/// on equal counts.
+/// on equal counts, and survivors with fewer than [`MIN_RUNS`] pairs are topped up to it.
 pub fn halve(
     candidates: usize,
     schedule: &Schedule,
@@ -135,29 +189,36 @@ pub fn halve(
     mut on_trial: impl FnMut(usize, usize),
 ) -> anyhow::Result<Vec<Outcome>> {
     let start = Instant::now();
-    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); candidates];
+    let mut samples: Vec<Samples> = vec![Samples::default(); candidates];
     let mut dropped_in: Vec<Option<usize>> = vec![None; candidates];
     let mut alive: Vec<usize> = (0..candidates).collect();
     let mut reps = schedule.first_reps;
     let mut done = 0;
+    let mut pass = 0;
+    // One pass: every survivor once, in an order rotated per pass so that no candidate always
+    // runs right after the same one.
+    let mut run_pass = |alive: &[usize], samples: &mut [Samples], pass: usize, done: &mut usize| {
+        for j in 0..alive.len() {
+            let i = alive[(j + pass) % alive.len()];
+            samples[i].push(pass, measure(i)?);
+            *done += 1;
+            on_trial(*done, i);
+        }
+        anyhow::Ok(())
+    };
     for round in 0.. {
-        // Interleaved: every repetition visits every survivor, in an order rotated per repetition
-        // so that no candidate always runs right after the same one.
-        for rep in 0..reps {
-            for j in 0..alive.len() {
-                let i = alive[(j + rep) % alive.len()];
-                samples[i].push(measure(i)?);
-                done += 1;
-                on_trial(done, i);
-            }
+        for _ in 0..reps {
+            run_pass(&alive, &mut samples, pass, &mut done)?;
+            pass += 1;
         }
         let challengers = alive.len() - 1;
-        if challengers <= 1 || start.elapsed() >= budget || round + 1 >= schedule.rounds.max(1) {
+        if challengers <= 1 || round + 1 >= schedule.rounds.max(1) {
             break;
         }
-        // Keep the better half of the challengers by median; the default always stays.
+        // Keep the better half of the challengers by paired ratio; the default always stays.
         let mut ranked: Vec<usize> = alive[1..].to_vec();
-        ranked.sort_by(|&a, &b| median(&samples[a]).total_cmp(&median(&samples[b])));
+        let key = |i: usize| median(&paired_ratios(&samples[i], &samples[0]));
+        ranked.sort_by(|&a, &b| key(a).total_cmp(&key(b)));
         let keep = challengers.div_ceil(2);
         for &i in &ranked[keep..] {
             dropped_in[i] = Some(round);
@@ -167,18 +228,22 @@ pub fn halve(
             .collect();
         reps *= 2;
         // Skip a round that cannot finish inside what is left of the budget (estimated from the
-        // mean trial so far); the default and survivors keep the measurements they have.
+        // mean trial so far); the survivors are topped up below instead.
         let mean_trial = start.elapsed().as_secs_f64() / done as f64;
         let next_cost = mean_trial * (reps * alive.len()) as f64;
         if start.elapsed().as_secs_f64() + next_cost > budget.as_secs_f64() * 1.1 {
             break;
         }
     }
+    while alive.iter().any(|&i| samples[i].runs() < MIN_RUNS) {
+        run_pass(&alive, &mut samples, pass, &mut done)?;
+        pass += 1;
+    }
     Ok(outcomes(&samples, &dropped_in))
 }
 
-/// Judges every candidate's samples against candidate 0's (the default).
-pub fn outcomes(samples: &[Vec<f64>], dropped_in: &[Option<usize>]) -> Vec<Outcome> {
+/// Judges every candidate's samples against candidate 0's (the default), pair by pair.
+pub fn outcomes(samples: &[Samples], dropped_in: &[Option<usize>]) -> Vec<Outcome> {
     let m = samples.len().saturating_sub(1);
     (0..samples.len())
         .map(|i| {
@@ -188,7 +253,8 @@ pub fn outcomes(samples: &[Vec<f64>], dropped_in: &[Option<usize>]) -> Vec<Outco
                 judge(&samples[i], &samples[0], m, 0x5eed + i as u64)
             };
             Outcome {
-                samples: samples[i].clone(),
+                samples: samples[i].values.clone(),
+                passes: samples[i].passes.clone(),
                 ratio,
                 ci,
                 verdict,
@@ -257,21 +323,93 @@ mod tests {
         let s = Schedule::fit(8, Duration::from_secs(1), Duration::from_secs(60));
         assert_eq!(s.rounds, 3);
         assert_eq!(
-            s.first_reps, MIN_RUNS,
-            "60 s / 3 rounds / 8 candidates is 2.5 s: the floor"
+            s.first_reps, SCREEN_RUNS,
+            "60 s / 3 rounds / 8 candidates is 2.5 s: the screening floor"
+        );
+        let s = Schedule::fit(2, Duration::from_secs(10), Duration::from_secs(10));
+        assert_eq!(
+            (s.rounds, s.first_reps),
+            (1, MIN_RUNS),
+            "one round: every run is a pair"
         );
         let s = Schedule::fit(4, Duration::from_millis(100), Duration::from_secs(60));
         assert_eq!(s.first_reps, 50);
     }
 
+    fn samples(values: impl IntoIterator<Item = f64>) -> Samples {
+        let mut s = Samples::default();
+        for (p, v) in values.into_iter().enumerate() {
+            s.push(p, v);
+        }
+        s
+    }
+
     #[test]
     fn interval_brackets_a_clear_ratio() {
-        let a: Vec<f64> = (0..20).map(|i| 2.0 + 0.01 * i as f64).collect();
-        let b: Vec<f64> = (0..20).map(|i| 1.0 + 0.01 * i as f64).collect();
-        let (lo, hi) = ratio_interval(&a, &b, 0.05, 3);
-        assert!(lo > 1.8 && hi < 2.2 && lo <= hi, "{lo} {hi}");
-        let (r, _, v) = judge(&a, &b, 1, 3);
-        assert!((r - 1.9).abs() < 0.1);
+        let a = samples((0..20).map(|i| 2.0 + 0.01 * i as f64));
+        let b = samples((0..20).map(|i| 1.0 + 0.01 * (19 - i) as f64));
+        let (r, (lo, hi), v) = judge(&a, &b, 1, 3);
+        assert!(lo > 1.6 && hi < 2.4 && lo <= hi, "{lo} {hi}");
+        assert!((r - 1.9).abs() < 0.2, "{r}");
         assert_eq!(v, Verdict::Worse);
+    }
+
+    #[test]
+    fn drift_between_passes_cancels_in_the_pairs() {
+        // The machine slows 3% per pass. The candidate equals the default but ran only in the
+        // first 6 passes (dropped, then the default ran on): pooled medians would call it 8%
+        // faster; the pairs see no difference.
+        let drift = |p: usize| 1.0 + 0.03 * p as f64;
+        let base = samples((0..12).map(drift));
+        let cand = samples((0..6).map(drift));
+        let pooled = median(&cand.values) / median(&base.values);
+        assert!(pooled < 0.95, "{pooled}");
+        let (r, _, v) = judge(&cand, &base, 1, 5);
+        assert!((r - 1.0).abs() < 1e-12, "{r}");
+        assert_eq!(v, Verdict::Same);
+    }
+
+    #[test]
+    fn a_candidate_without_pairs_gets_no_verdict() {
+        let base = samples([1.0; 10]);
+        let mut cand = Samples::default();
+        for p in 20..30 {
+            cand.push(p, 0.5);
+        }
+        let (_, _, v) = judge(&cand, &base, 1, 1);
+        assert_eq!(v, Verdict::Dropped);
+    }
+
+    #[test]
+    fn when_the_budget_ends_early_the_survivors_are_topped_up_to_a_verdict() {
+        let means = [1.0, 1.0, 0.5, 1.0, 1.0, 1.0, 0.9];
+        let schedule = Schedule {
+            first_reps: SCREEN_RUNS,
+            rounds: 3,
+        };
+        let mut rng = fastrand::Rng::with_seed(9);
+        let out = halve(
+            means.len(),
+            &schedule,
+            Duration::ZERO,
+            |i| Ok(means[i] * (1.0 + 0.01 * rng.f64())),
+            |_, _| {},
+        )
+        .unwrap();
+        let survivors: Vec<usize> = (1..out.len())
+            .filter(|&i| out[i].dropped_in.is_none())
+            .collect();
+        assert_eq!(survivors.len(), 3, "{out:?}");
+        assert!(survivors.contains(&2));
+        for &i in &survivors {
+            assert_eq!(out[i].samples.len(), MIN_RUNS);
+        }
+        assert_eq!(out[2].verdict, Verdict::Better);
+        let dropped = (1..out.len()).filter(|&i| out[i].verdict == Verdict::Dropped);
+        assert_eq!(
+            dropped.count(),
+            3,
+            "screened out with {SCREEN_RUNS} runs: no verdict"
+        );
     }
 }

@@ -69,16 +69,25 @@ pub const WORKLOADS: &[Workload] = &[
     },
 ];
 
+/// The engines `--workload tpch:ENGINE` takes (those of `loci bench tpch`).
+pub const TPCH_ENGINES: [&str; 3] = ["duckdb", "postgres", "datafusion"];
+
+/// The scale factors `tpch:ENGINE:SF` takes (those of `loci bench tpch`).
+pub const TPCH_SCALES: [&str; 4] = ["0.01", "0.1", "1", "10"];
+
+/// Every built-in workload name, for help and errors.
+pub fn workload_names() -> String {
+    let mut v: Vec<String> = WORKLOADS.iter().map(|w| w.name.to_string()).collect();
+    v.extend(TPCH_ENGINES.iter().map(|e| format!("tpch:{e}")));
+    v.join(", ")
+}
+
 /// Looks up a built-in workload, naming the valid ones when `name` is not one.
 pub fn workload(name: &str) -> anyhow::Result<&'static Workload> {
     WORKLOADS.iter().find(|w| w.name == name).with_context(|| {
         format!(
             "unknown workload `{name}`; valid: {} (or give a command after `--`)",
-            WORKLOADS
-                .iter()
-                .map(|w| w.name)
-                .collect::<Vec<_>>()
-                .join(", ")
+            workload_names()
         )
     })
 }
@@ -87,6 +96,8 @@ pub fn workload(name: &str) -> anyhow::Result<&'static Workload> {
 pub enum Metric {
     /// Built-in workloads: the summed `median_s` of the `loci` rows of the JSON result.
     Report,
+    /// `tpch:ENGINE`: the geometric mean over the queries (the `ENGINE geomean` row).
+    QueryGeomean,
     /// Wall time of the whole `loci run` process.
     Time,
     /// The first number the regex captures (group 1, else the whole match) in stdout+stderr.
@@ -104,6 +115,10 @@ pub struct Target {
     /// Set for built-in workloads that write a result file: where it goes.
     json: Option<PathBuf>,
     builtin: bool,
+    /// The configuration is handed to the program as its own `--threads/--mem/--alloc/--thp`
+    /// flags instead of wrapping it in `loci run`: `loci bench tpch` starts each engine under its
+    /// own `loci run` (the PostgreSQL server, not its client, must get the allocator).
+    pub config_flags: bool,
 }
 
 impl Target {
@@ -133,7 +148,54 @@ impl Target {
             metric,
             maximize: false,
             json,
+            config_flags: false,
         }
+    }
+
+    /// `tpch:ENGINE[:SF]`: the 22 TPC-H queries (SF 0.1 unless given) on one engine, one timed
+    /// run of each after one warm run, through `loci bench tpch` with the configuration as its
+    /// flags.
+    pub fn tpch(spec: &str, exe: &Path, scratch: &Path) -> anyhow::Result<Target> {
+        let (engine, sf) = spec.split_once(':').unwrap_or((spec, "0.1"));
+        if !TPCH_SCALES.contains(&sf) {
+            bail!(
+                "unknown scale factor `{sf}` in `tpch:{spec}`; valid: {}",
+                TPCH_SCALES.join(", ")
+            );
+        }
+        if !TPCH_ENGINES.contains(&engine) {
+            bail!(
+                "unknown TPC-H engine `{engine}` in `tpch:{engine}`; valid: {}",
+                TPCH_ENGINES.map(|e| format!("tpch:{e}")).join(", ")
+            );
+        }
+        let json = scratch.join("trial.json");
+        let mut argv: Vec<OsString> = vec![exe.as_os_str().to_owned()];
+        argv.extend(
+            [
+                "bench",
+                "tpch",
+                "--engines",
+                engine,
+                "--sf",
+                sf,
+                "--reps",
+                "1",
+                "--warm",
+                "1",
+            ]
+            .map(OsString::from),
+        );
+        argv.extend(["--json".into(), json.clone().into_os_string()]);
+        Ok(Target {
+            name: format!("tpch:{engine}:{sf}"),
+            builtin: true,
+            argv,
+            metric: Metric::QueryGeomean,
+            maximize: false,
+            json: Some(json),
+            config_flags: true,
+        })
     }
 
     pub fn command(argv: Vec<OsString>, metric: Metric, maximize: bool) -> Target {
@@ -148,12 +210,14 @@ impl Target {
             maximize,
             json: None,
             builtin: false,
+            config_flags: false,
         }
     }
 
     /// What the figure is, for the report.
     pub fn metric_name(&self) -> String {
         match &self.metric {
+            Metric::QueryGeomean => "the geometric mean of the queries' times (s)".into(),
             _ if self.builtin => "the workload's timed region (s)".into(),
             Metric::Time => "wall time (s)".into(),
             Metric::Report => "the loci rows' medians of the result file (s)".into(),
@@ -190,8 +254,15 @@ impl Target {
         if let Some(j) = &self.json {
             let _ = std::fs::remove_file(j);
         }
-        let mut cmd = Command::new(exe);
-        cmd.args(config.run_args(n)).arg("--").args(&self.argv);
+        let mut cmd = if self.config_flags {
+            let mut cmd = Command::new(&self.argv[0]);
+            cmd.args(&self.argv[1..]).args(config.bench_flags());
+            cmd
+        } else {
+            let mut cmd = Command::new(exe);
+            cmd.args(config.run_args(n)).arg("--").args(&self.argv);
+            cmd
+        };
         cmd.stdin(Stdio::null());
         let start = Instant::now();
         let out = cmd
@@ -210,9 +281,9 @@ impl Target {
         }
         let figure = match &self.metric {
             Metric::Time => wall,
-            Metric::Report => {
+            Metric::Report | Metric::QueryGeomean => {
                 let path = self.json.as_ref().expect("built-in targets write a report");
-                report_time(path)?
+                report_time(path, matches!(self.metric, Metric::QueryGeomean))?
             }
             Metric::Regex(re) => {
                 let text = format!(
@@ -233,8 +304,24 @@ impl Target {
     }
 }
 
-/// The summed `median_s` of the `loci` rows of a result file.
-fn report_time(path: &Path) -> anyhow::Result<f64> {
+/// The kernel's count of huge-page faults that fell back to 4 KiB pages (`thp_fault_fallback` in
+/// /proc/vmstat): when it grows during a trial, THP could not get 2 MiB pages, and THP-on figures
+/// drift as memory fragments. `None` where the kernel has no such counter.
+pub fn thp_fault_fallbacks() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/vmstat").ok()?;
+    parse_vmstat(&text, "thp_fault_fallback")
+}
+
+fn parse_vmstat(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+/// The figure of a result file: the summed `median_s` of its `loci` rows, or with `geomean` the
+/// `median_s` of its `ENGINE geomean` row (`loci bench tpch`).
+fn report_time(path: &Path, geomean: bool) -> anyhow::Result<f64> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("the workload wrote no result file {}", path.display()))?;
     let r: loci_report::Report =
@@ -242,13 +329,20 @@ fn report_time(path: &Path) -> anyhow::Result<f64> {
     let times: Vec<f64> = r
         .results
         .iter()
-        .filter(|row| row.system == "loci")
+        .filter(|row| {
+            if geomean {
+                row.case.as_deref().is_some_and(|c| c.ends_with(" geomean"))
+            } else {
+                row.system == "loci"
+            }
+        })
         .map(|row| row.median_s)
         .collect();
-    if times.is_empty() {
-        bail!("{} has no `loci` row", path.display());
+    match times[..] {
+        [] if geomean => bail!("{} has no `ENGINE geomean` row", path.display()),
+        [] => bail!("{} has no `loci` row", path.display()),
+        _ => Ok(times.iter().sum()),
     }
-    Ok(times.iter().sum())
 }
 
 /// The number `re` finds in `text`: capture group 1 if the regex has one, else the whole match.
@@ -288,7 +382,7 @@ mod tests {
     fn unknown_workload_lists_the_valid_ones() {
         let e = workload("w9").err().unwrap().to_string();
         assert!(
-            e.contains("w9") && e.contains("w3, w1, w2, w4, subarray, alloc, stream"),
+            e.contains("w9") && e.contains("w3, w1, w2, w4, subarray, alloc, stream, tpch:duckdb"),
             "{e}"
         );
     }
@@ -306,6 +400,71 @@ mod tests {
     }
 
     #[test]
+    fn tpch_target_hands_the_configuration_to_the_bench_as_flags() {
+        use clap::Parser;
+        let t = Target::tpch("postgres", Path::new("loci"), Path::new("/tmp/x")).unwrap();
+        assert!(t.config_flags);
+        let c = Config {
+            alloc: "jemalloc".into(),
+            thp: "off".into(),
+            ..Config::default()
+        };
+        let mut argv = t.argv.clone();
+        argv.extend(c.bench_flags().into_iter().map(OsString::from));
+        if let Err(e) = crate::Cli::try_parse_from(&argv) {
+            panic!("{e}");
+        }
+        let line = argv
+            .iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(
+            line.contains("--engines postgres") && line.contains("--alloc jemalloc --thp off"),
+            "{line}"
+        );
+        assert!(line.contains("--sf 0.1 "), "{line}");
+        let e = Target::tpch("sqlite", Path::new("loci"), Path::new("/tmp/x"))
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string()
+                .contains("tpch:duckdb, tpch:postgres, tpch:datafusion"),
+            "{e}"
+        );
+        let e = Target::tpch("duckdb:3", Path::new("loci"), Path::new("/tmp/x"))
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string().contains("`3`") && e.to_string().contains("0.01, 0.1, 1, 10"),
+            "{e}"
+        );
+        let t = Target::tpch("duckdb:0.01", Path::new("loci"), Path::new("/tmp/x")).unwrap();
+        assert_eq!(t.name, "tpch:duckdb:0.01");
+    }
+
+    #[test]
+    fn tpch_figure_is_the_geomean_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.json");
+        let mut r = loci_report::Report::new(
+            "tpch",
+            serde_json::json!({}),
+            loci_report::Machine::default(),
+        );
+        r.results
+            .push(loci_report::Row::from_times("duckdb", vec![0.5]).case("duckdb q01"));
+        r.results
+            .push(loci_report::Row::from_times("duckdb", vec![0.25]).case("duckdb geomean"));
+        r.write_json(&p).unwrap();
+        assert_eq!(report_time(&p, true).unwrap(), 0.25);
+        assert!(report_time(&p, false)
+            .unwrap_err()
+            .to_string()
+            .contains("no `loci` row"));
+    }
+
+    #[test]
     fn builtin_shown_command_drops_the_result_file() {
         let t = Target::builtin(
             workload("w3").unwrap(),
@@ -318,5 +477,12 @@ mod tests {
             "{shown}"
         );
         assert!(!shown.contains("json"), "{shown}");
+    }
+
+    #[test]
+    fn vmstat_counter_is_read_by_exact_name() {
+        let text = "thp_fault_alloc 12\nthp_fault_fallback 7\nthp_fault_fallback_charge 3\n";
+        assert_eq!(parse_vmstat(text, "thp_fault_fallback"), Some(7));
+        assert_eq!(parse_vmstat(text, "thp_split_page"), None);
     }
 }
