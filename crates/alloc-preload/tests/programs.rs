@@ -56,7 +56,9 @@ fn run(cmd: &mut Command, preload: bool) -> Output {
     } else {
         cmd.env_remove("LD_PRELOAD");
     }
-    let out = cmd.output().unwrap();
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?} did not start: {e}"));
     assert!(
         out.status.success(),
         "{cmd:?} (preload {preload}) failed: {}\n{}",
@@ -150,18 +152,13 @@ fn build_cabi() -> PathBuf {
     let d = tmpdir("cabi");
     let exe = d.join("cabi");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/cabi.c");
-    let out = Command::new("cc")
-        .args(["-O1", "-g", "-pthread", "-o"])
+    // cc: the C compiler Rust links with.
+    let mut cc = Command::new("cc");
+    cc.args(["-O1", "-g", "-pthread", "-o"])
         .arg(&exe)
         .arg(src)
-        .arg("-ldl")
-        .output()
-        .expect("cc (the C compiler Rust links with) is needed to build the C-ABI test");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .arg("-ldl");
+    run(&mut cc, false);
     exe
 }
 
@@ -182,19 +179,12 @@ fn c_abi_program() {
 fn c_abi_program_under_valgrind_memcheck() {
     let exe = build_cabi();
     let vg = tool("valgrind", "valgrind");
-    let out = Command::new(vg)
+    let mut memcheck = Command::new(vg);
+    memcheck
         .args(["--tool=memcheck", "--error-exitcode=99", "-q"])
         // replace malloc only inside libc (so glibc, the small-block delegate, is checked), not ours
         .arg("--soname-synonyms=somalloc=nouserintercepts")
-        .arg(&exe)
-        .env("LD_PRELOAD", lib())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "memcheck found errors ({}):\n{err}",
-        out.status
-    );
+        .arg(&exe);
+    let out = run(&mut memcheck, true);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "cabi ok\n");
 }

@@ -13,21 +13,14 @@ pub enum ArrayError {
         want: usize,
         dims: String,
     },
-    /// A range whose start is past its end.
-    #[error("dimension `{dim}`: range {lo}..{hi} is reversed (start after end); valid extent is 0..{len}")]
-    Reversed {
+    /// A range that is reversed (start past its end) or leaves the array (`why` says which).
+    #[error("dimension `{dim}`: range {lo}..{hi} is {why}; valid extent is 0..{len}")]
+    Range {
         dim: String,
         lo: usize,
         hi: usize,
         len: usize,
-    },
-    /// A range that leaves the array.
-    #[error("dimension `{dim}`: range {lo}..{hi} is outside the array; valid extent is 0..{len}")]
-    Outside {
-        dim: String,
-        lo: usize,
-        hi: usize,
-        len: usize,
+        why: &'static str,
     },
     /// Memory could not be mapped or its policy could not be set.
     #[error("memory: {0}")]

@@ -313,22 +313,20 @@ impl Layout {
         }
         for (d, r) in b.iter().enumerate() {
             let dim = &self.dims[d];
-            if r.start > r.end {
-                return Err(ArrayError::Reversed {
-                    dim: dim.name.to_string(),
-                    lo: r.start,
-                    hi: r.end,
-                    len: dim.len,
-                });
-            }
-            if r.end > dim.len {
-                return Err(ArrayError::Outside {
-                    dim: dim.name.to_string(),
-                    lo: r.start,
-                    hi: r.end,
-                    len: dim.len,
-                });
-            }
+            let why = if r.start > r.end {
+                "reversed (start after end)"
+            } else if r.end > dim.len {
+                "outside the array"
+            } else {
+                continue;
+            };
+            return Err(ArrayError::Range {
+                dim: dim.name.to_string(),
+                lo: r.start,
+                hi: r.end,
+                len: dim.len,
+                why,
+            });
         }
         Ok(())
     }

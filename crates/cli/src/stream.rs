@@ -209,6 +209,14 @@ fn print_reports(reps: &[loci_stream::StreamReport], json: bool) -> anyhow::Resu
     Ok(())
 }
 
+/// The config file at `path` (`load` reads and validates it), or the default config without one.
+fn config_or_default<C: Default>(
+    path: Option<&Path>,
+    load: fn(&Path) -> Result<C, loci_stream::config::ConfigError>,
+) -> anyhow::Result<C> {
+    Ok(path.map(load).transpose()?.unwrap_or_default())
+}
+
 /// The secret file to read: `--secret-file` if given, else the config's `secret_file` (a relative
 /// one is taken relative to the config file's directory).
 fn secret_file_of(
@@ -274,10 +282,7 @@ impl SideArgs {
 }
 
 fn recv(a: RecvArgs) -> anyhow::Result<()> {
-    let mut config = match &a.config {
-        Some(p) => ReceiverConfig::load(p)?,
-        None => ReceiverConfig::default(),
-    };
+    let mut config = config_or_default(a.config.as_deref(), ReceiverConfig::load)?;
     a.side
         .protection(&mut config.encrypt, &mut config.unauthenticated);
     if let Some(n) = a.max_connections {
@@ -319,10 +324,7 @@ fn recv(a: RecvArgs) -> anyhow::Result<()> {
 }
 
 fn send(a: SendArgs) -> anyhow::Result<()> {
-    let mut config = match &a.config {
-        Some(p) => SenderConfig::load(p)?,
-        None => SenderConfig::default(),
-    };
+    let mut config = config_or_default(a.config.as_deref(), SenderConfig::load)?;
     a.side
         .protection(&mut config.encrypt, &mut config.unauthenticated);
     config.validate()?;

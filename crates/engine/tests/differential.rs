@@ -62,6 +62,22 @@ fn check_agg(pool: &Exec, t: &Table, what: &str) {
     assert_eq!(w1_lists(pool, t).unwrap().0, want1, "w1 lists {what}");
 }
 
+/// Both hash joins and a probe of every index kind (built on `r`, unique keys) against the
+/// reference join; the reference's match count.
+fn check_joins(pool: &Exec, r: &Table, s: &Table, what: &str) -> u64 {
+    let (rk, rv) = r.to_vecs();
+    let (sk, sv) = s.to_vecs();
+    let want = reference::join(&rk, &rv, &sk, &sv);
+    assert_eq!(w3_shared(pool, r, s).unwrap().0, want, "shared {what}");
+    assert_eq!(w3_partitioned(pool, r, s).unwrap().0, want, "part {what}");
+    for kind in IndexKind::ALL {
+        let idx = build(pool, r, kind).unwrap();
+        assert_eq!(idx.len(), rk.len(), "{kind} {what}");
+        assert_eq!(probe(pool, &idx, s).0, want, "{kind} {what}");
+    }
+    want.count
+}
+
 #[test]
 fn aggregation_matches_reference_on_every_dataset_and_configuration() {
     let execs = execs();
@@ -107,15 +123,7 @@ fn matrix_matches_reference() {
             }
             let js = JoinSpec::ratio16(400, 8);
             let (r, s) = generate_join(pool, js, None, 700, &pol).unwrap();
-            let (rk, rv) = r.to_vecs();
-            let (sk, sv) = s.to_vecs();
-            let want = reference::join(&rk, &rv, &sk, &sv);
-            assert_eq!(w3_shared(pool, &r, &s).unwrap().0, want, "shared {what}");
-            assert_eq!(w3_partitioned(pool, &r, &s).unwrap().0, want, "part {what}");
-            for kind in IndexKind::ALL {
-                let idx = build(pool, &r, kind).unwrap();
-                assert_eq!(probe(pool, &idx, &s).0, want, "{kind} {what}");
-            }
+            check_joins(pool, &r, &s, &what);
         }
     }
 }
@@ -169,18 +177,8 @@ fn joins_match_reference_on_every_configuration() {
                 let spec = JoinSpec::ratio16(r_rows, 3 + i as u64);
                 let morsel = [1000, 4097, 50_000, 777, 3000, 2500, 6001][i];
                 let (r, s) = generate_join(pool, spec, None, morsel, &pol).unwrap();
-                let (rk, rv) = r.to_vecs();
-                let (sk, sv) = s.to_vecs();
-                let want = reference::join(&rk, &rv, &sk, &sv);
-                assert_eq!(want.count, spec.s_rows as u64);
                 let what = format!("{} {pol} r={r_rows}", name(pool));
-                assert_eq!(w3_shared(pool, &r, &s).unwrap().0, want, "shared {what}");
-                assert_eq!(w3_partitioned(pool, &r, &s).unwrap().0, want, "part {what}");
-                for kind in IndexKind::ALL {
-                    let idx = build(pool, &r, kind).unwrap();
-                    assert_eq!(idx.len(), r_rows);
-                    assert_eq!(probe(pool, &idx, &s).0, want, "{kind} {what}");
-                }
+                assert_eq!(check_joins(pool, &r, &s, &what), spec.s_rows as u64);
             }
         }
     }

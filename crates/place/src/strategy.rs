@@ -457,14 +457,9 @@ fn llc_groups(topo: &Topology, pool: &CpuSet) -> Vec<(Option<u32>, Vec<u32>)> {
             left.remove(c);
         }
     }
-    while let Some(first) = left.first() {
-        let core = topo.cpu(first).map(|c| (c.package, c.core));
-        let g: CpuSet = left
-            .iter()
-            .filter(|&id| topo.cpu(id).map(|c| (c.package, c.core)) == core)
-            .collect();
-        left = left.difference(&g);
-        out.push((topo.node_of_cpu(first), compact_order(topo, &g)));
+    for g in topo.split_by_core(&left) {
+        let node = g.first().and_then(|c| topo.node_of_cpu(c));
+        out.push((node, compact_order(topo, &g)));
     }
     out
 }

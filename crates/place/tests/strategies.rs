@@ -2,14 +2,39 @@
 
 use std::collections::BTreeMap;
 
+use loci_place::policy::PolicyError;
 use loci_place::strategy::{compact_order, deal, place_threads};
 use loci_place::testing::regular;
-use loci_place::{MemPolicy, Plan, Strategy as Threads};
+use loci_place::{MemPlan, MemPolicy, Plan, Strategy as Threads};
 use loci_topo::{CpuSet, Topology};
 use proptest::prelude::*;
 
 fn s(x: &str) -> Threads {
     x.parse().unwrap()
+}
+
+/// Parsing `text` as a `T` fails with an error that names every one of `parts`.
+fn refused<T: std::str::FromStr>(text: &str, parts: &[&str])
+where
+    T::Err: std::fmt::Display,
+{
+    let e = match text.parse::<T>() {
+        Ok(_) => panic!("{text:?} parsed"),
+        Err(e) => e.to_string(),
+    };
+    assert!(parts.iter().all(|p| e.contains(p)), "{text:?}: {e}");
+}
+
+/// The error of placing `n` threads by `st` on `topo`.
+fn placement_error(topo: &Topology, st: &str, n: usize) -> String {
+    place_threads(topo, &s(st), n, false)
+        .unwrap_err()
+        .to_string()
+}
+
+/// The memory policy `policy` resolved on `topo`: its plan and notes.
+fn resolve(topo: &Topology, policy: &str) -> Result<(MemPlan, Vec<String>), PolicyError> {
+    policy.parse::<MemPolicy>().unwrap().resolve(topo)
 }
 
 fn cpus_of(topo: &Topology, st: &str, n: usize) -> Vec<String> {
@@ -29,31 +54,14 @@ fn strategy_parsing_and_errors() {
     assert_eq!(s("nodes:0-1").bind().to_string(), "node");
     assert_eq!(s("group").bind().to_string(), "group");
     assert_eq!(s("sparse").bind().to_string(), "cpu");
-    let e = "spread".parse::<Threads>().unwrap_err().to_string();
-    assert!(
-        e.contains("`spread`") && e.contains("compact") && e.contains("cpus:LIST"),
-        "{e}"
-    );
-    let e = "compact@socket".parse::<Threads>().unwrap_err().to_string();
-    assert!(
-        e.contains("@socket") && e.contains("cpu, core, group, node"),
-        "{e}"
-    );
-    assert!("shared"
-        .parse::<Threads>()
-        .unwrap_err()
-        .to_string()
-        .contains("group size"));
-    assert!("shared:0".parse::<Threads>().is_err());
-    assert!("random:x"
-        .parse::<Threads>()
-        .unwrap_err()
-        .to_string()
-        .contains("`x`"));
-    let e = "cpus:0-x".parse::<Threads>().unwrap_err().to_string();
-    assert!(e.contains("0-x"), "{e}");
-    assert!("os@cpu".parse::<Threads>().is_err());
-    assert!("compact:3".parse::<Threads>().is_err());
+    refused::<Threads>("spread", &["`spread`", "compact", "cpus:LIST"]);
+    refused::<Threads>("compact@socket", &["@socket", "cpu, core, group, node"]);
+    refused::<Threads>("shared", &["group size"]);
+    refused::<Threads>("shared:0", &[]);
+    refused::<Threads>("random:x", &["`x`"]);
+    refused::<Threads>("cpus:0-x", &["0-x"]);
+    refused::<Threads>("os@cpu", &[]);
+    refused::<Threads>("compact:3", &[]);
 }
 
 #[test]
@@ -89,9 +97,7 @@ fn shared_groups_share_a_node_and_llc() {
     let nodes: Vec<String> = p.iter().map(|p| p.nodes.to_string()).collect();
     assert_eq!(nodes, vec!["0", "0", "0", "1", "1", "1"]);
     assert!(notes[0].contains("span"), "{notes:?}");
-    let e = place_threads(&t, &s("shared:5"), 5, false)
-        .unwrap_err()
-        .to_string();
+    let e = placement_error(&t, "shared:5", 5);
     assert!(e.contains("largest node has 4"), "{e}");
 }
 
@@ -114,22 +120,16 @@ fn lists_and_their_errors() {
         vec!["2-3,10-11", "6-7,14-15", "2-3,10-11"]
     );
     assert_eq!(cpus_of(&t, "nodes:!0", 1), vec!["2-3,10-11"]);
-    let e = place_threads(&t, &s("cpus:99"), 1, false)
-        .unwrap_err()
-        .to_string();
+    let e = placement_error(&t, "cpus:99", 1);
     assert!(e.contains("cpu 99") && e.contains("0-15"), "{e}");
-    let e = place_threads(&t, &s("nodes:7"), 1, false)
-        .unwrap_err()
-        .to_string();
+    let e = placement_error(&t, "nodes:7", 1);
     assert!(e.contains("node 7") && e.contains("0-3"), "{e}");
 }
 
 #[test]
 fn oversubscription_is_refused_unless_asked() {
     let t = regular(1, 2, 1, 1);
-    let e = place_threads(&t, &s("compact"), 3, false)
-        .unwrap_err()
-        .to_string();
+    let e = placement_error(&t, "compact", 3);
     assert!(
         e.contains("3 threads") && e.contains("--oversubscribe"),
         "{e}"
@@ -148,9 +148,7 @@ fn only_allowed_cpus_are_used() {
     }
     let (p, _) = place_threads(&t, &s("compact"), 8, false).unwrap();
     assert!(p.iter().all(|p| p.cpus.iter().all(|c| c % 2 == 1)));
-    let e = place_threads(&t, &s("cpus:0"), 1, false)
-        .unwrap_err()
-        .to_string();
+    let e = placement_error(&t, "cpus:0", 1);
     assert!(
         e.contains("not allowed") && e.contains("allowed cpus: 1,3"),
         "{e}"
@@ -173,7 +171,7 @@ fn os_pins_nothing_and_random_is_a_permutation() {
 #[test]
 fn policies_resolve_with_notes_and_errors() {
     let t = four();
-    let p = |x: &str| x.parse::<MemPolicy>().unwrap().resolve(&t);
+    let p = |x: &str| resolve(&t, x);
     let (m, n) = p("interleave").unwrap();
     assert_eq!((m.to_string(), n.len()), ("interleave:0-3".into(), 0));
     let (m, n) = p("interleave:2").unwrap();
@@ -189,62 +187,28 @@ fn policies_resolve_with_notes_and_errors() {
     );
     let e = p("preferred:9").unwrap_err().to_string();
     assert!(e.contains("node 9"), "{e}");
-    let e = "spread".parse::<MemPolicy>().unwrap_err().to_string();
-    assert!(
-        e.contains("`spread`") && e.contains("weighted-interleave:NODES"),
-        "{e}"
-    );
-    assert!("bind"
-        .parse::<MemPolicy>()
-        .unwrap_err()
-        .to_string()
-        .contains("node list"));
-    assert!("bind:1-x"
-        .parse::<MemPolicy>()
-        .unwrap_err()
-        .to_string()
-        .contains("1-x"));
+    refused::<MemPolicy>("spread", &["`spread`", "weighted-interleave:NODES"]);
+    refused::<MemPolicy>("bind", &["node list"]);
+    refused::<MemPolicy>("bind:1-x", &["1-x"]);
 
     // A memoryless node is dropped from lists (said once) and refused for preferred.
     let mut t2 = four();
     t2.nodes[3].memory_bytes = Some(0);
-    let (m, n) = "interleave:2-3"
-        .parse::<MemPolicy>()
-        .unwrap()
-        .resolve(&t2)
-        .unwrap();
+    let (m, n) = resolve(&t2, "interleave:2-3").unwrap();
     assert_eq!(m.to_string(), "preferred:2");
     assert!(
         n.iter().any(|n| n.contains("nodes 3 have no memory")),
         "{n:?}"
     );
-    assert_eq!(
-        "interleave"
-            .parse::<MemPolicy>()
-            .unwrap()
-            .resolve(&t2)
-            .unwrap()
-            .0
-            .to_string(),
-        "interleave:0-2"
-    );
-    let e = "preferred:3"
-        .parse::<MemPolicy>()
-        .unwrap()
-        .resolve(&t2)
-        .unwrap_err()
-        .to_string();
+    let m = resolve(&t2, "interleave").unwrap().0;
+    assert_eq!(m.to_string(), "interleave:0-2");
+    let e = resolve(&t2, "preferred:3").unwrap_err().to_string();
     assert!(
         e.contains("node 3 has no memory") && e.contains("0-2"),
         "{e}"
     );
     t2.nodes[1].allowed = false;
-    let e = "bind:1"
-        .parse::<MemPolicy>()
-        .unwrap()
-        .resolve(&t2)
-        .unwrap_err()
-        .to_string();
+    let e = resolve(&t2, "bind:1").unwrap_err().to_string();
     assert!(e.contains("node 1 is not allowed"), "{e}");
 }
 
@@ -255,12 +219,7 @@ fn gpu_memory_only_when_named_and_merged_nodes_bind_all_their_kernel_nodes() {
     t.cpus.retain(|c| c.node != Some(3));
     t.nodes[3].kind = loci_topo::NodeKind::Gpu;
     t.nodes[0].merged = "7-8".parse().unwrap();
-    let r = |x: &str| {
-        x.parse::<MemPolicy>()
-            .unwrap()
-            .resolve(&t)
-            .map(|(m, _)| m.to_string())
-    };
+    let r = |x: &str| resolve(&t, x).map(|(m, _)| m.to_string());
     // Default sets and `all` leave GPU memory out; naming it uses it.
     assert_eq!(r("interleave").unwrap(), "interleave:0-2,7-8");
     assert_eq!(r("bind:all").unwrap(), "bind:0-2,7-8");

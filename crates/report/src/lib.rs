@@ -239,12 +239,7 @@ impl Report {
                 .find(|r| is_baseline(r))
                 .map(|r| (r.label(), r.median_s));
             out += &format!("\n{} {}\n", self.workload, case.unwrap_or(""));
-            let w = rows
-                .iter()
-                .map(|r| r.label().len())
-                .max()
-                .unwrap_or(6)
-                .max(6);
+            let w = label_width(&rows);
             out += &format!(
                 "  {:<w$}  {:>10} {:>10} {:>10}  {:>14}  {:>9}  {:>6}\n",
                 "system", "median s", "min s", "max s", "throughput", "vs base", "local"
@@ -361,6 +356,12 @@ impl Report {
         root.present().map_err(|e| perr(&e))?;
         Ok(())
     }
+}
+
+/// Width of a table's label column: the longest label of `rows`, and at least the header's
+/// (`system`).
+pub fn label_width(rows: &[&Row]) -> usize {
+    rows.iter().map(|r| r.label().len()).fold(6, usize::max)
 }
 
 /// Formats a number with an SI prefix: 8.1e7 -> "81.0M".

@@ -382,15 +382,7 @@ impl Topology {
                 }
             }
             // Remaining cpus: one group per physical core.
-            while let Some(first) = left.first() {
-                let core = self.cpu(first).map(|c| (c.package, c.core));
-                let g: CpuSet = left
-                    .iter()
-                    .filter(|&id| self.cpu(id).map(|c| (c.package, c.core)) == core)
-                    .collect();
-                left = left.difference(&g);
-                groups.push(g);
-            }
+            groups.extend(self.split_by_core(&left));
             groups.sort_by_key(|g| g.first());
             for cpus in groups {
                 out.push(CoreGroup {
@@ -398,6 +390,22 @@ impl Topology {
                     cpus,
                 });
             }
+        }
+        out
+    }
+    /// `set` split into one set per physical core (the same package and core id; cpus this
+    /// topology does not list form one set), in the order of their first cpus.
+    pub fn split_by_core(&self, set: &CpuSet) -> Vec<CpuSet> {
+        let mut left = set.clone();
+        let mut out = Vec::new();
+        while let Some(first) = left.first() {
+            let core = self.cpu(first).map(|c| (c.package, c.core));
+            let g: CpuSet = left
+                .iter()
+                .filter(|&id| self.cpu(id).map(|c| (c.package, c.core)) == core)
+                .collect();
+            left = left.difference(&g);
+            out.push(g);
         }
         out
     }

@@ -71,6 +71,50 @@ pub struct Common {
     pub plot: Option<PathBuf>,
 }
 
+/// A workload's defaults for [`Matrix`]: the thread placements and memory policies it sweeps
+/// without flags.
+pub trait MatrixDefaults: Clone + std::fmt::Debug + Send + Sync + 'static {
+    const THREADS: &'static str;
+    const MEM: &'static str;
+}
+
+/// The axes of a workload's configuration matrix that `loci run` also takes: thread placement,
+/// memory policy and allocator, each a list; the workload runs every combination.
+#[derive(Args, Clone, Debug)]
+pub struct Matrix<D: MatrixDefaults> {
+    /// Thread placements, comma separated, in loci-place's strategy vocabulary (as `loci plan`
+    /// and `loci run --threads`): os (not pinned; the OS places the threads), sparse
+    /// (round-robin over nodes), compact (fill a node first), shared:G, group, nodes:LIST,
+    /// cpus:LIST, random:SEED. Write lists inside a strategy as ranges (nodes:0-1): commas
+    /// separate strategies here.
+    #[arg(long, value_delimiter = ',', default_value = D::THREADS)]
+    pub threads: Vec<String>,
+    /// Memory policies, comma separated, in loci-place's vocabulary (as `loci plan` and
+    /// `loci run --mem`): first-touch (each page where the thread that first writes it runs),
+    /// interleave[:NODES], bind:NODES, per-node[:NODES] and round-robin[:NODES] (w1-w4: morsel i
+    /// of m on node i*k/m, each node holding a contiguous share, or on the (i mod k)-th node),
+    /// ... Write lists inside a policy as ranges (per-node:0-1): commas separate policies here.
+    #[arg(long, value_delimiter = ',', default_value = D::MEM)]
+    pub mem: Vec<String>,
+    /// Allocators, comma separated: glibc, jemalloc, tcmalloc, tbbmalloc, mimalloc, and for tpch
+    /// also loci. Each but glibc is preloaded from its library (LD_PRELOAD, as
+    /// `loci run --alloc`); w1-w4 run it in a child process of the bench.
+    #[arg(long, value_delimiter = ',', default_value = "glibc")]
+    pub alloc: Vec<String>,
+    #[arg(skip)]
+    defaults: std::marker::PhantomData<D>,
+}
+
+impl<D: MatrixDefaults> Matrix<D> {
+    /// The `--threads` strategies; an unknown one is named with loci-place's valid choices.
+    pub fn strategies(&self) -> anyhow::Result<Vec<loci_place::Strategy>> {
+        self.threads
+            .iter()
+            .map(|s| s.parse().map_err(|e| anyhow::anyhow!("--threads {s}: {e}")))
+            .collect()
+    }
+}
+
 pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
     match cmd {
         BenchCmd::Memcpy(a) => {

@@ -21,18 +21,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use loci_stream::proto::kind::{ACK, DATA, END, END_ACK};
+use loci_stream::proto::HEADER;
+
 use super::{
     finish_exact_after, free_port, last_line, says_verified, setup, start_recv_with,
     start_send_with, tally_fail_closed, Net, SMALL,
 };
 
-const HEADER: usize = 56;
 const CLIENT_HELLO: usize = 125;
 const SERVER_HELLO: usize = 44;
-const DATA: u8 = 1;
-const END: u8 = 2;
-const ACK: u8 = 3;
-const END_ACK: u8 = 5;
 
 /// What the proxy does to the frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -321,6 +321,7 @@ fn refusal<W: Write>(s: &mut W, status: u8, msg: &str) -> io::Result<()> {
 pub(crate) mod tests {
     use super::*;
     use std::os::unix::net::UnixStream;
+    use std::thread::JoinHandle;
 
     pub(crate) fn hello() -> Hello {
         Hello {
@@ -353,6 +354,16 @@ pub(crate) mod tests {
             Err(e) => e.to_string(),
         };
         (c, srv.join().unwrap())
+    }
+
+    /// A client end whose server has sent its hello (returned too) and waits in `server_hello`
+    /// (secret `k`) for the client's; its thread ends with that verdict.
+    fn greeted() -> (UnixStream, [u8; 44], JoinHandle<Result<(), ProtoError>>) {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let srv = std::thread::spawn(move || server_hello(&mut b, b"k").map(|_| ()));
+        let mut sh = [0u8; 44];
+        a.read_exact(&mut sh).unwrap();
+        (a, sh, srv)
     }
 
     #[test]
@@ -424,10 +435,7 @@ pub(crate) mod tests {
 
     #[test]
     fn other_versions_and_non_peers_are_refused() {
-        let (mut a, mut b) = UnixStream::pair().unwrap();
-        let srv = std::thread::spawn(move || server_hello(&mut b, b"k").map(|_| ()));
-        let mut sh = [0u8; 44];
-        a.read_exact(&mut sh).unwrap();
+        let (mut a, _, srv) = greeted();
         let mut bad = MAGIC.to_vec();
         bad.extend_from_slice(&7u16.to_le_bytes());
         a.write_all(&bad).unwrap();
@@ -440,19 +448,14 @@ pub(crate) mod tests {
         a.read_exact(&mut msg).unwrap();
         assert!(String::from_utf8(msg).unwrap().contains("version 7"));
 
-        let (mut a, mut b) = UnixStream::pair().unwrap();
-        let srv = std::thread::spawn(move || server_hello(&mut b, b"k").map(|_| ()));
-        a.read_exact(&mut sh).unwrap();
+        let (mut a, _, srv) = greeted();
         a.write_all(b"GET / HTTP/1.1\r\n").unwrap();
         assert!(matches!(srv.join().unwrap(), Err(ProtoError::Magic(_))));
     }
 
     #[test]
     fn unknown_protection_is_refused() {
-        let (mut a, mut b) = UnixStream::pair().unwrap();
-        let srv = std::thread::spawn(move || server_hello(&mut b, b"k").map(|_| ()));
-        let mut sh = [0u8; 44];
-        a.read_exact(&mut sh).unwrap();
+        let (mut a, sh, srv) = greeted();
         let challenge: [u8; 32] = sh[12..44].try_into().unwrap();
         let mut body = hello().body(&[3; 32]);
         body[60] = 9;

@@ -1,16 +1,18 @@
 //! `loci-vm-check`: placement facts verified inside a NUMA VM, one `LOCI-CHECK` line each.
 //!
-//! Run by the loci-vm tests through `scripts/numa-vm` (one boot per topology runs every group). It talks to the
-//! kernel through `loci_place::sys` directly (mbind, set_mempolicy, move_pages, sched_setaffinity) and reads sysfs
-//! itself, so it proves the syscall layer and the VM independently of loci's higher layers; the `cli` group then
-//! checks the `loci` binary against the same facts.
+//! Run by the loci-vm tests through `scripts/numa-vm` (one boot per topology runs every group). It maps its regions
+//! as loci-place's `NodeRegion` with no plan, talks to the kernel through `loci_place::sys` directly (mbind,
+//! set_mempolicy, move_pages, sched_setaffinity) and reads sysfs itself, so it proves the syscall layer and the VM
+//! independently of loci's memory plans; the `cli` group then checks the `loci` binary against the same facts.
 
 use std::io;
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
+use loci_place::region::HUGE_PAGE;
 use loci_place::sys::{self, mode};
 use loci_place::verify::{buffer_pages_at, BufferPages};
+use loci_place::{MemPlan, NodeRegion};
 use loci_topo::{CpuSet, NodeSet};
 use loci_vm::{Checker, VmConfig};
 
@@ -137,9 +139,6 @@ fn kernel_image_bytes() -> Result<u64, String> {
     Ok(end + 1 - start)
 }
 
-/// Size of an x86-64 transparent huge page.
-const HUGE_PAGE: usize = 2 << 20;
-
 /// Whether transparent huge pages can back a region that asks for them.
 fn thp_available() -> bool {
     read("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -147,59 +146,41 @@ fn thp_available() -> bool {
         .unwrap_or(false)
 }
 
-/// An anonymous private mapping, unmapped on drop.
-struct Region(sys::AnonMap);
+/// A fresh, untouched region of `len` bytes with no policy of its own (loci-place's node-bound
+/// region under the first-touch plan); `huge` asks for transparent huge pages (the region is then
+/// aligned to them, so interleave counts are exact).
+fn map_region(len: usize, huge: bool) -> Result<NodeRegion, String> {
+    NodeRegion::map(len, &MemPlan::first_touch(), huge).map_err(|e| e.to_string())
+}
 
-impl Region {
-    /// Maps `len` bytes starting on a huge-page boundary (so THP can back all of it and interleave counts are
-    /// exact), by over-mapping and trimming.
-    fn map(len: usize) -> Result<Region, String> {
-        sys::AnonMap::new(len, HUGE_PAGE, 0)
-            .map(Region)
-            .map_err(|e| format!("mmap {len} bytes aligned to {HUGE_PAGE}: {e}"))
+/// What the checks do to a region through the raw syscalls, below loci-place's memory plans.
+trait RawPolicy {
+    /// `mbind(2)` of the whole region with a kernel policy mode (before the first touch).
+    fn mbind(&self, policy: i32, nodes: &NodeSet) -> io::Result<()>;
+    /// Where the pages are (move_pages query, classified by loci-place: per node, not present,
+    /// unknown = -EFAULT while AutoNUMA scans, other errors).
+    fn placement(&self) -> Result<BufferPages, String>;
+    /// `madvise(MADV_NOHUGEPAGE)`: only base pages back it (before the first touch).
+    fn refuse_huge_pages(&self) -> Result<(), String>;
+}
+
+impl RawPolicy for NodeRegion {
+    fn mbind(&self, policy: i32, nodes: &NodeSet) -> io::Result<()> {
+        // SAFETY: the range is our own mapping, page aligned, not yet touched (no migration).
+        unsafe { sys::mbind(self.as_ptr(), self.len(), policy, nodes, 0) }
     }
 
-    fn ptr(&self) -> *mut u8 {
-        self.0.as_ptr()
+    fn placement(&self) -> Result<BufferPages, String> {
+        buffer_pages_at(self.as_ptr(), self.len()).map_err(|e| format!("move_pages query: {e}"))
     }
 
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// `madvise(MADV_HUGEPAGE)` when `huge`, else `MADV_NOHUGEPAGE` (before the first touch).
-    fn advise_huge(&self, huge: bool) -> Result<(), String> {
-        let advice = if huge {
-            libc::MADV_HUGEPAGE
-        } else {
-            libc::MADV_NOHUGEPAGE
-        };
+    fn refuse_huge_pages(&self) -> Result<(), String> {
         // SAFETY: advice on our own mapping; no memory is freed or moved.
-        let r = unsafe { libc::madvise(self.ptr() as *mut libc::c_void, self.len(), advice) };
+        let r = unsafe { libc::madvise(self.as_ptr().cast(), self.len(), libc::MADV_NOHUGEPAGE) };
         if r != 0 {
             return Err(format!("madvise: {}", io::Error::last_os_error()));
         }
         Ok(())
-    }
-
-    fn mbind(&self, policy: i32, nodes: &NodeSet) -> io::Result<()> {
-        // SAFETY: the range is our own mapping, page aligned, not yet touched (no migration).
-        unsafe { sys::mbind(self.ptr(), self.len(), policy, nodes, 0) }
-    }
-
-    /// Faults every page in by writing to it (first touch).
-    fn touch(&self) {
-        let ps = sys::page_size();
-        for off in (0..self.len()).step_by(ps) {
-            // SAFETY: off < len, inside our read-write mapping.
-            unsafe { self.ptr().add(off).write_volatile(1) };
-        }
-    }
-
-    /// Where the pages are (move_pages query, classified by loci-place: per node, not present,
-    /// unknown = -EFAULT while AutoNUMA scans, other errors).
-    fn placement(&self) -> Result<BufferPages, String> {
-        buffer_pages_at(self.ptr(), self.len()).map_err(|e| format!("move_pages query: {e}"))
     }
 }
 
@@ -335,10 +316,10 @@ fn mem_checks(c: &mut Checker, nodes: &[SysNode], region: usize) {
         ] {
             c.check(format!("mem/{name}/node{k}"), || {
                 room(k)?;
-                let r = Region::map(region)?;
+                let mut r = map_region(region, false)?;
                 r.mbind(policy, &one)
                     .map_err(|e| format!("mbind {name} {k}: {e}"))?;
-                r.touch();
+                r.populate();
                 r.placement()?.check_all_on(&one)
             });
         }
@@ -346,14 +327,14 @@ fn mem_checks(c: &mut Checker, nodes: &[SysNode], region: usize) {
             // Pages first-touched wherever this thread runs, then moved by loci-place's
             // apply_range (mbind with MPOL_MF_MOVE) onto node k: move_pages must find them there.
             room(k)?;
-            let r = Region::map(region)?;
-            r.touch();
+            let mut r = map_region(region, false)?;
+            r.populate();
             let plan = loci_place::MemPlan {
                 policy: "bind",
                 nodes: one.clone(),
             };
             // SAFETY: our own mapping; only this thread uses it while its pages move.
-            unsafe { loci_place::apply::apply_range(&plan, r.ptr(), r.len(), true) }
+            unsafe { loci_place::apply::apply_range(&plan, r.as_ptr(), r.len(), true) }
                 .map_err(|e| e.to_string())?;
             r.placement()?.check_all_on(&one)
         });
@@ -368,8 +349,8 @@ fn mem_checks(c: &mut Checker, nodes: &[SysNode], region: usize) {
                         "get_mempolicy says mode {m} nodes {n}, want bind {one}"
                     ));
                 }
-                let r = Region::map(region)?;
-                r.touch();
+                let mut r = map_region(region, false)?;
+                r.populate();
                 r.placement()?.check_all_on(&one)
             })
         });
@@ -393,11 +374,13 @@ fn mem_checks(c: &mut Checker, nodes: &[SysNode], region: usize) {
                 let set = set.clone();
                 let name = if huge { "interleave-thp" } else { "interleave" };
                 c.check(format!("mem/{name}/{label}"), move || {
-                    let r = Region::map(region)?;
-                    r.advise_huge(huge)?;
+                    let mut r = map_region(region, huge)?;
+                    if !huge {
+                        r.refuse_huge_pages()?;
+                    }
                     r.mbind(mode::MPOL_INTERLEAVE, &set)
                         .map_err(|e| format!("mbind interleave {set}: {e}"))?;
-                    r.touch();
+                    r.populate();
                     let h = r.placement()?;
                     h.check_all_on(&set)?;
                     let counts: Vec<usize> = set
@@ -438,8 +421,8 @@ fn mem_checks(c: &mut Checker, nodes: &[SysNode], region: usize) {
                         sys::set_mempolicy(p, &NodeSet::new())
                             .map_err(|e| format!("set_mempolicy local: {e}"))?;
                     }
-                    let r = Region::map(region)?;
-                    r.touch();
+                    let mut r = map_region(region, false)?;
+                    r.populate();
                     let cpu = sys::current_cpu().map_err(|e| e.to_string())?;
                     if !cpus.contains(cpu) {
                         return Err(format!("pinned to {cpus} but ran on cpu {cpu}"));
@@ -488,7 +471,7 @@ fn error_checks(c: &mut Checker, nodes: &[SysNode]) {
                     "has_memory {has_memory} lists node {k}, which has no memory"
                 ));
             }
-            let r = Region::map(1 << 20)?;
+            let r = map_region(1 << 20, false)?;
             expect_einval("mbind bind", r.mbind(mode::MPOL_BIND, &one))
         });
         c.check(format!("errors/memoryless-node{k}/set_mempolicy"), || {
@@ -527,7 +510,7 @@ fn error_checks(c: &mut Checker, nodes: &[SysNode]) {
     for k in [missing, 1023] {
         let one = NodeSet::single(k);
         c.check(format!("errors/no-such-node{k}"), || {
-            let r = Region::map(1 << 20)?;
+            let r = map_region(1 << 20, false)?;
             expect_einval("mbind bind", r.mbind(mode::MPOL_BIND, &one))?;
             on_thread(None, || {
                 expect_einval(

@@ -40,8 +40,8 @@ pub(super) fn run_child(w: Workload, a: &EngineArgs, alloc: &str) -> anyhow::Res
     }
     cmd.arg("--dist").arg(a.dist.join(","));
     cmd.arg("--keys").arg(a.keys.join(","));
-    cmd.arg("--threads").arg(a.threads.join(","));
-    cmd.arg("--mem").arg(a.mem.join(","));
+    cmd.arg("--threads").arg(a.matrix.threads.join(","));
+    cmd.arg("--mem").arg(a.matrix.mem.join(","));
     cmd.arg("--gen").arg(a.gen.join(","));
     cmd.arg("--sched").arg(a.sched.join(","));
     cmd.arg("--locality").arg(&a.locality);

@@ -92,36 +92,17 @@ pub struct EngineArgs {
     /// (keys 0..G, a labelled side case). Values are i64 either way.
     #[arg(long, value_delimiter = ',', default_value = "sparse")]
     pub keys: Vec<String>,
-    /// Thread placements, comma separated, in loci-place's strategy vocabulary (as `loci plan`
-    /// and `loci run --threads`): which cpus carry the workers, each pinned to its core group.
-    /// os (not pinned; the OS places them), sparse (round-robin over nodes), compact (fill a node
-    /// first), shared:G, group, nodes:LIST, cpus:LIST, random:SEED. Write lists inside a
-    /// strategy as ranges (nodes:0-1): commas separate strategies here.
-    #[arg(long, value_delimiter = ',', default_value = "os,sparse")]
-    pub threads: Vec<String>,
-    /// Number of workers (default: every allowed cpu; at most one per cpu).
+    #[command(flatten)]
+    pub matrix: super::Matrix<EngineDefaults>,
+    /// Number of workers (default: every allowed cpu; at most one per cpu). --threads says which
+    /// cpus carry them, each pinned to its core group.
     #[arg(long)]
     pub workers: Option<usize>,
-    /// Memory policies of the tables, comma separated, in loci-place's vocabulary (as `loci plan`
-    /// and `loci run --mem`): first-touch (pages where the generating workers write them),
-    /// interleave[:NODES], bind:NODES, per-node[:NODES] (morsel i of m on node i*k/m: each node
-    /// holds a contiguous share), round-robin[:NODES] (morsel i on the (i mod k)-th node), ...
-    /// Write lists inside a policy as ranges (per-node:0-1): commas separate policies here.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "first-touch,interleave,per-node"
-    )]
-    pub mem: Vec<String>,
     /// Who writes the generated tables, comma separated: workers (each morsel by its home
     /// node's workers; first touch: each node writes a contiguous share), one-thread (one task
     /// writes everything: under first touch, every page on its node).
     #[arg(long, value_delimiter = ',', default_value = "workers")]
     pub gen: Vec<String>,
-    /// Allocators, comma separated: glibc, jemalloc, tcmalloc, tbbmalloc, mimalloc (others run
-    /// in a child process under LD_PRELOAD of the Debian library).
-    #[arg(long, value_delimiter = ',', default_value = "glibc")]
-    pub alloc: Vec<String>,
     /// Schedulers (loci-sched), comma separated. Every morsel is a task queued on a core group
     /// of its home node; las (locality-aware: a worker takes its own node's morsels first and
     /// crosses nodes only when they run out), nls (one shared FIFO: any worker takes any
@@ -156,6 +137,16 @@ pub struct EngineArgs {
     /// temporary directory, removed afterwards).
     #[arg(long)]
     pub peer_dir: Option<PathBuf>,
+}
+
+/// The engine workloads' sweep without flags: OS placement against sparse pinning, over first
+/// touch, interleave and per-node tables.
+#[derive(Clone, Debug)]
+pub struct EngineDefaults;
+
+impl super::MatrixDefaults for EngineDefaults {
+    const THREADS: &'static str = "os,sparse";
+    const MEM: &'static str = "first-touch,interleave,per-node";
 }
 
 /// The allocators `--alloc` takes: glibc (in this process) and those with a system library
@@ -276,16 +267,10 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
     let sz = sizes(w, &a)?;
     let dists: Vec<Dist> = parse_all(&a.dist)?;
     let keyss: Vec<Keys> = parse_all(&a.keys)?;
-    let threads: Vec<Strategy> = a
-        .threads
-        .iter()
-        .map(|s| {
-            s.parse::<Strategy>()
-                .map_err(|e| anyhow::anyhow!("--threads {s:?}: {e}"))
-        })
-        .collect::<anyhow::Result<_>>()?;
+    let threads: Vec<Strategy> = a.matrix.strategies()?;
     let gens: Vec<Gen> = parse_all(&a.gen)?;
     let mems: Vec<TableMem> = a
+        .matrix
         .mem
         .iter()
         .map(|s| parse_mem(s))
@@ -306,7 +291,7 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
         .collect::<Result<_, _>>()?;
     let pairs = sched_threads(&scheds, &threads);
     let locality: Locality = a.locality.parse()?;
-    for al in &a.alloc {
+    for al in &a.matrix.alloc {
         if !engine_allocators().any(|x| x.name == al) {
             let valid: Vec<&str> = engine_allocators().map(|x| x.name).collect();
             bail!("unknown allocator '{al}'; valid: {}", valid.join(", "));
@@ -322,7 +307,7 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
     let child_alloc = std::env::var(CHILD_ENV).ok();
     let allocs: Vec<String> = match &child_alloc {
         Some(al) => vec![al.clone()],
-        None => a.alloc.clone(),
+        None => a.matrix.alloc.clone(),
     };
 
     let mut rep = Report::new(
@@ -331,8 +316,8 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
             "rows": sz.rows,
             "r_rows": if w.is_join() { Some(sz.rows / 16) } else { None },
             "groups": if w.is_join() { None } else { Some(sz.groups) },
-            "dists": a.dist, "keys": a.keys, "threads": a.threads, "mem": a.mem, "gen": a.gen,
-            "alloc": a.alloc,
+            "dists": a.dist, "keys": a.keys, "threads": a.matrix.threads, "mem": a.matrix.mem,
+            "gen": a.gen, "alloc": a.matrix.alloc,
             "workers": nworkers, "reps": sz.reps, "seed": a.seed, "morsel_rows": a.morsel_rows,
             "sched": a.sched, "locality": locality.to_string(), "variants": vars,
         }),

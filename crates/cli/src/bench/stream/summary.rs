@@ -28,29 +28,27 @@ pub(super) fn summary(rep: &Report, not_run: &[(String, String)], full_bytes: u6
         return out + &protection_summary(rep, full_bytes);
     }
     let par = rows.iter().find(|r| r.system == "lz4-nc-par").copied();
-    let w = rows
-        .iter()
-        .map(|r| r.label().len())
-        .max()
-        .unwrap_or(6)
-        .max(6);
-    out += &format!(
-        "  {:<w$}  {:>12}  {:>8}  {:>9}  {:>8}  {:>13}\n",
-        "system", "goodput", "of limit", "cpu-s/run", "cpu-s/GB", "vs lz4-nc-par"
-    );
+    let w = loci_report::label_width(&rows);
+    let cols = [
+        ("goodput", 12),
+        ("of limit", 8),
+        ("cpu-s/run", 9),
+        ("cpu-s/GB", 8),
+        ("vs lz4-nc-par", 13),
+    ];
+    out += &header("system", w, &cols);
     for r in &rows {
-        out += &format!(
-            "  {:<w$}  {:>12}  {:>8.2}  {:>9.2}  {:>8.2}  {:>13}\n",
-            r.label(),
-            format!("{}B/s", loci_report::si(r.throughput.unwrap_or(f64::NAN))),
-            f(r, "fraction_of_limit"),
-            f(r, "cpu_s"),
-            f(r, "cpu_s_per_gb"),
-            par.map_or("-".into(), |p| format!(
-                "{:.2}x",
-                r.throughput.unwrap_or(f64::NAN) / p.throughput.unwrap_or(f64::NAN)
-            )),
-        );
+        let cells = [
+            goodput(r),
+            format!("{:.2}", f(r, "fraction_of_limit")),
+            format!("{:.2}", f(r, "cpu_s")),
+            format!("{:.2}", f(r, "cpu_s_per_gb")),
+            par.map_or("-".into(), |p| {
+                let x = r.throughput.unwrap_or(f64::NAN) / p.throughput.unwrap_or(f64::NAN);
+                format!("{x:.2}x")
+            }),
+        ];
+        out += &line(&r.label(), w, &cols, &cells);
     }
     out += "  (of limit = goodput / machine limit; vs lz4-nc-par = goodput ratio, above 1.00x is faster)\n";
     for (p, why) in not_run {
@@ -96,20 +94,25 @@ fn protection_summary(rep: &Report, full_bytes: u64) -> String {
         loci_report::si(bytes),
         first.times_s.len()
     );
-    out += &format!(
-        "  {:<10}  {:>12}  {:>11}  {:>8}  {:>11}  {:>8}\n",
-        "protection", "goodput", "vs checksum", "cpu-s/GB", "vs checksum", "of limit"
-    );
+    let cols = [
+        ("goodput", 12),
+        ("vs checksum", 11),
+        ("cpu-s/GB", 8),
+        ("vs checksum", 11),
+        ("of limit", 8),
+    ];
+    let w = "protection".len();
+    out += &header("protection", w, &cols);
     for r in &rows {
-        out += &format!(
-            "  {:<10}  {:>12}  {:>11}  {:>8.3}  {:>11}  {:>8.2}\n",
-            r.config.get("protection").map_or("?", String::as_str),
-            format!("{}B/s", loci_report::si(r.throughput.unwrap_or(f64::NAN))),
+        let cells = [
+            goodput(r),
             ratio(r, "goodput_vs_checksum"),
-            f(r, "cpu_s_per_gb"),
+            format!("{:.3}", f(r, "cpu_s_per_gb")),
             ratio(r, "cpu_vs_checksum"),
-            f(r, "fraction_of_limit"),
-        );
+            format!("{:.2}", f(r, "fraction_of_limit")),
+        ];
+        let mode = r.config.get("protection").map_or("?", String::as_str);
+        out += &line(mode, w, &cols, &cells);
     }
     out += "  (goodput vs checksum: below 1.000x is slower; cpu-s/GB vs checksum: above 1.000x costs more CPU; every run's stream verified)\n";
     for (mode, max_cost) in PROTECTION_GOALS {
@@ -144,4 +147,25 @@ fn protection_summary(rep: &Report, full_bytes: u64) -> String {
         );
     }
     out
+}
+
+/// A row's goodput, as the tables print it.
+fn goodput(r: &Row) -> String {
+    format!("{}B/s", loci_report::si(r.throughput.unwrap_or(f64::NAN)))
+}
+
+/// A table line: `label` left-aligned in `w` columns, then each cell right-aligned in the width
+/// of its column in `cols` (name, width), two spaces apart.
+fn line(label: &str, w: usize, cols: &[(&str, usize)], cells: &[String]) -> String {
+    let mut out = format!("  {label:<w$}");
+    for (&(_, cw), c) in cols.iter().zip(cells) {
+        out += &format!("  {c:>cw$}");
+    }
+    out + "\n"
+}
+
+/// The header line of a table whose label column is `label` (see [`line`]).
+fn header(label: &str, w: usize, cols: &[(&str, usize)]) -> String {
+    let names: Vec<String> = cols.iter().map(|(n, _)| n.to_string()).collect();
+    line(label, w, cols, &names)
 }

@@ -42,17 +42,8 @@ pub struct TpchArgs {
     /// Queries: a comma-separated list of 1..22, or all.
     #[arg(long, default_value = "all")]
     pub queries: String,
-    /// Allocators preloaded into the engine by `loci run --alloc`, comma separated: glibc,
-    /// jemalloc, tcmalloc, tbbmalloc, mimalloc, loci.
-    #[arg(long, value_delimiter = ',', default_value = "glibc")]
-    pub alloc: Vec<String>,
-    /// Thread placements (`loci run --threads`), comma separated: os, sparse, compact, ...
-    /// (loci-place's strategy vocabulary; write lists inside one as ranges).
-    #[arg(long, value_delimiter = ',', default_value = "os")]
-    pub threads: Vec<String>,
-    /// Memory policies (`loci run --mem`), comma separated: first-touch, interleave, bind:N, ...
-    #[arg(long, value_delimiter = ',', default_value = "first-touch")]
-    pub mem: Vec<String>,
+    #[command(flatten)]
+    pub matrix: super::Matrix<TpchDefaults>,
     /// Transparent huge pages (`loci run --thp`), comma separated: default (leave the system
     /// setting), on, off.
     #[arg(long, value_delimiter = ',', default_value = "default")]
@@ -60,6 +51,15 @@ pub struct TpchArgs {
     /// Untimed runs of each query before its timed run, in every engine session.
     #[arg(long, default_value_t = 1)]
     pub warm: usize,
+}
+
+/// TPC-H's sweep without flags: the engines' own threads, unpinned, on first-touch memory.
+#[derive(Clone, Debug)]
+pub struct TpchDefaults;
+
+impl super::MatrixDefaults for TpchDefaults {
+    const THREADS: &'static str = "os";
+    const MEM: &'static str = "first-touch";
 }
 
 /// The engines this bench runs.
@@ -119,18 +119,15 @@ impl Config {
 /// leave it out, so every engine has its baseline). Each value is checked here against the
 /// vocabulary `loci run` takes, so a typo fails before any engine starts.
 fn configs(a: &TpchArgs) -> anyhow::Result<Vec<Config>> {
-    for x in &a.alloc {
+    for x in &a.matrix.alloc {
         crate::run_cmd::Alloc::from_str(x, false).map_err(|_| {
             anyhow::anyhow!(
                 "--alloc {x}: unknown; valid: glibc, jemalloc, tcmalloc, tbbmalloc, mimalloc, loci"
             )
         })?;
     }
-    for x in &a.threads {
-        x.parse::<loci_place::Strategy>()
-            .map_err(|e| anyhow::anyhow!("--threads {x}: {e}"))?;
-    }
-    for x in &a.mem {
+    a.matrix.strategies()?;
+    for x in &a.matrix.mem {
         x.parse::<loci_place::MemPolicy>()
             .map_err(|e| anyhow::anyhow!("--mem {x}: {e}"))?;
     }
@@ -140,9 +137,9 @@ fn configs(a: &TpchArgs) -> anyhow::Result<Vec<Config>> {
         }
     }
     let mut out = vec![Config::default_config()];
-    for alloc in &a.alloc {
-        for threads in &a.threads {
-            for mem in &a.mem {
+    for alloc in &a.matrix.alloc {
+        for threads in &a.matrix.threads {
+            for mem in &a.matrix.mem {
                 for thp in &a.thp {
                     let c = Config {
                         alloc: alloc.clone(),

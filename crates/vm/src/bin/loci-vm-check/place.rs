@@ -10,7 +10,7 @@ use loci_place::{apply, MemPolicy, Plan, Strategy};
 use loci_topo::{CpuSet, NodeSet};
 use serde_json::Value;
 
-use super::{nearest_memory, stays_on, Checker, Region, SysNode};
+use super::{map_region, nearest_memory, stays_on, Checker, RawPolicy, SysNode};
 
 /// Strategies checked for every thread count (`nodes:` gets the list of nodes that have cpus; `shared:2` runs only
 /// where every node with cpus has at least 2, its precondition: see `shared_applies`).
@@ -389,10 +389,10 @@ pub(super) fn hold_remote(
     len: usize,
     hold_ms: u64,
 ) -> Result<std::convert::Infallible, String> {
-    let r = Region::map(len)?;
+    let mut r = map_region(len, false)?;
     r.mbind(loci_place::sys::mode::MPOL_BIND, &NodeSet::single(node))
         .map_err(|e| format!("mbind bind {node}: {e}"))?;
-    r.touch();
+    r.populate();
     let maps = std::fs::read_to_string("/proc/self/numa_maps")
         .map_err(|e| format!("/proc/self/numa_maps: {e}"))?;
     let mut per: BTreeMap<u32, u64> = BTreeMap::new();
