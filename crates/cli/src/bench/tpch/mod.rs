@@ -418,6 +418,11 @@ pub fn run(a: TpchArgs) -> anyhow::Result<Report> {
         }
     }
     rep.params["answers"] = check.summary().into();
+    if run.sf == "1" {
+        let line = check.against_dbgen()?;
+        eprintln!("tpch: {line}");
+        rep.params["answers_dbgen"] = line.into();
+    }
     Ok(rep)
 }
 
