@@ -158,6 +158,41 @@ pub fn pin_library(exe_dir: &Path) -> anyhow::Result<PathBuf> {
     }
 }
 
+/// `run --threads T [-n N] --mem M --alloc A [--thp X]`: a configuration of `loci run`'s knobs as
+/// its arguments (`thp` None: THP as the system has it).
+pub fn knob_args(
+    threads: &str,
+    n: Option<usize>,
+    mem: &str,
+    alloc: &str,
+    thp: Option<&str>,
+) -> Vec<String> {
+    let mut a = vec!["run".to_string(), "--threads".into(), threads.into()];
+    if let Some(n) = n {
+        a.extend(["-n".into(), n.to_string()]);
+    }
+    a.extend(["--mem".into(), mem.into(), "--alloc".into(), alloc.into()]);
+    if let Some(t) = thp {
+        a.extend(["--thp".into(), t.into()]);
+    }
+    a
+}
+
+/// Every combination of one value from each of four lists, the last list varying fastest.
+pub fn product4(lists: [&[String]; 4]) -> Vec<[&str; 4]> {
+    let mut out = Vec::new();
+    for a in lists[0] {
+        for b in lists[1] {
+            for c in lists[2] {
+                for d in lists[3] {
+                    out.push([a.as_str(), b.as_str(), c.as_str(), d.as_str()]);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// A command line as a shell would take it back: arguments with characters a shell treats
 /// specially are single-quoted (`{...}` stays bare unless a comma would make it a brace expansion).
 pub fn shell_line<S: AsRef<str>>(args: &[S]) -> String {

@@ -39,21 +39,17 @@ pub struct MatrixCheck {
 /// values leave it out.
 pub fn combinations(a: &Advice) -> Vec<Config> {
     let mut out = vec![Config::default()];
-    for t in &a.threads {
-        for m in &a.mem {
-            for al in &a.alloc {
-                for h in &a.thp {
-                    let c = Config {
-                        threads: t.clone(),
-                        mem: m.clone(),
-                        alloc: al.clone(),
-                        thp: h.clone(),
-                    };
-                    if c != out[0] {
-                        out.push(c);
-                    }
-                }
-            }
+    for [threads, mem, alloc, thp] in
+        crate::run_cmd::product4([&a.threads, &a.mem, &a.alloc, &a.thp])
+    {
+        let c = Config {
+            threads: threads.into(),
+            mem: mem.into(),
+            alloc: alloc.into(),
+            thp: thp.into(),
+        };
+        if c != out[0] {
+            out.push(c);
         }
     }
     out

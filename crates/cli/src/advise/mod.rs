@@ -122,21 +122,8 @@ impl Default for Config {
 impl Config {
     /// The `loci run` arguments before `--`.
     pub fn run_args(&self, n: usize) -> Vec<String> {
-        let mut a = vec![
-            "run".to_string(),
-            "--threads".into(),
-            self.threads.clone(),
-            "-n".into(),
-            n.to_string(),
-            "--mem".into(),
-            self.mem.clone(),
-            "--alloc".into(),
-            self.alloc.clone(),
-        ];
-        if !self.thp.is_empty() {
-            a.extend(["--thp".into(), self.thp.clone()]);
-        }
-        a
+        let thp = (!self.thp.is_empty()).then_some(self.thp.as_str());
+        crate::run_cmd::knob_args(&self.threads, Some(n), &self.mem, &self.alloc, thp)
     }
 
     /// The same configuration as a bench's own flags (`loci bench tpch`, which starts its

@@ -87,24 +87,12 @@ impl Config {
     /// `loci run --threads T --mem M --alloc A [--thp on|off] --`.
     fn loci_run(&self) -> anyhow::Result<Vec<OsString>> {
         let exe = std::env::current_exe().context("finding this loci executable")?;
-        let mut v: Vec<OsString> = vec![exe.into()];
-        v.extend(
-            [
-                "run",
-                "--threads",
-                &self.threads,
-                "--mem",
-                &self.mem,
-                "--alloc",
-                &self.alloc,
-            ]
-            .map(OsString::from),
-        );
-        if self.thp != "default" {
-            v.extend(["--thp", &self.thp].map(OsString::from));
-        }
-        v.push("--".into());
-        Ok(v)
+        let thp = (self.thp != "default").then_some(self.thp.as_str());
+        let args = crate::run_cmd::knob_args(&self.threads, None, &self.mem, &self.alloc, thp);
+        Ok(std::iter::once(exe.into())
+            .chain(args.into_iter().map(OsString::from))
+            .chain(std::iter::once("--".into()))
+            .collect())
     }
 
     fn row(&self, row: Row) -> Row {
@@ -137,21 +125,18 @@ fn configs(a: &TpchArgs) -> anyhow::Result<Vec<Config>> {
         }
     }
     let mut out = vec![Config::default_config()];
-    for alloc in &a.matrix.alloc {
-        for threads in &a.matrix.threads {
-            for mem in &a.matrix.mem {
-                for thp in &a.thp {
-                    let c = Config {
-                        alloc: alloc.clone(),
-                        threads: threads.clone(),
-                        mem: mem.clone(),
-                        thp: thp.clone(),
-                    };
-                    if !out.contains(&c) {
-                        out.push(c);
-                    }
-                }
-            }
+    let m = &a.matrix;
+    for [alloc, threads, mem, thp] in
+        crate::run_cmd::product4([&m.alloc, &m.threads, &m.mem, &a.thp])
+    {
+        let c = Config {
+            alloc: alloc.into(),
+            threads: threads.into(),
+            mem: mem.into(),
+            thp: thp.into(),
+        };
+        if !out.contains(&c) {
+            out.push(c);
         }
     }
     Ok(out)
