@@ -28,8 +28,13 @@
 //! nodes by rule 4, not even when it is alone (rules 1-3 and 5 stay on the node anyway): each of
 //! its tasks runs on the node it was queued for, and a slow node is not helped.
 //!
-//! Tasks must not block waiting for tasks they spawned except through [`Ctx::scope`] (which runs
-//! tasks while it waits).
+//! **Fork-join**: [`Ctx::join`]`(a, b)` runs `a` inline and queues `b` as a job on the calling
+//! worker's stack (no allocation) on its immediate queue, where idle workers steal it by the rules
+//! above (so within the node under LAS); the caller pops `b` back and runs it inline if nobody
+//! took it, else runs other tasks until the thief finished it (rayon's `join`).
+//!
+//! Tasks must not block waiting for tasks they spawned except through [`Ctx::scope`] or
+//! [`Ctx::join`] (which run tasks while they wait).
 //!
 //! **NLS** (seed 003 section 6.1): own immediate queue (youngest), one shared deferred FIFO, then
 //! the oldest immediate task of any other worker. **Unpinned**: NLS with no affinity.
@@ -53,15 +58,17 @@
 //!         s.spawn_immediate(|_| a = 1);
 //!         s.spawn_immediate(|_| b = 2);
 //!     });
-//!     sums.into_inner().unwrap() + a + b
+//!     // Fork-join without allocation: the second closure may be stolen by an idle worker.
+//!     let (c, d) = ctx.join(|_| 4u64, |_| 5u64);
+//!     sums.into_inner().unwrap() + a + b + c + d
 //! });
-//! assert_eq!(h.wait()?, 49_995_000 + 3);
+//! assert_eq!(h.wait()?, 49_995_000 + 3 + 9);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! Counters ([`Scheduler::stats`]): tasks found by each rule, steals by distance between spawner
-//! and runner (same group, same node, other node), and for each finished request the nodes its
-//! tasks ran on. [`Config::on_task_finished`] runs on the worker after every task (the
+//! and runner (same group, same node, other node), joins and how many of them were stolen, and
+//! for each finished request the nodes its tasks ran on. [`Config::on_task_finished`] runs on the worker after every task (the
 //! allocator drains its recollection bins there).
 
 use std::sync::Arc;

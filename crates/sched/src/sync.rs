@@ -31,6 +31,30 @@ pub(crate) fn wait<'a, T>(cv: &Condvar, g: MutexGuard<'a, T>) -> MutexGuard<'a, 
     cv.wait(g).unwrap_or_else(|e| e.into_inner())
 }
 
+/// Waits on a condition variable for at most `dur` (a wake-up may also be spurious), ignoring
+/// poisoning. Under loom, a plain [`wait`] (loom has no clock): a model must not need the
+/// waiter to wake by timeout, i.e. to run a task only it may take (the callers recheck their
+/// condition after every wake-up, so no result depends on the timeout).
+#[cfg(not(loom))]
+pub(crate) fn wait_for<'a, T>(
+    cv: &Condvar,
+    g: MutexGuard<'a, T>,
+    dur: std::time::Duration,
+) -> MutexGuard<'a, T> {
+    match cv.wait_timeout(g, dur) {
+        Ok((g, _)) => g,
+        Err(e) => e.into_inner().0,
+    }
+}
+#[cfg(loom)]
+pub(crate) fn wait_for<'a, T>(
+    cv: &Condvar,
+    g: MutexGuard<'a, T>,
+    _dur: std::time::Duration,
+) -> MutexGuard<'a, T> {
+    wait(cv, g)
+}
+
 /// Takes from a crossbeam queue, retrying lost races; `None` when it is empty.
 #[cfg(not(loom))]
 fn steal_retrying<T>(steal: impl Fn() -> crossbeam_deque::Steal<T>) -> Option<T> {

@@ -21,6 +21,7 @@ use crate::{Ctx, Policy, RequestRecord, Scheduler};
 /// The subtrees under the root of a task tree of `n` tasks: `(left, right)` task counts (`left`
 /// may be 0), `None` when the root is a leaf. Every tree of the benchmarks (loci's and rayon's
 /// forms) splits this way, so they run the same number of tasks.
+#[inline]
 pub fn tree_children(n: u64) -> Option<(u64, u64)> {
     let rest = n.checked_sub(1).filter(|&r| r > 0)?;
     let left = rest / 2;

@@ -1,5 +1,6 @@
 //! Loom models of the scheduler core: sleep/wake, request completion, scope completion, the
-//! deferred queue and the NLS FIFO, with every interleaving loom explores (bounded preemptions).
+//! deferred queue and the NLS FIFO, the join latch handoff, with every interleaving loom explores
+//! (bounded preemptions).
 //!
 //! Run: `scripts/loom-sched` (RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test
 //! -p loci-sched --release --test loom). The immediate queues are a mutex-guarded deque under loom
@@ -134,5 +135,41 @@ fn stay_on_node_request_wakes_only_its_nodes_workers() {
             })
             .unwrap();
         assert_eq!(a.wait().unwrap().load(Ordering::Relaxed), 1);
+    });
+}
+
+/// A join's second half runs exactly once, popped back by its joiner or stolen by the other
+/// worker (which then sets the latch the joiner polls or naps on), and the joiner returns both
+/// results after it, whatever the interleaving of push, steal, pop and latch.
+#[test]
+fn join_handoff() {
+    model(Policy::Las, (1, 1, 2), |s| {
+        let h = s.submit(|ctx| {
+            let runs = AtomicU64::new(0);
+            let (a, b) = ctx.join(
+                |_| 1u64,
+                |_| {
+                    runs.fetch_add(1, Ordering::Relaxed);
+                    2u64
+                },
+            );
+            (a, b, runs.load(Ordering::Relaxed))
+        });
+        assert_eq!(h.wait().unwrap(), (1, 2, 1));
+    });
+}
+
+/// A panic in a join's second half, popped back or stolen, reaches the joiner after the handoff
+/// and fails the request with its message.
+#[test]
+fn join_panic_in_second_half() {
+    model(Policy::Las, (1, 1, 2), |s| {
+        let h = s.submit(|ctx| ctx.join(|_| 1u64, |_| -> u64 { panic!("second half") }));
+        match h.wait() {
+            Err(loci_sched::RequestError::Panicked { message, .. }) => {
+                assert_eq!(message, "second half")
+            }
+            other => panic!("expected the request to fail, got {other:?}"),
+        }
     });
 }

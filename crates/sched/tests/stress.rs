@@ -1,7 +1,8 @@
 //! Stress: 1e7 tasks in all (1e6 in debug builds) as random spawn trees of many concurrent
 //! requests, under LAS, NLS and unpinned, on layouts with several nodes and groups. Every task
 //! must run exactly once, every request must complete with the result a sequential replay of
-//! the same tree computes, and a request with an injected panic must fail alone.
+//! the same tree computes, and a request with an injected panic must fail alone. The same for
+//! random join trees (`Ctx::join`, with scoped spawns mixed in).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -115,16 +116,18 @@ fn some_task(root: u64, budget: u64, depth: u32) -> (u64, u64) {
     (id, b)
 }
 
+/// `policy` on `topo` with no affinity (the fixtures' cpus are not this machine's).
+fn scheduler(policy: Policy, topo: &loci_topo::Topology) -> Scheduler {
+    let config = Config {
+        policy,
+        affinity: Affinity::None,
+        ..Config::default()
+    };
+    Scheduler::new(topo, config).unwrap()
+}
+
 fn run(policy: Policy, topo: &loci_topo::Topology, requests: u64, per_request: u64) {
-    let s = Scheduler::new(
-        topo,
-        Config {
-            policy,
-            affinity: Affinity::None,
-            ..Config::default()
-        },
-    )
-    .unwrap();
+    let s = scheduler(policy, topo);
     let nodes = s.layout().nodes.clone();
     let mut handles = Vec::new();
     for r in 0..requests {
@@ -186,37 +189,40 @@ fn run(policy: Policy, topo: &loci_topo::Topology, requests: u64, per_request: u
     }
 }
 
+/// 4 runs of TOTAL/4 tasks each: LAS on a 2-node machine with 2 groups of 2 per node, LAS on the
+/// E5310 layout (rule 5 territory), NLS, unpinned.
+fn runs() -> [(Policy, loci_topo::Topology); 4] {
+    [
+        (Policy::Las, fixtures::grid(2, 2, 2)),
+        (Policy::Las, fixtures::xeon_e5310()),
+        (Policy::Nls, fixtures::grid(2, 2, 2)),
+        (Policy::Unpinned, fixtures::grid(2, 1, 2)),
+    ]
+}
+
 const TOTAL: u64 = if cfg!(debug_assertions) {
     1_000_000
 } else {
     10_000_000
 };
 
-#[test]
-fn stress_random_spawn_trees() {
-    // The injected panics are expected: keep them out of the output.
+/// The injected panics are expected: keep them out of the output (other panics still print).
+fn quiet_poisoned_tasks() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        let msg = info
-            .payload()
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .unwrap_or("");
+        let msg = info.payload().downcast_ref::<String>().map_or("", |s| s);
         if !msg.starts_with("poisoned task") {
             default(info);
         }
     }));
-    // 4 runs of TOTAL/4 tasks: LAS on a 2-node machine with 2 groups of 2 per node, LAS on the
-    // E5310 layout (rule 5 territory), NLS, unpinned.
-    let runs: [(Policy, loci_topo::Topology); 4] = [
-        (Policy::Las, fixtures::grid(2, 2, 2)),
-        (Policy::Las, fixtures::xeon_e5310()),
-        (Policy::Nls, fixtures::grid(2, 2, 2)),
-        (Policy::Unpinned, fixtures::grid(2, 1, 2)),
-    ];
+}
+
+#[test]
+fn stress_random_spawn_trees() {
+    quiet_poisoned_tasks();
     let requests = 40;
     let per_request = TOTAL / 4 / requests;
-    for (p, t) in &runs {
+    for (p, t) in &runs() {
         let start = std::time::Instant::now();
         run(*p, t, requests, per_request);
         eprintln!(
@@ -241,4 +247,139 @@ fn tree_shape_is_exact() {
     for (id, b) in [(1, 1), (2, 2), (3, 17), (4, 1000)] {
         assert_eq!(count(id, b), b);
     }
+}
+
+/// A join tree node's split: `None` for a leaf, else the left budget (0: the node has one
+/// child, called directly), the two children's ids, and whether the left child runs as a
+/// scoped deferred task (beside the right one computed inline) instead of a join.
+fn join_split(id: u64, budget: u64) -> Option<(u64, u64, u64, bool)> {
+    let rest = budget.checked_sub(1).filter(|&r| r > 0)?;
+    let h = mix(id ^ 0x5151);
+    Some((
+        h % rest,
+        mix(id ^ 1),
+        mix(id ^ 2),
+        (h >> 40).is_multiple_of(8),
+    ))
+}
+
+fn join_expected(id: u64, budget: u64) -> u64 {
+    let own = mix(id ^ 0x1234);
+    match join_split(id, budget) {
+        None => own,
+        Some((l, lid, rid, _)) => {
+            let left = if l > 0 { join_expected(lid, l) } else { 0 };
+            own.wrapping_add(left)
+                .wrapping_add(join_expected(rid, budget - 1 - l))
+        }
+    }
+}
+
+/// One node of a random join tree of `budget` nodes: counts itself, joins (or scopes) its
+/// children, and panics after them if it is the request's poisoned node.
+fn join_node(ctx: &Ctx, req: &Req, id: u64, budget: u64) -> u64 {
+    req.tasks.fetch_add(1, Ordering::Relaxed);
+    let mut acc = mix(id ^ 0x1234);
+    if let Some((l, lid, rid, scoped)) = join_split(id, budget) {
+        let r = budget - 1 - l;
+        let (a, b) = if l == 0 {
+            (0, join_node(ctx, req, rid, r))
+        } else if scoped {
+            let (mut a, mut b) = (0, 0);
+            ctx.scope(|s| {
+                s.spawn_deferred(|s| a = join_node(s.ctx(), req, lid, l));
+                b = join_node(ctx, req, rid, r);
+            });
+            (a, b)
+        } else {
+            ctx.join(|c| join_node(c, req, lid, l), |c| join_node(c, req, rid, r))
+        };
+        acc = acc.wrapping_add(a).wrapping_add(b);
+    }
+    if id == req.poison {
+        panic!("poisoned task {id:#x}");
+    }
+    acc
+}
+
+/// Join stress: random (unbalanced) join trees with scoped spawns mixed in, 40 concurrent
+/// requests per layout and policy. Every node runs exactly once (a panic propagates only after
+/// both halves of every join finished), every request's result equals the sequential replay, a
+/// request with a poisoned node fails, and the counters add up: tasks per request record, and
+/// joins taken both ways (over all layouts).
+#[test]
+fn stress_random_join_trees() {
+    quiet_poisoned_tasks();
+    let requests = 40u64;
+    let per_request = TOTAL / 4 / requests;
+    // With 40 requests in flight workers mostly find other requests' tasks before an idle
+    // worker's steal of a join (none at all under NLS, whose shared FIFO comes before stealing,
+    // in some runs); the tails of the runs steal some.
+    let mut stolen = 0;
+    for (policy, topo) in &runs() {
+        let s = scheduler(*policy, topo);
+        let start = std::time::Instant::now();
+        let handles: Vec<_> = (0..requests)
+            .map(|r| {
+                let root = mix(r ^ 0xF00D ^ *policy as u64);
+                let poison = if r % 8 == 3 {
+                    some_join_node(root, per_request)
+                } else {
+                    u64::MAX
+                };
+                let req = Arc::new(Req {
+                    acc: AtomicU64::new(0),
+                    tasks: AtomicU64::new(0),
+                    poison,
+                    nodes: vec![],
+                });
+                let q = req.clone();
+                (
+                    root,
+                    req,
+                    s.submit(move |ctx| join_node(ctx, &q, root, per_request)),
+                )
+            })
+            .collect();
+        for (root, req, h) in handles {
+            let res = h.wait();
+            assert_eq!(req.tasks.load(Ordering::Relaxed), per_request, "{policy:?}");
+            if req.poison == u64::MAX {
+                assert_eq!(res.unwrap(), join_expected(root, per_request), "{policy:?}");
+            } else {
+                assert!(
+                    matches!(res, Err(RequestError::Panicked { .. })),
+                    "{policy:?}"
+                );
+            }
+        }
+        let st = s.stats();
+        assert_eq!(st.requests.iter().map(|r| r.tasks()).sum::<u64>(), st.tasks);
+        assert!(st.join_steals < st.joins, "{policy:?}: {st:?}");
+        stolen += st.join_steals;
+        eprintln!(
+            "{policy:?} on {}: {} join-tree nodes ({} joins, {} stolen) in {:.2?}",
+            topo.source,
+            requests * per_request,
+            st.joins,
+            st.join_steals,
+            start.elapsed()
+        );
+    }
+    assert!(stolen > 0, "no join was stolen on any layout");
+}
+
+/// A node a few levels down a join tree (the poisoned one of a request).
+fn some_join_node(root: u64, budget: u64) -> u64 {
+    let (mut id, mut b) = (root, budget);
+    for _ in 0..4 {
+        match join_split(id, b) {
+            Some((l, _, rid, _)) => {
+                id = rid;
+                b -= 1 + l;
+            }
+            None => break,
+        }
+    }
+    id
 }

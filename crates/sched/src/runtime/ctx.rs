@@ -78,6 +78,7 @@ impl Ctx {
     pub fn layout(&self) -> &WorkerLayout {
         &self.shared.layout
     }
+    #[inline]
     pub(super) fn req(&self) -> ReqRef {
         self.current
             .get()
@@ -150,14 +151,7 @@ impl Ctx {
         let sh = &*self.shared;
         let lg = &sh.layout.groups;
         match wh {
-            Where::Immediate => {
-                self.local.push(task);
-                if sh.las {
-                    sh.notify(&lg[self.group].wake_immediate, false);
-                } else {
-                    sh.notify(&lg[self.group].wake_deferred, false);
-                }
-            }
+            Where::Immediate => self.push_local(task),
             _ if !sh.las => {
                 sh.fifo.push(task);
                 sh.notify(&lg[self.group].wake_deferred, false);
@@ -171,6 +165,23 @@ impl Ctx {
                 sh.notify(sh.deferred_order(g, st), g != self.group);
             }
         }
+    }
+
+    /// Puts a task onto this worker's immediate queue (already counted in `pending`, or a join's
+    /// job, which is counted when it runs as a task) and wakes a worker that may steal it.
+    #[inline]
+    pub(super) fn push_local(&self, task: Task) {
+        let sh = &*self.shared;
+        let g = &sh.layout.groups[self.group];
+        self.local.push(task);
+        sh.notify(
+            if sh.las {
+                &g.wake_immediate
+            } else {
+                &g.wake_deferred
+            },
+            false,
+        );
     }
 
     /// Counts one more task of `req` in its `pending` before the task becomes visible: from this

@@ -33,7 +33,11 @@
 //!   queue and its group's deferred queue empty; every group's deferred queue is served by that
 //!   group's own workers (rule 3). So no task is stranded.
 //! - Tasks must not block on something only a task they spawned can release, except through
-//!   `Ctx::scope` (which runs tasks while it waits): a blocked worker runs nothing.
+//!   `Ctx::scope` or `Ctx::join` (which run tasks while they wait): a blocked worker runs
+//!   nothing.
+//! - A join's second half is a job on the joiner's stack, queued like an immediate task but not
+//!   counted in `pending`; it counts itself (from the runner's credits) only if it runs as a task.
+//!   The joiner returns only after the job came back unrun or its latch was set (see `join`).
 //!
 //! The files:
 //! - `task`: a task's heap block (header and closure), the workers' block caches, `Task`.
@@ -44,9 +48,11 @@
 //! - `worker`: the worker loop: finding a task by the rules, running it, accounting runs.
 //! - `sleep`: the two-phase sleep of idle workers and the spawner's wake-up.
 //! - `scope`: [`Ctx::scope`], [`Ctx::for_each_morsel`] and [`Scope`].
+//! - `join`: [`Ctx::join`], fork-join with the second half a job on the joiner's stack.
 //! - `scheduler`: [`Scheduler`]: starting the workers, submitting requests, counters, shutdown.
 
 mod ctx;
+mod join;
 mod request;
 mod scheduler;
 mod scope;

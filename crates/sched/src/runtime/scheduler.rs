@@ -353,6 +353,8 @@ impl Scheduler {
             s.tasks += c.tasks.load(Ordering::Relaxed);
             s.migrated += c.migrated.load(Ordering::Relaxed);
             s.parks += c.parks.load(Ordering::Relaxed);
+            s.joins += c.joins.load(Ordering::Relaxed);
+            s.join_steals += c.join_steals.load(Ordering::Relaxed);
             for (f, x) in s.found.iter_mut().zip(&c.found) {
                 *f += x.load(Ordering::Relaxed);
             }

@@ -14,7 +14,8 @@ use crate::SchedError;
 /// Beyond this many nested scope waits, scoped spawns run inline: a waiting worker runs any
 /// task, which may open a scope and wait again, so without a bound the nesting (and the stack)
 /// could grow with the number of queued tasks rather than with the program's own nesting.
-const MAX_SCOPE_DEPTH: u32 = 48;
+/// [`Ctx::join`] runs both halves inline beyond it, for the same reason.
+pub(super) const MAX_SCOPE_DEPTH: u32 = 48;
 
 impl Ctx {
     /// Runs `f` with a scope: tasks spawned into it may borrow from the caller's stack, and

@@ -51,6 +51,13 @@ pub struct Stats {
     pub migrated: u64,
     /// Times a worker parked (slept on its group's condition variable after finding no work).
     pub parks: u64,
+    /// Calls of [`Ctx::join`](crate::Ctx::join).
+    pub joins: u64,
+    /// Joins whose second closure another worker stole and ran (the others ran it on the
+    /// joining worker, almost always inline, popped back from its own queue). A stolen half
+    /// also counts as a task (in `tasks`, the rule and steal counters and its request's
+    /// record); a half run by its joiner does not.
+    pub join_steals: u64,
     /// The most recent finished requests (up to `Config::max_request_records`), oldest first.
     pub requests: Vec<RequestRecord>,
 }
@@ -71,6 +78,8 @@ impl Stats {
             tasks: self.tasks - earlier.tasks,
             migrated: self.migrated - earlier.migrated,
             parks: self.parks - earlier.parks,
+            joins: self.joins - earlier.joins,
+            join_steals: self.join_steals - earlier.join_steals,
             found,
             steals: Steals {
                 same_group: self.steals.same_group - earlier.steals.same_group,
@@ -92,6 +101,8 @@ pub(super) struct WorkerCounters {
     pub(super) tasks: AtomicU64,
     pub(super) migrated: AtomicU64,
     pub(super) parks: AtomicU64,
+    pub(super) joins: AtomicU64,
+    pub(super) join_steals: AtomicU64,
     pub(super) found: [AtomicU64; 8],
     pub(super) steals: [AtomicU64; 3],
 }

@@ -9,14 +9,15 @@ use std::ptr::NonNull;
 use super::ctx::Ctx;
 use super::request::ReqRef;
 
-/// The start of a task's heap block; the closure follows it (`JobBlock`).
+/// The start of a task's heap block; the closure follows it (`JobBlock`). A join's job on the
+/// joining worker's stack starts with one too (see `join`).
 #[repr(C)]
-struct JobHeader {
+pub(super) struct JobHeader {
     /// Moves the closure out, frees the block, then runs the closure with the context (`Some`)
     /// or drops it (`None`).
-    call: unsafe fn(NonNull<JobHeader>, Option<&Ctx>),
+    pub(super) call: unsafe fn(NonNull<JobHeader>, Option<&Ctx>),
     /// The worker that spawned the task (`EXTERNAL` for submits).
-    spawner: u32,
+    pub(super) spawner: u32,
 }
 
 #[repr(C)]
@@ -172,6 +173,30 @@ impl Task {
         unsafe { Task::new_unchecked(f, req, spawner, cache) }
     }
 
+    /// A task whose job is not a heap block of this module (a join's stack job).
+    ///
+    /// SAFETY: `job` points to a header whose `call` may be called once with `job` while the
+    /// task exists, and stays valid until then (or until the task is taken back by
+    /// [`Task::into_job`]).
+    #[inline]
+    pub(super) unsafe fn from_job(job: NonNull<JobHeader>, req: ReqRef) -> Task {
+        Task { job, req }
+    }
+
+    /// Whether this task's job is `job`.
+    #[inline]
+    pub(super) fn is(&self, job: NonNull<JobHeader>) -> bool {
+        self.job == job
+    }
+
+    /// Takes the task apart without running or dropping its job (the caller owns the job).
+    #[inline]
+    pub(super) fn into_job(self) -> NonNull<JobHeader> {
+        let p = self.job;
+        std::mem::forget(self);
+        p
+    }
+
     #[inline]
     pub(super) fn spawner(&self) -> u32 {
         // SAFETY: the block lives until the task is run or dropped.
@@ -181,8 +206,7 @@ impl Task {
     /// Runs the closure on `ctx` (the block is freed before the closure runs).
     #[inline]
     pub(super) fn run(self, ctx: &Ctx) {
-        let p = self.job;
-        std::mem::forget(self);
+        let p = self.into_job();
         // SAFETY: the block is live and used once, here.
         unsafe {
             let call = p.as_ref().call;

@@ -41,12 +41,10 @@ impl Ctx {
     /// Finds the next task by the scheduler's rules, or `None` when every queue it may take from
     /// looks empty.
     pub(super) fn find(&self) -> Option<Task> {
-        let sh = &*self.shared;
         // Rule 1 (both policies) without building the view: a pop of the own queue is exactly
         // what the rule functions choose first whenever that queue is nonempty.
         if let Some(t) = self.local.pop() {
-            let rule = Pick::OwnImmediate.rule(sh.las) as usize;
-            bump(&sh.counters[self.w].found[rule]);
+            self.found_own();
             return Some(t);
         }
         let t = self.find_by_rules();
@@ -57,6 +55,13 @@ impl Ctx {
             }
         }
         t
+    }
+
+    /// Counts a task taken from this worker's own immediate queue (rule 1 of both policies).
+    #[inline]
+    pub(super) fn found_own(&self) {
+        let sh = &*self.shared;
+        bump(&sh.counters[self.w].found[Pick::OwnImmediate.rule(sh.las) as usize]);
     }
 
     fn find_by_rules(&self) -> Option<Task> {
@@ -159,6 +164,7 @@ impl Ctx {
         }
     }
 
+    #[inline]
     pub(super) fn exec_node(&self) -> usize {
         if !self.shared.unpinned {
             return self.node_slot;

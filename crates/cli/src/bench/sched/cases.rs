@@ -21,23 +21,48 @@ pub(super) fn rayon_tree<'s>(s: &rayon::Scope<'s>, n: u64) {
     s.spawn(move |s| rayon_tree(s, right));
 }
 
-/// rayon's best form of the tiny-tasks tree (its documented fork-join primitive): the same tree
-/// of exactly `n` tasks as loci's [`tree`] (a node with `n` tasks has children of `(n-1)/2` and
-/// the rest), each node one call; a node with two children `join`s them (the second is a job on
-/// the worker's stack that another worker may steal, the first runs inline), a node with one
-/// child calls it. `visit` runs once per task (a no-op in the benchmark; tests count with it).
-pub(super) fn rayon_join_tree<F: Fn() + Sync>(n: u64, visit: &F) {
+/// A fork-join primitive, so that rayon and loci run the very same tree code (monomorphised:
+/// no indirection): [`RayonJoin`] is `rayon::join` on the installed pool, a loci [`Ctx`] is
+/// [`Ctx::join`] (the second closure gets the context of the worker that runs it).
+pub(super) trait Fork {
+    fn fork(&self, a: impl FnOnce(&Self) + Send, b: impl FnOnce(&Self) + Send);
+}
+
+/// `rayon::join` (on the pool the caller installed).
+pub(super) struct RayonJoin;
+
+impl Fork for RayonJoin {
+    #[inline]
+    fn fork(&self, a: impl FnOnce(&Self) + Send, b: impl FnOnce(&Self) + Send) {
+        rayon::join(|| a(&RayonJoin), || b(&RayonJoin));
+    }
+}
+
+impl Fork for Ctx {
+    #[inline]
+    fn fork(&self, a: impl FnOnce(&Self) + Send, b: impl FnOnce(&Self) + Send) {
+        self.join(a, b);
+    }
+}
+
+/// The tiny-tasks tree as fork-join (rayon's best form, and loci's): the same tree of exactly
+/// `n` tasks as loci's spawn [`tree`](loci_sched::workload::tree) (a node with `n` tasks has
+/// children of `(n-1)/2` and the rest), each node one call; a node with two children joins them
+/// (the second is a job on the worker's stack that another worker may steal, the first runs
+/// inline), a node with one child calls it. `visit` runs once per task (a no-op in the
+/// benchmark; tests count with it).
+pub(super) fn join_tree<J: Fork, F: Fn() + Sync>(j: &J, n: u64, visit: &F) {
     visit();
     let Some((left, right)) = tree_children(n) else {
         return;
     };
     if left > 0 {
-        rayon::join(
-            || rayon_join_tree(left, visit),
-            || rayon_join_tree(right, visit),
+        j.fork(
+            |j| join_tree(j, left, visit),
+            |j| join_tree(j, right, visit),
         );
     } else {
-        rayon_join_tree(right, visit);
+        join_tree(j, right, visit);
     }
 }
 
@@ -112,15 +137,15 @@ impl RealWork {
     }
 }
 
-/// loci's form of the real-work case: the tiny-tasks tree (immediate spawns, one request), each
+/// The real-work case as the tiny-tasks tree of spawns (the labelled `loci-las-spawn` row): each
 /// node one task that first spawns its children (the items after it: `lo+1..lo+1+left` and the
-/// rest) and then runs item `lo`. A free worker steals the oldest task of the other's queue,
-/// which is the largest subtree still unclaimed. Spawned rather than joined: loci has no join,
-/// and no task waits for its children (the request ends when its last task does).
+/// rest) as immediate tasks and then runs item `lo`. A free worker steals the oldest task of the
+/// other's queue, which is the largest subtree still unclaimed; no task waits for its children
+/// (the request ends when its last task does).
 pub(super) fn loci_work_tree(ctx: &Ctx, w: &'static RealWork, lo: u64, n: u64) {
     if let Some((left, right)) = tree_children(n) {
         // The right subtree first: this worker runs the youngest task next (the left subtree,
-        // so items run in about ascending order, as in rayon's join), another steals the oldest.
+        // so items run in about ascending order, as in the join tree), another steals the oldest.
         ctx.spawn_immediate(move |c| loci_work_tree(c, w, lo + 1 + left, right));
         if left > 0 {
             ctx.spawn_immediate(move |c| loci_work_tree(c, w, lo + 1, left));
@@ -129,17 +154,17 @@ pub(super) fn loci_work_tree(ctx: &Ctx, w: &'static RealWork, lo: u64, n: u64) {
     w.run(lo);
 }
 
-/// rayon's `join` over the same tree as [`loci_work_tree`] (the labelled `rayon-join` row of
-/// real-work): one call per task, the subtrees joined.
-pub(super) fn rayon_work_join(w: &RealWork, lo: u64, n: u64) {
+/// The real-work tree as fork-join (loci's form, and rayon's labelled `rayon-join` row): one
+/// call per task, the subtrees joined, then the node's own item.
+pub(super) fn work_join<J: Fork>(j: &J, w: &RealWork, lo: u64, n: u64) {
     if let Some((left, right)) = tree_children(n) {
         if left > 0 {
-            rayon::join(
-                || rayon_work_join(w, lo + 1, left),
-                || rayon_work_join(w, lo + 1 + left, right),
+            j.fork(
+                |j| work_join(j, w, lo + 1, left),
+                |j| work_join(j, w, lo + 1 + left, right),
             );
         } else {
-            rayon_work_join(w, lo + 1 + left, right);
+            work_join(j, w, lo + 1 + left, right);
         }
     }
     w.run(lo);
@@ -194,8 +219,12 @@ pub(super) fn rayon_pipelines(pool: &rayon::ThreadPool, spec: PipelineSpec, accs
 /// How a row's system runs a case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Form {
-    /// A loci scheduler (the case's one loci form; see docs/sched.md).
+    /// loci's pipeline requests (the multi- and single-request cases).
     Loci,
+    /// loci's `Ctx::join` over the case's tree (tiny-tasks, real-work).
+    LociJoin,
+    /// loci's tree of immediate spawns, fire and forget (the labelled `loci-las-spawn` row).
+    LociSpawn,
     /// `rayon::join` recursion.
     Join,
     /// `rayon::scope` spawns (a boxed job per task).
@@ -207,8 +236,9 @@ pub(super) enum Form {
 impl Form {
     pub(super) fn name(self) -> &'static str {
         match self {
-            Form::Loci => "loci",
-            Form::Join => "join",
+            Form::Loci => "requests",
+            Form::LociJoin | Form::Join => "join",
+            Form::LociSpawn => "spawn",
             Form::Scope => "scope",
             Form::ParIter => "par_iter",
         }
@@ -222,19 +252,32 @@ pub(super) struct RowSpec {
     pub(super) form: Form,
 }
 
-/// The rows that `system` contributes to `case`: a loci system one; rayon its best form for the
-/// case as `rayon` (the baseline of the ratios), then its other forms as labelled rows.
+/// The system of loci's labelled second form (spawn trees) in tiny-tasks and real-work.
+pub(super) const LOCI_SPAWN_OF: &str = "loci-las";
+
+/// The rows that `system` contributes to `case`. A loci system: its join tree in tiny-tasks and
+/// real-work (plus, for loci-las, the spawn tree as `loci-las-spawn`), its requests otherwise.
+/// rayon: its best form for the case as `rayon` (the baseline of the ratios), then its other
+/// forms as labelled rows.
 pub(super) fn row_specs(case: &str, system: &str) -> Vec<RowSpec> {
     let r = |name: &str, form| RowSpec {
         name: name.to_string(),
         form,
     };
+    let trees = case == "tiny-tasks" || case == "real-work";
     if policy_of(system).is_some() {
-        return vec![r(system, Form::Loci)];
+        if !trees {
+            return vec![r(system, Form::Loci)];
+        }
+        let mut rows = vec![r(system, Form::LociJoin)];
+        if system == LOCI_SPAWN_OF {
+            rows.push(r(&format!("{system}-spawn"), Form::LociSpawn));
+        }
+        return rows;
     }
     match case {
         // join: rayon's cheapest fork (a stack job, no allocation); scope: the fire-and-forget
-        // spawn that matches loci's tree spawn for spawn (a boxed job per task).
+        // spawn that matches loci's spawn tree spawn for spawn (a boxed job per task).
         "tiny-tasks" => vec![r("rayon", Form::Join), r("rayon-scope", Form::Scope)],
         // par_iter: what rayon's documentation leads to for independent items; join: the same
         // one-call-per-task tree as loci's.
@@ -289,27 +332,45 @@ mod tests {
         .unwrap()
     }
 
-    /// rayon's join tree runs exactly as many tasks as loci's spawn tree of the same size.
+    /// Joins in the tree of `n` tasks: one per node with two children.
+    fn joins_in(n: u64) -> u64 {
+        match tree_children(n) {
+            Some((l, r)) if l > 0 => 1 + joins_in(l) + joins_in(r),
+            Some((_, r)) => joins_in(r),
+            None => 0,
+        }
+    }
+
+    /// The join tree runs exactly `n` tasks on rayon and on loci (LAS and NLS), as many as
+    /// loci's spawn tree of the same size; loci counts one join per node with two children.
     #[test]
-    fn rayon_join_tree_runs_exactly_n_tasks() {
+    fn join_trees_run_exactly_n_tasks() {
         let p = pool(2);
-        let sched = scheduler(Policy::Las);
+        let las = scheduler(Policy::Las);
+        let nls = scheduler(Policy::Nls);
         for n in (1..=70).chain([1000, 4097, 100_000]) {
             let count = AtomicU64::new(0);
-            p.install(|| {
-                rayon_join_tree(n, &|| {
-                    count.fetch_add(1, Ordering::Relaxed);
-                })
-            });
-            assert_eq!(count.load(Ordering::Relaxed), n, "join tree of {n}");
-            let before = sched.stats();
-            sched.submit(move |ctx| tree(ctx, n)).wait().unwrap();
-            assert_eq!(sched.stats().since(&before).tasks, n, "loci tree of {n}");
+            let visit = || {
+                count.fetch_add(1, Ordering::Relaxed);
+            };
+            p.install(|| join_tree(&RayonJoin, n, &visit));
+            assert_eq!(count.load(Ordering::Relaxed), n, "rayon join tree of {n}");
+            for s in [&las, &nls] {
+                count.store(0, Ordering::Relaxed);
+                let before = s.stats();
+                s.run(|ctx| join_tree(ctx, n, &visit)).unwrap();
+                assert_eq!(count.load(Ordering::Relaxed), n, "loci join tree of {n}");
+                assert_eq!(s.stats().since(&before).joins, joins_in(n), "joins in {n}");
+            }
+            let before = las.stats();
+            las.submit(move |ctx| tree(ctx, n)).wait().unwrap();
+            assert_eq!(las.stats().since(&before).tasks, n, "loci tree of {n}");
         }
     }
 
     /// Every system's form of the real-work case runs every task once: the checksum equals the
-    /// one computed on one thread, for loci (LAS, NLS) and rayon (par_iter, join); a skipped
+    /// one computed on one thread, for loci (LAS, NLS; join and spawn trees) and rayon (par_iter,
+    /// join); a skipped
     /// task changes it.
     #[test]
     fn real_work_checksum_is_the_same_for_every_system() {
@@ -327,6 +388,9 @@ mod tests {
             let mut got = Vec::new();
             for s in [&las, &nls] {
                 w.clear();
+                s.run(|ctx| work_join(ctx, w, 0, w.tasks())).unwrap();
+                got.push(w.checksum());
+                w.clear();
                 s.submit(move |ctx| loci_work_tree(ctx, w, 0, w.tasks()))
                     .wait()
                     .unwrap();
@@ -336,9 +400,9 @@ mod tests {
             p.install(|| rayon_work_par_iter(w));
             got.push(w.checksum());
             w.clear();
-            p.install(|| rayon_work_join(w, 0, w.tasks()));
+            p.install(|| work_join(&RayonJoin, w, 0, w.tasks()));
             got.push(w.checksum());
-            assert_eq!(got, vec![want; 4], "n={n} bytes={bytes}");
+            assert_eq!(got, vec![want; 6], "n={n} bytes={bytes}");
             // The same run with the last task skipped does not pass.
             w.clear();
             for i in 0..n - 1 {
@@ -357,13 +421,14 @@ mod tests {
     }
 
     #[test]
-    fn rayon_rows_put_the_best_form_first_as_rayon() {
-        let names = |case: &str| -> Vec<(String, Form)> {
-            row_specs(case, "rayon")
+    fn rows_put_the_best_forms_first() {
+        let rows = |case: &str, system: &str| -> Vec<(String, Form)> {
+            row_specs(case, system)
                 .into_iter()
                 .map(|r| (r.name, r.form))
                 .collect()
         };
+        let names = |case: &str| rows(case, "rayon");
         assert_eq!(
             names("tiny-tasks"),
             [
@@ -379,7 +444,23 @@ mod tests {
             ]
         );
         assert_eq!(names("multi-request"), [("rayon".into(), Form::Scope)]);
-        assert_eq!(row_specs("tiny-tasks", "loci-las")[0].form, Form::Loci);
+        for case in ["tiny-tasks", "real-work"] {
+            assert_eq!(
+                rows(case, "loci-las"),
+                [
+                    ("loci-las".into(), Form::LociJoin),
+                    ("loci-las-spawn".into(), Form::LociSpawn)
+                ]
+            );
+            assert_eq!(
+                rows(case, "loci-nls"),
+                [("loci-nls".into(), Form::LociJoin)]
+            );
+        }
+        assert_eq!(
+            rows("single-request", "loci-las"),
+            [("loci-las".into(), Form::Loci)]
+        );
         let spec = PipelineSpec {
             chains: 4,
             buffers: 16,

@@ -3,6 +3,10 @@
 //! real work (a few KiB of memory read per task), 16 concurrent pipeline requests, one pipeline
 //! request.
 //!
+//! loci runs tiny-tasks and real-work as a tree of `Ctx::join`s, the very tree code rayon's `join`
+//! rows run (`cases::Fork`); loci-las also runs them as a tree of fire-and-forget spawns, the
+//! labelled row `loci-las-spawn`. The pipeline cases are requests.
+//!
 //! rayon runs each case in its best form for the shape, in the row named `rayon` (the baseline
 //! of the ratios; `config.form` says which): a `join` tree for tiny tasks, `par_iter().for_each`
 //! for independent tasks, `scope` spawns for the pipelines (a chain spawns its successor, which
@@ -25,8 +29,8 @@ mod cases;
 mod summary;
 
 use cases::{
-    loci_work_tree, rayon_join_tree, rayon_pipelines, rayon_tree, rayon_work_join,
-    rayon_work_par_iter, row_specs, tasks_per_run, Form, RealWork, RowSpec,
+    join_tree, loci_work_tree, rayon_pipelines, rayon_tree, rayon_work_par_iter, row_specs,
+    tasks_per_run, work_join, Form, RayonJoin, RealWork, RowSpec, LOCI_SPAWN_OF,
 };
 use summary::counters_json;
 pub use summary::print_counters;
@@ -43,7 +47,7 @@ pub struct SchedArgs {
     pub cases: Vec<String>,
     /// Systems to run (comma list of loci-las, loci-nls, loci-unpinned, rayon; rayon runs its
     /// best form per case plus the labelled other forms: rayon-scope in tiny-tasks, rayon-join in
-    /// real-work).
+    /// real-work; loci-las adds its spawn tree as loci-las-spawn in both).
     #[arg(long, value_delimiter = ',', default_value = DEFAULT_SYSTEMS)]
     pub systems: Vec<String>,
     /// Empty tasks in the tiny-tasks case (default 10M, 1M with --quick).
@@ -214,8 +218,17 @@ pub fn run(a: SchedArgs) -> anyhow::Result<Report> {
         sched: Option<Scheduler>,
         pool: Option<rayon::ThreadPool>,
     }
-    let mut systems = Vec::new();
+    // A loci system's labelled second row (loci-las-spawn) gets a scheduler of its own, so that
+    // every loci row's counters are its own runs'.
+    let mut system_names: Vec<(String, &str)> = Vec::new();
     for name in &a.systems {
+        system_names.push((name.clone(), name.as_str()));
+        if name == LOCI_SPAWN_OF {
+            system_names.push((format!("{name}-spawn"), name.as_str()));
+        }
+    }
+    let mut systems = Vec::new();
+    for (_, name) in &system_names {
         let (sched, pool) = match policy_of(name) {
             Some(p) => (
                 Some(Scheduler::new(
@@ -249,24 +262,29 @@ pub fn run(a: SchedArgs) -> anyhow::Result<Report> {
         let c0 = process_cpu_s();
         let t = Instant::now();
         match (case, &sys.sched, &sys.pool) {
-            ("tiny-tasks", Some(s), _) => s
-                .submit(move |ctx| tree(ctx, tasks))
-                .wait()
-                .map_err(anyhow::Error::msg)?,
+            ("tiny-tasks", Some(s), _) => match row.form {
+                Form::LociSpawn => s.submit(move |ctx| tree(ctx, tasks)),
+                _ => s.submit(move |ctx| join_tree(ctx, tasks, &|| {})),
+            }
+            .wait()
+            .map_err(anyhow::Error::msg)?,
             ("tiny-tasks", _, Some(p)) => match row.form {
-                Form::Join => p.install(|| rayon_join_tree(tasks, &|| {})),
+                Form::Join => p.install(|| join_tree(&RayonJoin, tasks, &|| {})),
                 _ => p.scope(|s| rayon_tree(s, tasks)),
             },
             ("real-work", Some(s), _) => {
                 let (w, _) = work.expect("built for real-work");
-                s.submit(move |ctx| loci_work_tree(ctx, w, 0, w.tasks()))
-                    .wait()
-                    .map_err(anyhow::Error::msg)?
+                match row.form {
+                    Form::LociSpawn => s.submit(move |ctx| loci_work_tree(ctx, w, 0, w.tasks())),
+                    _ => s.submit(move |ctx| work_join(ctx, w, 0, w.tasks())),
+                }
+                .wait()
+                .map_err(anyhow::Error::msg)?
             }
             ("real-work", _, Some(p)) => {
                 let (w, _) = work.expect("built for real-work");
                 match row.form {
-                    Form::Join => p.install(|| rayon_work_join(w, 0, w.tasks())),
+                    Form::Join => p.install(|| work_join(&RayonJoin, w, 0, w.tasks())),
                     _ => p.install(|| rayon_work_par_iter(w)),
                 }
             }
@@ -304,13 +322,16 @@ pub fn run(a: SchedArgs) -> anyhow::Result<Report> {
             .iter()
             .map(|s| s.sched.as_ref().map(|s| s.stats()))
             .collect();
-        // The rows of this case: (system index, row).
-        let rows: Vec<(usize, RowSpec)> = a
-            .systems
-            .iter()
-            .enumerate()
-            .flat_map(|(i, name)| row_specs(case, name).into_iter().map(move |r| (i, r)))
-            .collect();
+        // The rows of this case: (system index, row); a row runs on the system of its own name
+        // if there is one (loci-las-spawn), else on its system's (the rayon rows share a pool).
+        let system_of = |name: &str| system_names.iter().position(|(n, _)| n == name);
+        let mut rows: Vec<(usize, RowSpec)> = Vec::new();
+        for name in &a.systems {
+            for r in row_specs(case, name) {
+                let i = system_of(&r.name).or_else(|| system_of(name));
+                rows.push((i.expect("every system is built"), r));
+            }
+        }
         let per_run = tasks_per_run(case, tasks, work_tasks, a.requests, spec);
         let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); rows.len()];
         let mut cpu: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); rows.len()];
@@ -411,11 +432,13 @@ mod tests {
             labels,
             [
                 "tiny-tasks loci-las",
+                "tiny-tasks loci-las-spawn",
                 "tiny-tasks loci-nls",
                 "tiny-tasks loci-unpinned",
                 "tiny-tasks rayon",
                 "tiny-tasks rayon-scope",
                 "real-work loci-las",
+                "real-work loci-las-spawn",
                 "real-work loci-nls",
                 "real-work loci-unpinned",
                 "real-work rayon",
@@ -438,18 +461,34 @@ mod tests {
             assert_eq!(r.extra["cpu_s"].as_array().unwrap().len(), 2);
         }
         let form = |i: usize| rep.results[i].config.get("form").cloned();
-        assert_eq!(form(3).as_deref(), Some("join"));
-        assert_eq!(form(8).as_deref(), Some("par_iter"));
-        assert_eq!(form(0), None);
+        let forms: Vec<Option<String>> = (0..rep.results.len()).map(form).collect();
+        let want = ["join", "spawn", "join", "join", "join", "scope"];
+        let want_work = ["join", "spawn", "join", "join", "par_iter", "join"];
+        assert_eq!(
+            forms,
+            want.iter()
+                .chain(&want_work)
+                .map(|f| Some(f.to_string()))
+                .collect::<Vec<_>>()
+        );
+        // Every loci join row counted its joins: one per node with two children.
+        let joins = |i: usize| rep.results[i].extra["counters"]["joins"].as_u64().unwrap();
+        assert!(joins(0) > 5000 / 3 && joins(6) > 300 / 3, "{}", joins(0));
+        assert_eq!(
+            (joins(1), joins(7)),
+            (0, 0),
+            "the spawn rows have counters of their own"
+        );
         let g = goals(&rep);
         assert!(
-            g.contains("tiny-tasks: loci-las") && g.contains("of rayon join"),
+            g.contains("tiny-tasks: loci-las join") && g.contains("of rayon join"),
             "{g}"
         );
         assert!(
-            g.contains("real-work: loci-las") && g.contains("of rayon par_iter"),
+            g.contains("real-work: loci-las join") && g.contains("of rayon par_iter"),
             "{g}"
         );
+        assert!(g.contains("loci-las-spawn"), "{g}");
         assert!(cpu_table(&rep).contains("rayon-scope scope/"));
     }
 }
