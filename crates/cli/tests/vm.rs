@@ -20,6 +20,8 @@ use serde_json::Value;
 
 mod advise_vm;
 mod deploy_vm;
+#[path = "deploy_vm/dask.rs"]
+mod deploy_vm_dask;
 mod faults;
 
 const SCRIPT: &str = r#"

@@ -10,6 +10,7 @@ use loci_report::Report;
 
 mod alloc;
 pub(crate) mod common;
+mod deploy;
 mod engine;
 mod memcpy;
 mod sched;
@@ -52,6 +53,11 @@ pub enum BenchCmd {
     /// `loci run` with every configuration of --alloc x --threads x --mem x --thp; per-query
     /// medians, geometric mean and ratios to the engine's default, answers checked across engines.
     Tpch(tpch::TpchArgs),
+    /// Dask dataframe workloads (a group-by like W2, a join like W3, data made in the workers) on
+    /// a cluster `loci deploy dask` lays out as WIM, WIN and WIC with the same total threads;
+    /// ratios to WIM, answers compared across designs, time from the command to every instance
+    /// verified and to every worker joined.
+    Deploy(deploy::DeployArgs),
 }
 
 /// Flags every benchmark takes.
@@ -162,6 +168,12 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             let common = a.common.clone();
             let rep = tpch::run(a)?;
             finish_with_goals(&rep, &common, tpch::baseline, tpch::summary)
+        }
+        BenchCmd::Deploy(a) => {
+            let common = a.common.clone();
+            let rep = deploy::run(a)?;
+            finish_with_goals(&rep, &common, deploy::baseline, deploy::summary)?;
+            deploy::answers_agree(&rep)
         }
     }
 }

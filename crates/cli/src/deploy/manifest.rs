@@ -29,6 +29,9 @@ pub struct Manifest {
     pub grace_s: f64,
     pub notes: Vec<String>,
     pub instances: Vec<InstanceRecord>,
+    /// `loci deploy dask`: the scheduler and which instance runs it (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dask: Option<super::dask::DaskInfo>,
 }
 
 /// One instance: its placement, command, processes and history.
@@ -234,6 +237,9 @@ pub fn status(c: StatusCmd) -> anyhow::Result<()> {
             (None, _) => "none (a dry run)".into(),
         }
     );
+    if let Some(d) = &m.dask {
+        println!("  {}", d.line(m.instances.len()));
+    }
     for (r, fresh) in m.instances.iter().zip(fresh) {
         println!(
             "  instance {}: {}{}, restarts {}, nodes {}, cpus {}, mem {}{}",

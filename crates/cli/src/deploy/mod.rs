@@ -10,6 +10,7 @@ use clap::{Args, Subcommand, ValueEnum};
 
 use crate::topo_args::TopoArgs;
 
+pub mod dask;
 pub mod layout;
 pub mod manifest;
 mod supervise;
@@ -61,6 +62,7 @@ pub struct DeployCmd {
 pub enum Action {
     Status(manifest::StatusCmd),
     Stop(manifest::StopCmd),
+    Dask(Box<dask::DaskCmd>),
 }
 
 /// When an instance that ended is started again.
@@ -76,6 +78,19 @@ pub struct StartArgs {
     /// The layout of instances.
     #[arg(long, value_enum, required = true)]
     pub design: Option<Design>,
+    #[command(flatten)]
+    pub common: Common,
+    /// {port} of instance i is PORT+i.
+    #[arg(long, value_name = "PORT", default_value_t = 20000)]
+    pub port_base: u16,
+    /// The command template of one instance.
+    #[arg(last = true, required = true, value_name = "CMD-TEMPLATE")]
+    pub cmd: Vec<OsString>,
+}
+
+/// The placement, supervision and output flags `loci deploy` and `loci deploy dask` share.
+#[derive(Args, Debug, Clone)]
+pub struct Common {
     /// Number of instances [default: the design's: nodes with cpus (win, spmwin), cores (wic),
     /// 1 (wim)]. Fewer take the first nodes or cores.
     #[arg(long, value_name = "N")]
@@ -96,9 +111,6 @@ pub struct StartArgs {
     /// Seconds between SIGTERM and SIGKILL when stopping.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub grace: f64,
-    /// {port} of instance i is PORT+i.
-    #[arg(long, value_name = "PORT", default_value_t = 20000)]
-    pub port_base: u16,
     /// Where the manifest is written.
     #[arg(long, value_name = "FILE", default_value = "loci-deploy.json")]
     pub manifest: PathBuf,
@@ -111,24 +123,35 @@ pub struct StartArgs {
     pub json: bool,
     #[command(flatten)]
     pub topo: TopoArgs,
-    /// The command template of one instance.
-    #[arg(last = true, required = true, value_name = "CMD-TEMPLATE")]
-    pub cmd: Vec<OsString>,
+}
+
+impl Common {
+    /// The layout options these flags give.
+    pub fn layout_options(&self) -> layout::Options {
+        layout::Options {
+            instances: self.instances,
+            mem: self.mem,
+            nics: self.nics.clone(),
+        }
+    }
 }
 
 pub fn run(c: DeployCmd) -> anyhow::Result<()> {
     match c.action {
         Some(Action::Status(s)) => manifest::status(s),
         Some(Action::Stop(s)) => manifest::stop(s),
+        Some(Action::Dask(d)) => dask::run(*d),
         None => start(c.start),
     }
 }
 
 /// The manifest of a layout with every template expanded: the plan before anything starts.
+/// Instance i gets port `port_base + i`.
 pub fn planned(
     layout: &Layout,
     tpl: &Template,
-    a: &StartArgs,
+    port_base: u16,
+    a: &Common,
     topology: &str,
     exe: &str,
 ) -> anyhow::Result<Manifest> {
@@ -137,12 +160,12 @@ pub fn planned(
         .instances
         .iter()
         .map(|i| {
-            let port = u16::try_from(a.port_base as usize + i.index).map_err(|_| {
+            let port = u16::try_from(port_base as usize + i.index).map_err(|_| {
                 anyhow::anyhow!(
                     "--port-base {}: instance {} would get port {}, above 65535",
-                    a.port_base,
+                    port_base,
                     i.index,
-                    a.port_base as usize + i.index
+                    port_base as usize + i.index
                 )
             })?;
             let command = tpl.expand(&Values {
@@ -199,6 +222,7 @@ pub fn planned(
         grace_s: a.grace,
         notes: layout.notes.clone(),
         instances,
+        dask: None,
     })
 }
 
@@ -234,51 +258,64 @@ fn print_plan(m: &Manifest) {
 fn start(a: StartArgs) -> anyhow::Result<()> {
     let design = a.design.expect("clap requires --design");
     let tpl = Template::parse(&a.cmd)?;
-    let topo = a.topo.load()?;
-    let layout = layout::layout(
-        &topo,
-        design,
-        &layout::Options {
-            instances: a.instances,
-            mem: a.mem,
-            nics: a.nics.clone(),
-        },
-    )?;
-    let live = a.topo.is_live();
-    if !live && !a.dry_run {
+    let c = &a.common;
+    let topo = c.topo.load()?;
+    let layout = layout::layout(&topo, design, &c.layout_options())?;
+    let exe = runner_exe(c, &topo)?;
+    let m = planned(&layout, &tpl, a.port_base, c, &topo.source, &exe)?;
+    if show_plan(&m, c, print_plan)? {
+        return Ok(());
+    }
+    refuse_live_manifest(&c.manifest)?;
+    for n in &m.notes {
+        eprintln!("loci: note: {n}");
+    }
+    supervise::run(m, c)
+}
+
+/// The `loci` that starts each instance: this binary on a live machine; a layout for another
+/// machine can only be shown (`loci` stands in), and without --dry-run that is an error.
+fn runner_exe(c: &Common, topo: &loci_topo::Topology) -> anyhow::Result<String> {
+    let live = c.topo.is_live();
+    if !live && !c.dry_run {
         bail!(
             "the topology names another machine ({}): its layout can only be shown; add --dry-run",
             topo.source
         );
     }
-    let exe = if live {
+    Ok(if live {
         std::env::current_exe()?.to_string_lossy().into_owned()
     } else {
         "loci".into()
-    };
-    let m = planned(&layout, &tpl, &a, &topo.source, &exe)?;
-    if a.dry_run {
-        if a.json {
-            println!("{}", serde_json::to_string_pretty(&m)?);
-        } else {
-            print_plan(&m);
-        }
-        return Ok(());
+    })
+}
+
+/// For --dry-run: prints the plan (JSON, or `text`) and returns true; otherwise false.
+fn show_plan(m: &Manifest, c: &Common, text: impl Fn(&Manifest)) -> anyhow::Result<bool> {
+    if !c.dry_run {
+        return Ok(false);
     }
-    if let Ok(old) = Manifest::read(&a.manifest) {
+    if c.json {
+        println!("{}", serde_json::to_string_pretty(m)?);
+    } else {
+        text(m);
+    }
+    Ok(true)
+}
+
+/// An error when `path` belongs to a deployment whose supervisor still runs.
+fn refuse_live_manifest(path: &std::path::Path) -> anyhow::Result<()> {
+    if let Ok(old) = Manifest::read(path) {
         if old.supervisor_alive() {
             bail!(
                 "{} belongs to a deployment that is still running (supervisor pid {}); stop it with `loci deploy stop {}` or choose another --manifest",
-                a.manifest.display(),
+                path.display(),
                 old.supervisor_pid.unwrap_or_default(),
-                a.manifest.display()
+                path.display()
             );
         }
     }
-    for n in &m.notes {
-        eprintln!("loci: note: {n}");
-    }
-    supervise::run(m, &a)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -298,7 +335,7 @@ mod tests {
             .unwrap();
         assert!(t.d.action.is_none());
         assert_eq!(
-            t.d.start.nics.as_deref(),
+            t.d.start.common.nics.as_deref(),
             Some(&["a".to_string(), "b".to_string()][..])
         );
         let t = T::try_parse_from(["x", "status", "m.json"]).unwrap();

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use super::manifest::{alive, signal, signal_group, InstanceRecord, Manifest, Verdict};
-use super::{Restart, StartArgs};
+use super::{Common, Restart};
 use crate::run_cmd::exit_code;
 
 /// The last SIGINT/SIGTERM received (0: none since it was read).
@@ -107,7 +107,7 @@ fn terminal(state: &str) -> bool {
 }
 
 /// Supervises the instances of `m` until every one has ended or been stopped.
-pub fn run(mut m: Manifest, a: &StartArgs) -> anyhow::Result<()> {
+pub fn run(mut m: Manifest, a: &Common) -> anyhow::Result<()> {
     for r in &m.instances {
         if crate::run_cmd::resolve(&r.command[0].clone().into()).is_none() {
             bail!(
@@ -176,7 +176,7 @@ fn watch(
     m: &mut Manifest,
     lives: &mut [Live],
     pumps: &mut Vec<JoinHandle<()>>,
-    a: &StartArgs,
+    a: &Common,
     loci: &Path,
     path: &Path,
 ) -> anyhow::Result<bool> {
