@@ -73,6 +73,33 @@ unsafe fn free_desc(r: *mut Run) {
     }
 }
 
+/// Unit `u`'s map entry: the index of the descriptor covering it.
+///
+/// The map is read and written with relaxed atomics. [`map_all`] writes a run's entries after
+/// the run left the node lock; [`free_units`], under the lock, reads the entry just before or
+/// after the span it frees, which may be an end entry of a run being mapped at that moment.
+/// Whichever value it sees, the descriptor it names is checked (free, adjacent) under the
+/// lock, and a run being mapped is not free; the atomics make that read defined. On x86-64 a
+/// relaxed u16 load or store is the same `mov` as a plain one.
+///
+/// # Safety
+/// `seg` is a live superblock header and `u < (*seg).nunits`.
+#[inline(always)]
+unsafe fn map_get(seg: *mut Segment, u: u32) -> u16 {
+    // SAFETY: the map has an entry per unit of the superblock (contract above).
+    unsafe { (*(*seg).map.add(u as usize)).load(Relaxed) }
+}
+
+/// Sets unit `u`'s map entry to descriptor `i` (see [`map_get`]).
+///
+/// # Safety
+/// As for [`map_get`].
+#[inline(always)]
+unsafe fn map_set(seg: *mut Segment, u: u32, i: u16) {
+    // SAFETY: as for `map_get`.
+    unsafe { (*(*seg).map.add(u as usize)).store(i, Relaxed) }
+}
+
 /// Points the first and last page of a span at its descriptor (all a free span needs: the
 /// neighbours look only at its ends).
 ///
@@ -87,8 +114,8 @@ pub(super) unsafe fn map_ends(r: *mut Run) {
     unsafe {
         let seg = (*r).seg;
         let i = desc_index(r) as u16;
-        *(*seg).map.add((*r).first as usize) = i;
-        *(*seg).map.add(((*r).first + (*r).nunits - 1) as usize) = i;
+        map_set(seg, (*r).first, i);
+        map_set(seg, (*r).first + (*r).nunits - 1, i);
     }
 }
 
@@ -104,7 +131,7 @@ pub(super) unsafe fn map_all(r: *mut Run) {
         let seg = (*r).seg;
         let i = desc_index(r) as u16;
         for u in (*r).first..(*r).first + (*r).nunits {
-            *(*seg).map.add(u as usize) = i;
+            map_set(seg, u, i);
         }
     }
 }
@@ -123,7 +150,7 @@ pub(super) unsafe fn run_at(seg: *mut Segment, base: usize, p: usize) -> *mut Ru
     unsafe {
         (*seg)
             .descs
-            .add(*(*seg).map.add((p - base) / UNIT) as usize)
+            .add(map_get(seg, ((p - base) / UNIT) as u32) as usize)
     }
 }
 
@@ -137,7 +164,7 @@ pub(super) unsafe fn run_of(seg: *mut Segment, p: usize) -> *mut Run {
     // SAFETY: as for `run_at`: the unit of `p` lies in the unit map and names a descriptor.
     unsafe {
         let u = (p - (*seg).base) / UNIT;
-        (*seg).descs.add(*(*seg).map.add(u) as usize)
+        (*seg).descs.add(map_get(seg, u as u32) as usize)
     }
 }
 
@@ -416,9 +443,7 @@ unsafe fn free_units(sp: *mut SpanPool, mut r: *mut Run) -> bool {
     // descriptor array, and the checks confirm a free span of `sp` (node lock held).
     unsafe {
         if (*r).first > (*seg).data_unit {
-            let p = (*seg)
-                .descs
-                .add(*(*seg).map.add((*r).first as usize - 1) as usize);
+            let p = (*seg).descs.add(map_get(seg, (*r).first - 1) as usize);
             if (*p).state.load(Relaxed) == R_FREE
                 && (*p).nunits != 0
                 && (*p).first + (*p).nunits == (*r).first
@@ -435,7 +460,7 @@ unsafe fn free_units(sp: *mut SpanPool, mut r: *mut Run) -> bool {
     unsafe {
         let nx = (*r).first + (*r).nunits;
         if nx < (*seg).nunits {
-            let q = (*seg).descs.add(*(*seg).map.add(nx as usize) as usize);
+            let q = (*seg).descs.add(map_get(seg, nx) as usize);
             if (*q).state.load(Relaxed) == R_FREE && (*q).nunits != 0 && (*q).first == nx {
                 unlink_span(sp, q);
                 (*r).nunits += (*q).nunits;

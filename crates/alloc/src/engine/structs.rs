@@ -5,7 +5,7 @@
 use core::cell::UnsafeCell;
 use core::ptr::null_mut;
 use core::sync::atomic::{
-    AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64,
+    AtomicBool, AtomicI64, AtomicPtr, AtomicU16, AtomicU32, AtomicU64,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
 
@@ -127,7 +127,10 @@ pub(super) struct Segment {
     pub(super) desc_bump: u32,
     pub(super) desc_free: u32,
     pub(super) base: usize,
-    pub(super) map: *mut u16,
+    /// The unit map. Atomic (relaxed) because a thread that has just taken a run writes its
+    /// interior entries without the node lock while another, holding it, reads a neighbouring
+    /// span's end entry to coalesce; see `spans::map_get`.
+    pub(super) map: *mut AtomicU16,
     pub(super) descs: *mut Run,
     /// Node cache link.
     pub(super) next: *mut Segment,

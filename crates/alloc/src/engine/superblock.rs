@@ -3,7 +3,7 @@
 //! cache or the OS.
 
 use core::ptr::null_mut;
-use core::sync::atomic::Ordering::Relaxed;
+use core::sync::atomic::{AtomicU16, Ordering::Relaxed};
 
 use super::config::{CACHE_MAX, HUGEPAGES, MPOL, SB_SIZE};
 use super::spans::{map_ends, new_desc};
@@ -129,7 +129,7 @@ pub(super) unsafe fn format_sb(seg: *mut Segment) -> *mut Run {
         (*seg).max_desc = max_desc as u32;
         (*seg).desc_bump = 0;
         (*seg).desc_free = NO_DESC;
-        (*seg).map = (base + PAGE) as *mut u16;
+        (*seg).map = (base + PAGE) as *mut AtomicU16;
         (*seg).descs = (base + desc_off) as *mut Run;
         (*seg).next = null_mut();
     }
