@@ -38,25 +38,14 @@ def sizes(total, parts):
     return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
-def gen_groupby(spec):
-    """Partition `i` of the group-by table: (key, v), both int64."""
-    i, rows, keys = spec
-    rng = np.random.default_rng([SEED, 2, i])
+def gen_kv(spec):
+    """Partition `i` of a (key, v) table, both int64, keys uniform in 0..key_range-1: the
+    group-by table (stream 2, key_range = the group count) and S (stream 3, key_range = |R|)."""
+    stream, i, rows, key_range = spec
+    rng = np.random.default_rng([SEED, stream, i])
     return pd.DataFrame(
         {
-            "key": rng.integers(0, keys, rows, dtype=np.int64),
-            "v": rng.integers(0, 1_000_000, rows, dtype=np.int64),
-        }
-    )
-
-
-def gen_s(spec):
-    """Partition `i` of S: (key, v) with keys uniform in R's 0..nr-1."""
-    i, rows, nr = spec
-    rng = np.random.default_rng([SEED, 3, i])
-    return pd.DataFrame(
-        {
-            "key": rng.integers(0, nr, rows, dtype=np.int64),
+            "key": rng.integers(0, key_range, rows, dtype=np.int64),
             "v": rng.integers(0, 1_000_000, rows, dtype=np.int64),
         }
     )
@@ -76,8 +65,8 @@ R_META = pd.DataFrame({"key": pd.Series([], dtype=np.int64), "w": pd.Series([], 
 def specs(rows, keys, parts):
     """The generator arguments of the three tables."""
     nr = max(rows // 16, 1)
-    gb = [(i, n, keys) for i, n in enumerate(sizes(rows, parts))]
-    s = [(i, n, nr) for i, n in enumerate(sizes(rows, parts))]
+    gb = [(2, i, n, keys) for i, n in enumerate(sizes(rows, parts))]
+    s = [(3, i, n, nr) for i, n in enumerate(sizes(rows, parts))]
     r, start = [], 0
     for n in sizes(nr, parts):
         if n:
@@ -110,11 +99,11 @@ def digest(df):
 
 
 def run_groupby(args_gb):
-    return groupby_answer(frame(gen_groupby, GB_META, args_gb)).compute()
+    return groupby_answer(frame(gen_kv, GB_META, args_gb)).compute()
 
 
 def run_join(args_s, args_r):
-    s = frame(gen_s, GB_META, args_s)
+    s = frame(gen_kv, GB_META, args_s)
     r = frame(gen_r, R_META, args_r)
     j = s.merge(r, on="key", how="inner")
     # One pass: per-partition counts and sums, added on the client.
@@ -197,9 +186,9 @@ def main():
     # check: the cluster's answers against pandas on the same data in this process.
     out = dict(head)
     ref = {
-        "groupby": lambda: groupby_answer(pd.concat([gen_groupby(x) for x in gb])),
+        "groupby": lambda: groupby_answer(pd.concat([gen_kv(x) for x in gb])),
         "join": lambda: join_answer(
-            pd.concat([gen_s(x) for x in s]), pd.concat([gen_r(x) for x in r])
+            pd.concat([gen_kv(x) for x in s]), pd.concat([gen_r(x) for x in r])
         ),
     }
     for n in names:

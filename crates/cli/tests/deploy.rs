@@ -2,14 +2,14 @@
 //! starts, and real deployments on this machine (status, kill -9 and restart, stop, signals,
 //! exit statuses and the restart cap).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
 mod common;
-use common::loci;
+use common::{all_verified, loci, pids, Manifest};
 
 /// A dry run's manifest.
 fn plan(args: &[&str]) -> Value {
@@ -229,7 +229,7 @@ fn bad_templates_and_impossible_layouts_fail_before_anything_starts() {
 /// A deployment running in the background.
 struct Deploy {
     child: Child,
-    manifest: PathBuf,
+    manifest: Manifest,
     _dir: tempfile::TempDir,
 }
 
@@ -252,36 +252,18 @@ impl Deploy {
             .unwrap();
         Deploy {
             child,
-            manifest,
+            manifest: Manifest {
+                path: manifest,
+                wait: Duration::from_secs(10),
+            },
             _dir: dir,
-        }
-    }
-
-    fn read(&self) -> Value {
-        let text = std::fs::read_to_string(&self.manifest).unwrap_or_default();
-        serde_json::from_str(&text).unwrap_or(Value::Null)
-    }
-
-    /// Waits until `f` holds for the manifest (10 s at most).
-    fn until(&self, what: &str, f: impl Fn(&Value) -> bool) -> Value {
-        let end = Instant::now() + Duration::from_secs(10);
-        loop {
-            let m = self.read();
-            if f(&m) {
-                return m;
-            }
-            assert!(
-                Instant::now() < end,
-                "timed out waiting for {what}; manifest: {m:#}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
     /// Waits for the supervisor: its exit code, stdout, stderr and last manifest.
     fn finish(self) -> (Option<i32>, String, String, Value) {
         let out = self.child.wait_with_output().unwrap();
-        let text = std::fs::read_to_string(&self.manifest).unwrap();
+        let text = std::fs::read_to_string(&self.manifest.path).unwrap();
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -289,21 +271,6 @@ impl Deploy {
             serde_json::from_str(&text).unwrap(),
         )
     }
-}
-
-fn all_verified(m: &Value) -> bool {
-    m["instances"]
-        .as_array()
-        .is_some_and(|v| v.iter().all(|i| i["verify"]["ok"] == true))
-}
-
-fn pids(m: &Value) -> Vec<i64> {
-    m["instances"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["pid"].as_i64().unwrap_or(-1))
-        .collect()
 }
 
 /// How many wic instances this machine gets (its allowed cores).
@@ -330,7 +297,7 @@ fn kill_minus_9_restarts_one_instance_and_leaves_the_others() {
         "-c",
         "echo up {instance} {cpus}; exec sleep 60",
     ]);
-    let m = d.until("both instances verified", all_verified);
+    let m = d.manifest.until("both instances verified", all_verified);
     for (i, inst) in m["instances"].as_array().unwrap().iter().enumerate() {
         assert_eq!(inst["state"], "running");
         assert_eq!(
@@ -347,7 +314,7 @@ fn kill_minus_9_restarts_one_instance_and_leaves_the_others() {
             .trim();
         assert_eq!(cpus, inst["cpus"].as_str().unwrap(), "instance {i}");
     }
-    let (ok, out, err) = loci(&["deploy", "status", d.manifest.to_str().unwrap()]);
+    let (ok, out, err) = loci(&["deploy", "status", d.manifest.arg()]);
     assert!(
         ok && out.contains("instance 1: running") && out.contains("now: 1/1 threads on cpus"),
         "{out}{err}"
@@ -355,7 +322,7 @@ fn kill_minus_9_restarts_one_instance_and_leaves_the_others() {
     let before = pids(&m);
     // SAFETY: kill(2) on a pid this test's deployment started.
     unsafe { libc::kill(before[1] as i32, libc::SIGKILL) };
-    let m = d.until("instance 1 restarted", |m| {
+    let m = d.manifest.until("instance 1 restarted", |m| {
         m["instances"][1]["restarts"] == 1 && m["instances"][1]["verify"]["ok"] == true
     });
     let after = pids(&m);
@@ -364,9 +331,9 @@ fn kill_minus_9_restarts_one_instance_and_leaves_the_others() {
     assert_eq!(m["instances"][0]["restarts"], 0);
     assert_eq!(m["instances"][1]["last_exit"], 137);
     assert_eq!(m["instances"][1]["state"], "running");
-    let (ok, out, err) = loci(&["deploy", "stop", d.manifest.to_str().unwrap()]);
+    let (ok, out, err) = loci(&["deploy", "stop", d.manifest.arg()]);
     assert!(ok && out.contains("stopped"), "{out}{err}");
-    let m = d.read();
+    let m = d.manifest.read();
     assert_eq!(m["state"], "stopped");
     assert_eq!(strs(&m, "state"), ["stopped", "stopped"]);
     for p in after {
@@ -391,7 +358,7 @@ fn kill_minus_9_restarts_one_instance_and_leaves_the_others() {
 #[test]
 fn sigint_is_forwarded_to_every_instance() {
     let d = Deploy::start(&["--design", "wim", "--json", "--", "sleep", "60"]);
-    d.until("verified", all_verified);
+    d.manifest.until("verified", all_verified);
     // SAFETY: kill(2) on the deployment this test started.
     unsafe { libc::kill(d.child.id() as i32, libc::SIGINT) };
     let (code, out, err, m) = d.finish();

@@ -8,12 +8,12 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
 mod common;
-use common::loci;
+use common::{all_verified, loci, pids, Manifest};
 
 /// The repository root (crates/cli/../..).
 fn root() -> &'static Path {
@@ -244,7 +244,7 @@ fn bad_inputs_fail_before_anything_starts() {
 /// stopped on drop.
 struct Deploy {
     child: Option<Child>,
-    manifest: PathBuf,
+    manifest: Manifest,
 }
 
 impl Deploy {
@@ -268,33 +268,16 @@ impl Deploy {
             .unwrap();
         Deploy {
             child: Some(child),
-            manifest,
-        }
-    }
-
-    fn read(&self) -> Value {
-        let text = std::fs::read_to_string(&self.manifest).unwrap_or_default();
-        serde_json::from_str(&text).unwrap_or(Value::Null)
-    }
-
-    /// Waits until `f` holds for the manifest (60 s at most: Python starts slowly on a busy host).
-    fn until(&self, what: &str, f: impl Fn(&Value) -> bool) -> Value {
-        let end = Instant::now() + Duration::from_secs(60);
-        loop {
-            let m = self.read();
-            if f(&m) {
-                return m;
-            }
-            assert!(
-                Instant::now() < end,
-                "timed out waiting for {what}; manifest: {m:#}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
+            // Python starts slowly on a busy host.
+            manifest: Manifest {
+                path: manifest,
+                wait: Duration::from_secs(60),
+            },
         }
     }
 
     fn stop(&mut self) -> (bool, String) {
-        let (ok, out, err) = loci(&["deploy", "stop", self.manifest.to_str().unwrap()]);
+        let (ok, out, err) = loci(&["deploy", "stop", self.manifest.arg()]);
         if let Some(mut c) = self.child.take() {
             let _ = c.wait();
         }
@@ -310,21 +293,6 @@ impl Drop for Deploy {
             let _ = c.wait();
         }
     }
-}
-
-fn all_verified(m: &Value) -> bool {
-    m["instances"]
-        .as_array()
-        .is_some_and(|v| v.iter().all(|i| i["verify"]["ok"] == true))
-}
-
-fn pids(m: &Value) -> Vec<i64> {
-    m["instances"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["pid"].as_i64().unwrap_or(-1))
-        .collect()
 }
 
 /// bench/deploy/deploy.py check against `scheduler` (in `netns` if set): the cluster's workers
@@ -414,7 +382,9 @@ fn wic_cluster_computes_restarts_the_killed_worker_alone_and_stops() {
             &ps,
         ],
     );
-    let m = d.until("2 workers and the scheduler verified", all_verified);
+    let m = d
+        .manifest
+        .until("2 workers and the scheduler verified", all_verified);
     assert_eq!(m["instances"].as_array().unwrap().len(), 3);
     let sched = format!("tcp://127.0.0.1:{port}");
     assert_eq!(m["dask"]["scheduler"], sched.as_str());
@@ -434,7 +404,7 @@ fn wic_cluster_computes_restarts_the_killed_worker_alone_and_stops() {
         assert_eq!(cpus, want, "worker {i}");
         assert_eq!(w["nthreads"].as_u64().unwrap() as usize, want.len());
     }
-    let (ok, out, err) = loci(&["deploy", "status", d.manifest.to_str().unwrap()]);
+    let (ok, out, err) = loci(&["deploy", "status", d.manifest.arg()]);
     assert!(
         ok && out.contains(&format!(
             "dask: scheduler {sched} (instance 2 of 3, started here)"
@@ -445,7 +415,7 @@ fn wic_cluster_computes_restarts_the_killed_worker_alone_and_stops() {
     let before = pids(&m);
     // SAFETY: kill(2) on a worker this test's deployment started.
     unsafe { libc::kill(before[1] as i32, libc::SIGKILL) };
-    let m = d.until("worker 1 restarted and verified", |m| {
+    let m = d.manifest.until("worker 1 restarted and verified", |m| {
         m["instances"][1]["restarts"] == 1 && m["instances"][1]["verify"]["ok"] == true
     });
     let after = pids(&m);
@@ -461,7 +431,7 @@ fn wic_cluster_computes_restarts_the_killed_worker_alone_and_stops() {
     assert_eq!(assert_correct(&c), names);
     let (ok, out) = d.stop();
     assert!(ok && out.contains("stopped"), "{out}");
-    let m = d.read();
+    let m = d.manifest.read();
     assert_eq!(m["state"], "stopped");
     for p in after {
         let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
@@ -547,17 +517,17 @@ fn two_namespaces_standing_for_two_machines_form_one_cluster() {
         "a",
         &["--design", "win", "--host", &ns.ips[0]],
     );
-    let ma = da.until("machine A verified", all_verified);
+    let ma = da.manifest.until("machine A verified", all_verified);
     // B checks that A's scheduler answers: wait until it listens (it writes its scheduler file).
     let file = dir.path().join("a.dask/scheduler.json");
-    da.until("A's scheduler file", |_| file.exists());
+    da.manifest.until("A's scheduler file", |_| file.exists());
     let mut db = Deploy::start(
         Some(b),
         dir.path(),
         "b",
         &["--design", "wic", "--scheduler", &sched],
     );
-    let mb = db.until("machine B verified", all_verified);
+    let mb = db.manifest.until("machine B verified", all_verified);
     let na = ma["dask"]["workers"].as_array().unwrap().len();
     let nb = mb["dask"]["workers"].as_array().unwrap().len();
     assert_eq!(
