@@ -32,6 +32,9 @@
 //! worker's stack (no allocation) on its immediate queue, where idle workers steal it by the rules
 //! above (so within the node under LAS); the caller pops `b` back and runs it inline if nobody
 //! took it, else runs other tasks until the thief finished it (rayon's `join`).
+//! [`Ctx::for_each`]`(range, f)` is a parallel loop on top of it with rayon's adaptive splitting:
+//! the range is halved while it has split credits, a stolen half gets new ones, and each piece
+//! runs as a plain loop (par_iter's `for_each`).
 //!
 //! Tasks must not block waiting for tasks they spawned except through [`Ctx::scope`] or
 //! [`Ctx::join`] (which run tasks while they wait).
@@ -60,9 +63,14 @@
 //!     });
 //!     // Fork-join without allocation: the second closure may be stolen by an idle worker.
 //!     let (c, d) = ctx.join(|_| 4u64, |_| 5u64);
-//!     sums.into_inner().unwrap() + a + b + c + d
+//!     // A parallel loop over an index range, split only where workers are idle.
+//!     let e = std::sync::atomic::AtomicU64::new(0);
+//!     ctx.for_each(0..4, |_, i| {
+//!         e.fetch_add(i, std::sync::atomic::Ordering::Relaxed);
+//!     });
+//!     sums.into_inner().unwrap() + a + b + c + d + e.into_inner()
 //! });
-//! assert_eq!(h.wait()?, 49_995_000 + 3 + 9);
+//! assert_eq!(h.wait()?, 49_995_000 + 3 + 9 + 6);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!

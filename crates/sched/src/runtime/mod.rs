@@ -52,6 +52,7 @@
 //! - `scheduler`: [`Scheduler`]: starting the workers, submitting requests, counters, shutdown.
 
 mod ctx;
+mod for_each;
 mod join;
 mod request;
 mod scheduler;

@@ -221,8 +221,11 @@ pub(super) fn rayon_pipelines(pool: &rayon::ThreadPool, spec: PipelineSpec, accs
 pub(super) enum Form {
     /// loci's pipeline requests (the multi- and single-request cases).
     Loci,
-    /// loci's `Ctx::join` over the case's tree (tiny-tasks, real-work).
+    /// loci's `Ctx::join` over the case's tree (tiny-tasks; the labelled `-join` row of
+    /// real-work).
     LociJoin,
+    /// loci's `Ctx::for_each` over the task indices (real-work: adaptive splitting, as par_iter).
+    LociForEach,
     /// loci's tree of immediate spawns, fire and forget (the labelled `loci-las-spawn` row).
     LociSpawn,
     /// `rayon::join` recursion.
@@ -239,6 +242,7 @@ impl Form {
             Form::Loci => "requests",
             Form::LociJoin | Form::Join => "join",
             Form::LociSpawn => "spawn",
+            Form::LociForEach => "for_each",
             Form::Scope => "scope",
             Form::ParIter => "par_iter",
         }
@@ -255,8 +259,9 @@ pub(super) struct RowSpec {
 /// The system of loci's labelled second form (spawn trees) in tiny-tasks and real-work.
 pub(super) const LOCI_SPAWN_OF: &str = "loci-las";
 
-/// The rows that `system` contributes to `case`. A loci system: its join tree in tiny-tasks and
-/// real-work (plus, for loci-las, the spawn tree as `loci-las-spawn`), its requests otherwise.
+/// The rows that `system` contributes to `case`. A loci system: its join tree in tiny-tasks, its
+/// `for_each` loop in real-work with the join tree as the labelled `-join` row (plus, for
+/// loci-las, the spawn tree as `loci-las-spawn` in both), its requests otherwise.
 /// rayon: its best form for the case as `rayon` (the baseline of the ratios), then its other
 /// forms as labelled rows.
 pub(super) fn row_specs(case: &str, system: &str) -> Vec<RowSpec> {
@@ -269,7 +274,14 @@ pub(super) fn row_specs(case: &str, system: &str) -> Vec<RowSpec> {
         if !trees {
             return vec![r(system, Form::Loci)];
         }
-        let mut rows = vec![r(system, Form::LociJoin)];
+        let mut rows = if case == "real-work" {
+            vec![
+                r(system, Form::LociForEach),
+                r(&format!("{system}-join"), Form::LociJoin),
+            ]
+        } else {
+            vec![r(system, Form::LociJoin)]
+        };
         if system == LOCI_SPAWN_OF {
             rows.push(r(&format!("{system}-spawn"), Form::LociSpawn));
         }
@@ -391,6 +403,10 @@ mod tests {
                 s.run(|ctx| work_join(ctx, w, 0, w.tasks())).unwrap();
                 got.push(w.checksum());
                 w.clear();
+                s.run(|ctx| ctx.for_each(0..w.tasks(), |_, i| w.run(i)))
+                    .unwrap();
+                got.push(w.checksum());
+                w.clear();
                 s.submit(move |ctx| loci_work_tree(ctx, w, 0, w.tasks()))
                     .wait()
                     .unwrap();
@@ -402,7 +418,7 @@ mod tests {
             w.clear();
             p.install(|| work_join(&RayonJoin, w, 0, w.tasks()));
             got.push(w.checksum());
-            assert_eq!(got, vec![want; 6], "n={n} bytes={bytes}");
+            assert_eq!(got, vec![want; 8], "n={n} bytes={bytes}");
             // The same run with the last task skipped does not pass.
             w.clear();
             for i in 0..n - 1 {
@@ -444,19 +460,32 @@ mod tests {
             ]
         );
         assert_eq!(names("multi-request"), [("rayon".into(), Form::Scope)]);
-        for case in ["tiny-tasks", "real-work"] {
-            assert_eq!(
-                rows(case, "loci-las"),
-                [
-                    ("loci-las".into(), Form::LociJoin),
-                    ("loci-las-spawn".into(), Form::LociSpawn)
-                ]
-            );
-            assert_eq!(
-                rows(case, "loci-nls"),
-                [("loci-nls".into(), Form::LociJoin)]
-            );
-        }
+        assert_eq!(
+            rows("tiny-tasks", "loci-las"),
+            [
+                ("loci-las".into(), Form::LociJoin),
+                ("loci-las-spawn".into(), Form::LociSpawn)
+            ]
+        );
+        assert_eq!(
+            rows("tiny-tasks", "loci-nls"),
+            [("loci-nls".into(), Form::LociJoin)]
+        );
+        assert_eq!(
+            rows("real-work", "loci-las"),
+            [
+                ("loci-las".into(), Form::LociForEach),
+                ("loci-las-join".into(), Form::LociJoin),
+                ("loci-las-spawn".into(), Form::LociSpawn)
+            ]
+        );
+        assert_eq!(
+            rows("real-work", "loci-nls"),
+            [
+                ("loci-nls".into(), Form::LociForEach),
+                ("loci-nls-join".into(), Form::LociJoin)
+            ]
+        );
         assert_eq!(
             rows("single-request", "loci-las"),
             [("loci-las".into(), Form::Loci)]

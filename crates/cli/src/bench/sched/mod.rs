@@ -30,7 +30,7 @@ mod summary;
 
 use cases::{
     join_tree, loci_work_tree, rayon_pipelines, rayon_tree, rayon_work_par_iter, row_specs,
-    tasks_per_run, work_join, Form, RayonJoin, RealWork, RowSpec, LOCI_SPAWN_OF,
+    tasks_per_run, work_join, Form, RayonJoin, RealWork, RowSpec,
 };
 use summary::counters_json;
 pub use summary::print_counters;
@@ -218,13 +218,20 @@ pub fn run(a: SchedArgs) -> anyhow::Result<Report> {
         sched: Option<Scheduler>,
         pool: Option<rayon::ThreadPool>,
     }
-    // A loci system's labelled second row (loci-las-spawn) gets a scheduler of its own, so that
+    // A loci system's labelled rows (loci-las-spawn, loci-las-join) get a scheduler each, so that
     // every loci row's counters are its own runs'.
     let mut system_names: Vec<(String, &str)> = Vec::new();
     for name in &a.systems {
         system_names.push((name.clone(), name.as_str()));
-        if name == LOCI_SPAWN_OF {
-            system_names.push((format!("{name}-spawn"), name.as_str()));
+        if policy_of(name).is_none() {
+            continue;
+        }
+        for case in &a.cases {
+            for r in row_specs(case, name) {
+                if !system_names.iter().any(|(n, _)| *n == r.name) {
+                    system_names.push((r.name, name.as_str()));
+                }
+            }
         }
     }
     let mut systems = Vec::new();
@@ -276,7 +283,8 @@ pub fn run(a: SchedArgs) -> anyhow::Result<Report> {
                 let (w, _) = work.expect("built for real-work");
                 match row.form {
                     Form::LociSpawn => s.submit(move |ctx| loci_work_tree(ctx, w, 0, w.tasks())),
-                    _ => s.submit(move |ctx| work_join(ctx, w, 0, w.tasks())),
+                    Form::LociJoin => s.submit(move |ctx| work_join(ctx, w, 0, w.tasks())),
+                    _ => s.submit(move |ctx| ctx.for_each(0..w.tasks(), |_, i| w.run(i))),
                 }
                 .wait()
                 .map_err(anyhow::Error::msg)?
@@ -438,9 +446,12 @@ mod tests {
                 "tiny-tasks rayon",
                 "tiny-tasks rayon-scope",
                 "real-work loci-las",
+                "real-work loci-las-join",
                 "real-work loci-las-spawn",
                 "real-work loci-nls",
+                "real-work loci-nls-join",
                 "real-work loci-unpinned",
+                "real-work loci-unpinned-join",
                 "real-work rayon",
                 "real-work rayon-join",
             ]
@@ -463,7 +474,9 @@ mod tests {
         let form = |i: usize| rep.results[i].config.get("form").cloned();
         let forms: Vec<Option<String>> = (0..rep.results.len()).map(form).collect();
         let want = ["join", "spawn", "join", "join", "join", "scope"];
-        let want_work = ["join", "spawn", "join", "join", "par_iter", "join"];
+        let want_work = [
+            "for_each", "join", "spawn", "for_each", "join", "for_each", "join", "par_iter", "join",
+        ];
         assert_eq!(
             forms,
             want.iter()
@@ -471,11 +484,18 @@ mod tests {
                 .map(|f| Some(f.to_string()))
                 .collect::<Vec<_>>()
         );
-        // Every loci join row counted its joins: one per node with two children.
+        // Every loci join row counted its joins: one per node with two children; the for_each
+        // loop splits only while it has credits or a half was stolen (2 reps).
         let joins = |i: usize| rep.results[i].extra["counters"]["joins"].as_u64().unwrap();
-        assert!(joins(0) > 5000 / 3 && joins(6) > 300 / 3, "{}", joins(0));
+        assert!(joins(0) > 5000 / 3 && joins(7) > 300 / 3, "{}", joins(0));
+        assert!(
+            (1..300 / 3).contains(&joins(6)),
+            "for_each: {} joins, join tree {}",
+            joins(6),
+            joins(7)
+        );
         assert_eq!(
-            (joins(1), joins(7)),
+            (joins(1), joins(8)),
             (0, 0),
             "the spawn rows have counters of their own"
         );
@@ -485,7 +505,9 @@ mod tests {
             "{g}"
         );
         assert!(
-            g.contains("real-work: loci-las join") && g.contains("of rayon par_iter"),
+            g.contains("real-work: loci-las for_each")
+                && g.contains("of rayon par_iter")
+                && g.contains("loci-las-join"),
             "{g}"
         );
         assert!(g.contains("loci-las-spawn"), "{g}");

@@ -65,9 +65,10 @@ pub fn cpu_table(rep: &Report) -> String {
     out
 }
 
-/// The goals of the like-for-like comparison: loci-las (its join tree) at most 1.00x the time of
-/// rayon's best form (`rayon`) in tiny-tasks (a join tree) and real-work (par_iter); for
-/// reference its ratios against the other rayon forms, and loci-las-spawn's against `rayon`.
+/// The goals of the like-for-like comparison: loci-las at most 1.00x the time of rayon's best
+/// form (`rayon`) in tiny-tasks (join trees on both sides) and real-work (loci's `for_each`
+/// against par_iter); for reference its ratios against the other rayon forms, and its labelled
+/// rows' (`loci-las-join`, `loci-las-spawn`) against `rayon`.
 pub fn goals(rep: &Report) -> String {
     let mut out = String::new();
     for case in ["tiny-tasks", "real-work"] {

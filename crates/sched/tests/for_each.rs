@@ -1,0 +1,150 @@
+//! `Ctx::for_each`: every index exactly once under every policy, far fewer joins than indices
+//! (adaptive splitting), idle workers taking halves, and panics reaching the caller.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use loci_sched::{fixtures, Affinity, Config, Policy, Scheduler};
+
+const POLICIES: [Policy; 3] = [Policy::Las, Policy::Nls, Policy::Unpinned];
+
+/// `policy` over `fixtures::grid(nodes, groups, cpus)`, no affinity (the fixtures' cpus are not
+/// this machine's).
+fn sched(policy: Policy, grid: (u32, u32, u32)) -> Scheduler {
+    let config = Config {
+        policy,
+        affinity: Affinity::None,
+        ..Config::default()
+    };
+    Scheduler::new(&fixtures::grid(grid.0, grid.1, grid.2), config).expect("scheduler")
+}
+
+#[test]
+fn every_index_runs_exactly_once_with_few_joins() {
+    const N: u64 = 1 << 18;
+    for policy in POLICIES {
+        for grid in [(1, 1, 1), (1, 1, 2), (2, 2, 2)] {
+            let s = sched(policy, grid);
+            let hits: Vec<AtomicU8> = (0..N + 8).map(|_| AtomicU8::new(0)).collect();
+            for range in [0..0, 7..7, 5..6, 3..5, 0..1000, 8..N] {
+                let before = s.stats();
+                s.run(|ctx| {
+                    ctx.for_each(range.clone(), |_, i| {
+                        hits[i as usize].fetch_add(1, Ordering::Relaxed);
+                    })
+                })
+                .unwrap();
+                for (i, h) in hits.iter().enumerate() {
+                    let want = u8::from(range.contains(&(i as u64)));
+                    assert_eq!(
+                        h.swap(0, Ordering::Relaxed),
+                        want,
+                        "{policy:?} {grid:?} {range:?} index {i}"
+                    );
+                }
+                let st = s.stats().since(&before);
+                // A join tree would make one join per index; the loop splits only while it has
+                // credits (log2 of the workers) or where a worker stole a half.
+                let len = range.end - range.start;
+                assert!(
+                    st.joins <= len.min(2_000),
+                    "{policy:?} {grid:?} {range:?}: {} joins",
+                    st.joins
+                );
+                assert!(st.join_steals <= st.joins);
+            }
+        }
+    }
+}
+
+#[test]
+fn one_worker_splits_once_and_runs_both_halves_as_loops() {
+    let s = sched(Policy::Las, (1, 1, 1));
+    let before = s.stats();
+    let order = std::sync::Mutex::new(Vec::new());
+    s.run(|ctx| ctx.for_each(0..100, |_, i| order.lock().unwrap().push(i)))
+        .unwrap();
+    // One worker: its one split credit halves the range, nobody steals, both halves are loops
+    // (the second popped back after the first), so the indices come in order.
+    assert_eq!(*order.lock().unwrap(), (0..100).collect::<Vec<u64>>());
+    let st = s.stats().since(&before);
+    assert_eq!((st.joins, st.join_steals), (1, 0), "{st:?}");
+}
+
+#[test]
+fn an_idle_worker_takes_the_other_half() {
+    for policy in POLICIES {
+        let s = sched(policy, (1, 1, 2));
+        let second_half_started = AtomicBool::new(false);
+        let workers: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(usize::MAX)).collect();
+        let waited = AtomicBool::new(true);
+        s.run(|ctx| {
+            ctx.for_each(0..64, |c, i| {
+                workers[i as usize].store(c.worker(), Ordering::Relaxed);
+                if i >= 32 {
+                    second_half_started.store(true, Ordering::Release);
+                } else if i == 0 {
+                    // Index 0 waits until the second half has started: only another worker
+                    // can start it while this one waits here.
+                    let end = Instant::now() + Duration::from_secs(20);
+                    while !second_half_started.load(Ordering::Acquire) {
+                        if Instant::now() > end {
+                            waited.store(false, Ordering::Relaxed);
+                            break;
+                        }
+                        std::thread::yield_now();
+                    }
+                }
+            })
+        })
+        .unwrap();
+        assert!(
+            waited.load(Ordering::Relaxed),
+            "{policy:?}: the idle worker did not take the second half within 20 s"
+        );
+        let w: Vec<usize> = workers.iter().map(|w| w.load(Ordering::Relaxed)).collect();
+        assert!(w.iter().all(|&x| x < 2), "{policy:?}: {w:?}");
+        assert_ne!(
+            w[0], w[32],
+            "{policy:?}: both halves ran on one worker: {w:?}"
+        );
+    }
+}
+
+#[test]
+fn a_panic_reaches_the_caller_after_the_other_indices_ran() {
+    let quiet = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    for grid in [(1, 1, 1), (1, 1, 2)] {
+        let s = sched(Policy::Las, grid);
+        let ran = AtomicUsize::new(0);
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            s.run(|ctx| {
+                ctx.for_each(0..1000, |_, i| {
+                    assert!(i != 700, "index 700");
+                    ran.fetch_add(1, Ordering::Relaxed);
+                })
+            })
+        }));
+        let p = r.expect_err("the panic reaches the caller");
+        let msg = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        assert_eq!(msg, "index 700", "{grid:?}");
+        // Every piece that did not contain index 700 ran to its end: at least the first half.
+        assert!(ran.load(Ordering::Relaxed) >= 500, "{grid:?}");
+        // The scheduler is still usable.
+        let sum = AtomicUsize::new(0);
+        s.run(|ctx| {
+            ctx.for_each(0..100, |_, i| {
+                sum.fetch_add(i as usize, Ordering::Relaxed);
+            })
+        })
+        .unwrap();
+        assert_eq!(sum.load(Ordering::Relaxed), 4950);
+    }
+    std::panic::set_hook(quiet);
+}
