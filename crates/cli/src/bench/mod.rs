@@ -28,7 +28,8 @@ pub enum BenchCmd {
     /// Allocators compared (glibc, jemalloc, tcmalloc, tbbmalloc, mimalloc, loci): seed 002's
     /// microbenchmark (`general`) and seed 003's buffer passing between threads
     /// (`buffer-passing`); time, peak RSS and bytes requested. Each allocator runs in a child
-    /// of this binary with its Debian library in LD_PRELOAD.
+    /// of this binary with its Debian library in LD_PRELOAD. `--programs` runs real programs
+    /// under each allocator instead: sqlite3, python3, a C++ producer/consumer and DuckDB's TPC-H.
     Alloc(alloc::AllocArgs),
     /// Seed 000's subarray: copy a box of a chunked seismic volume under thread strategies
     /// (os, compact, sparse, shared, best-of:K, elastic, search); GB/s of result, speedup vs

@@ -8,7 +8,7 @@
 //! client does not). Data: [`data`]. Queries: bench/tpch/queries/qNN.sql.
 
 mod answers;
-mod data;
+pub(crate) mod data;
 mod postgres;
 
 use std::collections::BTreeMap;

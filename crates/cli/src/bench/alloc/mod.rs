@@ -8,7 +8,11 @@
 //! reported with its Debian package and its column skipped.
 //!
 //! The workloads (seed 002's `general`, seed 003's `buffer-passing`) are
-//! `loci_alloc::workloads`; this module runs them per allocator and reports.
+//! `loci_alloc::workloads`; this module runs them per allocator and reports. With `--programs`
+//! it runs real programs instead (sqlite3, python3, a C++ producer/consumer, DuckDB's TPC-H):
+//! see [`programs`].
+
+mod programs;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -56,6 +60,33 @@ pub struct AllocArgs {
     /// `cargo build --release` puts it).
     #[arg(long, value_name = "FILE")]
     pub loci_lib: Option<PathBuf>,
+    /// Run real programs under every allocator instead of the synthetic cases: the sqlite3
+    /// shell on a fixed SQL workload (bench/alloc/workload.sql), python3 on an allocation-heavy
+    /// script (bench/alloc/alloc_heavy.py), a multithreaded C++ producer/consumer whose blocks
+    /// are freed by other threads (bench/alloc/prodcons.cpp, compiled here with g++ -O2
+    /// -pthread), and DuckDB answering the 22 TPC-H queries (bench/peers/.venv, made by
+    /// `bench/peers/setup --tpch`). Each program does fixed work; its output must be the same
+    /// under every allocator (a crash or a different answer is reported, not timed). Reports
+    /// the median wall time, the peak RSS of the program's process tree, the ratio to the best
+    /// allocator, and whether the program really ran on the preloaded malloc (it may link its
+    /// own). A program whose tool is not installed is skipped with a note. Try
+    /// `loci bench alloc --programs --quick` first (smaller inputs, 3 reps: 1-2 minutes); the
+    /// default (5 reps) takes about 10 minutes. --threads sets the C++ program's producers and
+    /// consumers (half each) and DuckDB's threads.
+    #[arg(long)]
+    pub programs: bool,
+    /// With --programs: which programs, comma separated: sqlite3, python3, cxx, duckdb-tpch.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "sqlite3,python3,cxx,duckdb-tpch",
+        requires = "programs"
+    )]
+    pub program: Vec<String>,
+    /// With --programs: TPC-H scale factor for duckdb-tpch: 0.01, 0.1 or 1 (default 0.1,
+    /// --quick 0.01). The tables are generated once into ${XDG_CACHE_HOME:-~/.cache}/loci/tpch.
+    #[arg(long, requires = "programs")]
+    pub sf: Option<String>,
     /// Internal: run one case in this process and print its measurement as JSON.
     #[arg(long, hide = true)]
     pub child: Option<String>,
@@ -94,6 +125,9 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
         20_000_000
     });
     anyhow::ensure!(ops > 0, "--ops must be positive");
+    if a.programs {
+        return programs::run(&a, threads);
+    }
     let blocks = a.blocks.unwrap_or((ops / 16).max(1));
     let params = Params {
         threads,
@@ -136,39 +170,7 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
         .clone()
         .unwrap_or_else(|| exe.with_file_name(LOCI_LIB));
 
-    // Which allocators can run.
-    let mut chosen: Vec<(&Allocator, Option<PathBuf>)> = Vec::new();
-    for name in &a.peers {
-        let Some(al) = ALLOCATORS.iter().find(|x| x.name == name) else {
-            let valid: Vec<&str> = ALLOCATORS.iter().map(|x| x.name).collect();
-            bail!("unknown allocator {name:?}; valid: {}", valid.join(", "));
-        };
-        let lib = if al.name.starts_with("loci") {
-            if !loci_lib.exists() {
-                eprintln!(
-                    "alloc: {} not found (build it: cargo build --release -p {LOCI_CRATE}, or pass --loci-lib); column {} skipped",
-                    loci_lib.display(),
-                    al.name
-                );
-                continue;
-            }
-            Some(loci_lib.clone())
-        } else if let Some(file) = al.lib {
-            match find_system_lib(file) {
-                Some(p) => Some(p),
-                None => {
-                    eprintln!(
-                        "alloc: {file} not found; install the Debian package {} (scripts/install-deps installs it); column {} skipped",
-                        al.package, al.name
-                    );
-                    continue;
-                }
-            }
-        } else {
-            None
-        };
-        chosen.push((al, lib));
-    }
+    let chosen = choose_allocators(&a.peers, &loci_lib)?;
 
     let topo = crate::this_machine()?;
     let mut rep = Report::new(
@@ -267,12 +269,62 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
     Ok(rep)
 }
 
+/// The allocators of `peers` that can run here, each with the library to preload (`None`:
+/// glibc). A missing library is reported with its Debian package (or the crate that builds it)
+/// and left out; an unknown name is an error naming the valid ones.
+pub(crate) fn choose_allocators(
+    peers: &[String],
+    loci_lib: &std::path::Path,
+) -> anyhow::Result<Vec<(&'static Allocator, Option<PathBuf>)>> {
+    let mut chosen: Vec<(&'static Allocator, Option<PathBuf>)> = Vec::new();
+    for name in peers {
+        let Some(al) = ALLOCATORS.iter().find(|x| x.name == name) else {
+            let valid: Vec<&str> = ALLOCATORS.iter().map(|x| x.name).collect();
+            bail!("unknown allocator {name:?}; valid: {}", valid.join(", "));
+        };
+        let lib = if al.name.starts_with("loci") {
+            if !loci_lib.exists() {
+                eprintln!(
+                    "alloc: {} not found (build it: cargo build --release -p {LOCI_CRATE}, or pass --loci-lib); column {} skipped",
+                    loci_lib.display(),
+                    al.name
+                );
+                continue;
+            }
+            Some(loci_lib.to_path_buf())
+        } else if let Some(file) = al.lib {
+            match find_system_lib(file) {
+                Some(p) => Some(p),
+                None => {
+                    eprintln!(
+                        "alloc: {file} not found; install the Debian package {} (scripts/install-deps installs it); column {} skipped",
+                        al.package, al.name
+                    );
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
+        chosen.push((al, lib));
+    }
+
+    Ok(chosen)
+}
+
 /// The rows the table's ratios are against: the fastest peer of each case.
+/// With `--programs`: the fastest allocator of each program.
 pub fn baseline(rep: &Report) -> impl Fn(&Row) -> bool {
-    let best: Vec<(Option<String>, String)> = CASES
-        .iter()
-        .filter_map(|c| best_peer(rep, c).map(|r| (r.case.clone(), r.system.clone())))
-        .collect();
+    let best: Vec<(Option<String>, String)> = if programs::is_programs(rep) {
+        programs::best_rows(rep)
+            .map(|r| (r.case.clone(), r.system.clone()))
+            .collect()
+    } else {
+        CASES
+            .iter()
+            .filter_map(|c| best_peer(rep, c).map(|r| (r.case.clone(), r.system.clone())))
+            .collect()
+    };
     move |r| best.iter().any(|(c, s)| *c == r.case && *s == r.system)
 }
 
@@ -285,6 +337,9 @@ fn best_peer<'a>(rep: &'a Report, case: &'a str) -> Option<&'a Row> {
 
 /// Lines that state loci's ratios against the best peer and the goals.
 pub fn goals(rep: &Report) -> String {
+    if programs::is_programs(rep) {
+        return programs::goals(rep);
+    }
     let mut out = String::new();
     for case in CASES {
         let (Some(best), Some(loci)) = (
