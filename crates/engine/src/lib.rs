@@ -16,6 +16,8 @@
 //! - [`wide`]: the 64-bit tables (`u64` keys anywhere in the domain, `i64` values) and their
 //!   operators: W2 and W1 by hash partitioning and open addressing, W3 partitioned hash join, and
 //!   the order-independent answer digests the benchmark compares with the peers.
+//! - [`tpch`]: TPC-H Q1, Q3, Q5, Q6 and Q18 as physical plans over typed columnar morsels
+//!   generated in process by `tpchgen`.
 //! - [`reference`]: simple single-thread answers the differential tests compare against.
 
 /// `CHOICES`, `Display` and `FromStr` of a fieldless enum from one table of names: a variant
@@ -58,6 +60,7 @@ pub mod join;
 pub mod partition;
 pub mod reference;
 pub mod storage;
+pub mod tpch;
 pub mod wide;
 
 pub use exec::{parse_sched, Exec, Locality, Pass};

@@ -154,6 +154,32 @@ impl Check {
         Ok(())
     }
 
+    /// Like [`Check::add`] for an engine that runs some of the queries (loci-engine): its
+    /// answers are compared with the reference's answers to the same queries; with no
+    /// reference yet they become it.
+    pub fn add_subset(&mut self, who: &str, path: &Path) -> anyhow::Result<()> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let got: Answers =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let n = got.len();
+        match &self.reference {
+            None => self.reference = Some((who.to_string(), got)),
+            Some((ref_who, want)) => {
+                let want: Answers = want
+                    .iter()
+                    .filter(|(q, _)| got.contains_key(*q))
+                    .map(|(q, r)| (q.clone(), r.clone()))
+                    .collect();
+                if let Some(diff) = diff(&want, &got) {
+                    bail!("TPC-H answers differ: {who} vs {ref_who}: {diff}");
+                }
+            }
+        }
+        self.matched.push(format!("{who} ({n} queries)"));
+        Ok(())
+    }
+
     /// At SF 1: the reference answers against dbgen's (those every other session matched).
     pub fn against_dbgen(&self) -> anyhow::Result<String> {
         let Some((who, got)) = &self.reference else {
@@ -285,6 +311,31 @@ mod tests {
 
     fn answers(v: Value) -> Answers {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_subset_is_checked_on_its_own_queries() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, v: Value| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, v.to_string()).unwrap();
+            p
+        };
+        let all = write(
+            "all.json",
+            serde_json::json!({"q01": [[1.0]], "q02": [[2.0]]}),
+        );
+        let same = write("same.json", serde_json::json!({"q01": [[1.0]]}));
+        let off = write("off.json", serde_json::json!({"q01": [[1.5]]}));
+        let extra = write("extra.json", serde_json::json!({"q03": [[1.0]]}));
+        let mut c = Check::default();
+        c.add("duckdb", &all).unwrap();
+        c.add_subset("loci", &same).unwrap();
+        let e = c.add_subset("loci", &off).unwrap_err().to_string();
+        assert!(e.contains("q01 row 0"), "{e}");
+        let e = c.add_subset("loci", &extra).unwrap_err().to_string();
+        assert!(e.contains("different queries"), "{e}");
+        assert!(c.summary().contains("loci (1 queries)"), "{}", c.summary());
     }
 
     #[test]

@@ -4,11 +4,14 @@
 //! configuration. Answers are checked across engines and configurations.
 //!
 //! Engines: DuckDB and DataFusion embedded in bench/tpch/tpch.py (the Python process is the
-//! engine), and PostgreSQL (a throwaway cluster, see [`postgres`]; the server runs under `loci run`, the
-//! client does not). Data: [`data`]. Queries: bench/tpch/queries/qNN.sql.
+//! engine), PostgreSQL (a throwaway cluster, see [`postgres`]; the server runs under `loci run`, the
+//! client does not), and loci-engine (Q1, Q3, Q5, Q6, Q18 in this process, see [`loci`]; it runs
+//! after the others and its answers are checked against theirs on the queries it runs).
+//! Data: [`data`]. Queries: bench/tpch/queries/qNN.sql.
 
 mod answers;
 pub(crate) mod data;
+mod loci;
 mod postgres;
 
 use std::collections::BTreeMap;
@@ -32,7 +35,8 @@ pub struct TpchArgs {
     #[arg(long)]
     pub sf: Option<String>,
     /// Engines, comma separated: duckdb, datafusion (embedded, Python packages), postgres
-    /// (Debian package).
+    /// (Debian package), loci (loci-engine in this process: queries 1, 3, 5, 6 and 18 only;
+    /// not in the default list).
     #[arg(
         long,
         value_delimiter = ',',
@@ -63,7 +67,7 @@ impl super::MatrixDefaults for TpchDefaults {
 }
 
 /// The engines this bench runs.
-const ENGINES: [&str; 3] = ["duckdb", "postgres", "datafusion"];
+const ENGINES: [&str; 4] = ["duckdb", "postgres", "datafusion", "loci"];
 
 /// One configuration under test: the knobs `loci run` applies to the engine.
 #[derive(Clone, Debug, PartialEq)]
@@ -268,12 +272,19 @@ enum Engine {
     /// In the driver's process: its mode of bench/tpch/tpch.py (`duckdb`, `datafusion`).
     Embedded(&'static str),
     Postgres(postgres::Cluster),
+    /// loci-engine in this process.
+    Loci(loci::Loci),
 }
 
 impl Engine {
     /// Embedded engines need nothing; PostgreSQL gets a new cluster, loaded from the Parquet tables by a
-    /// server started without loci (the load is not measured).
-    fn prepare(name: &str, paths: &Paths, run: &RunSpec) -> anyhow::Result<Self> {
+    /// server started without loci (the load is not measured); loci-engine generates its tables
+    /// in its first session.
+    fn prepare(name: &str, paths: Option<&Paths>, run: &RunSpec) -> anyhow::Result<Self> {
+        if name == "loci" {
+            return Ok(Engine::Loci(loci::Loci::default()));
+        }
+        let paths = paths.context("the Python peers' paths")?;
         match name {
             "duckdb" => Ok(Engine::Embedded("duckdb")),
             "datafusion" => Ok(Engine::Embedded("datafusion")),
@@ -299,11 +310,15 @@ impl Engine {
     /// One session under `cfg`: every query warmed and timed once.
     fn session(
         &self,
-        paths: &Paths,
+        paths: Option<&Paths>,
         run: &RunSpec,
         cfg: &Config,
         answers: Option<&Path>,
     ) -> anyhow::Result<Session> {
+        if let Engine::Loci(l) = self {
+            return l.session(run, cfg, answers);
+        }
+        let paths = paths.context("the Python peers' paths")?;
         match self {
             Engine::Embedded(mode) => {
                 let mut argv = cfg.loci_run()?;
@@ -318,6 +333,7 @@ impl Engine {
                 server.stop()?;
                 s
             }
+            Engine::Loci(_) => unreachable!("handled above"),
         }
     }
 }
@@ -345,15 +361,45 @@ pub fn run(a: TpchArgs) -> anyhow::Result<Report> {
             bail!("--engines {e}: unknown; valid: {ENGINES:?}");
         }
     }
+    // loci-engine runs after the other engines, so their answers are the reference its own are
+    // checked against (on the queries it runs).
+    let mut engines: Vec<String> = a.engines.iter().filter(|e| *e != "loci").cloned().collect();
+    let with_loci = a.engines.iter().any(|e| e == "loci");
+    if with_loci {
+        let unsupported: Vec<u32> = queries
+            .iter()
+            .copied()
+            .filter(|q| !loci::QUERIES.contains(q))
+            .collect();
+        if engines.is_empty() && !unsupported.is_empty() {
+            bail!(
+                "--engines loci: loci-engine runs queries {:?} only; --queries {} asks for {unsupported:?} too",
+                loci::QUERIES,
+                a.queries
+            );
+        }
+        if loci::supported(&queries).is_empty() {
+            eprintln!("tpch: loci-engine runs none of these queries; it is left out");
+        } else {
+            engines.push("loci".into());
+        }
+    }
     let reps = a
         .common
         .reps
         .unwrap_or(if a.common.quick { 1 } else { 3 })
         .max(1);
     let topo = crate::this_machine()?;
-    let paths = Paths::setup()?;
+    // The Python peers (and their Parquet data) only when an engine other than loci runs.
+    let paths = match engines.iter().any(|e| e != "loci") {
+        true => Some(Paths::setup()?),
+        false => None,
+    };
     let run = RunSpec {
-        data: data::ensure(&sf, &paths.tpchgen)?,
+        data: match &paths {
+            Some(p) => data::ensure(&sf, &p.tpchgen)?,
+            None => PathBuf::new(),
+        },
         sf,
         queries,
         warm: a.warm,
@@ -362,7 +408,7 @@ pub fn run(a: TpchArgs) -> anyhow::Result<Report> {
     let mut rep = Report::new(
         "tpch",
         serde_json::json!({
-            "sf": run.sf, "engines": a.engines, "queries": run.queries, "reps": reps,
+            "sf": run.sf, "engines": engines, "queries": run.queries, "reps": reps,
             "warm": run.warm, "engine_threads": run.cpus,
             "answers_tolerance": answers::TOLERANCE_TEXT,
         }),
@@ -370,8 +416,8 @@ pub fn run(a: TpchArgs) -> anyhow::Result<Report> {
     );
     let scratch = tempfile::Builder::new().prefix("loci-tpch-").tempdir()?;
     let mut check = answers::Check::default();
-    for name in &a.engines {
-        let engine = Engine::prepare(name, &paths, &run)?;
+    for name in &engines {
+        let engine = Engine::prepare(name, paths.as_ref(), &run)?;
         // times[config][query] over rounds; facts of each config's last session.
         let mut times: Vec<BTreeMap<u32, Vec<f64>>> = vec![BTreeMap::new(); cfgs.len()];
         let mut facts = vec![serde_json::Value::Null; cfgs.len()];
@@ -385,9 +431,13 @@ pub fn run(a: TpchArgs) -> anyhow::Result<Report> {
                     round + 1,
                     label(&cfgs[i])
                 );
-                let s = engine.session(&paths, &run, &cfgs[i], ans.as_deref())?;
+                let s = engine.session(paths.as_ref(), &run, &cfgs[i], ans.as_deref())?;
                 if let Some(p) = &ans {
-                    check.add(&format!("{name} {}", label(&cfgs[i])), p)?;
+                    let who = format!("{name} {}", label(&cfgs[i]));
+                    match &engine {
+                        Engine::Loci(_) => check.add_subset(&who, p)?,
+                        _ => check.add(&who, p)?,
+                    }
                 }
                 for (q, t) in s.times {
                     times[i].entry(q).or_default().push(t);
@@ -501,9 +551,41 @@ pub fn summary(rep: &Report) -> String {
             );
         }
     }
+    out += &loci_vs_duckdb(rep);
     out + &format!(
         "tpch answers: {}\n",
         rep.params["answers"].as_str().unwrap_or("-")
+    )
+}
+
+/// loci-engine's time over DuckDB's per query (default configuration, same run, same thread
+/// count) and the geometric mean of those ratios; empty unless both ran.
+fn loci_vs_duckdb(rep: &Report) -> String {
+    let median = |engine: &str, q: u32| {
+        let case = format!("{engine} q{q:02}");
+        let m = rep
+            .rows_of(Some(&case))
+            .find(|r| baseline(r))
+            .map(|r| r.median_s);
+        m
+    };
+    let ratios: Vec<(u32, f64)> = loci::QUERIES
+        .iter()
+        .filter_map(|&q| Some((q, median("loci", q)? / median("duckdb", q)?)))
+        .collect();
+    if ratios.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = ratios
+        .iter()
+        .map(|(q, r)| format!("q{q:02} {r:.3}x"))
+        .collect();
+    format!(
+        "tpch loci/duckdb time (default configuration): {}; geomean {:.3}x (q03, q05, q18 join \
+         orders and lineitem morsel pair by morsel pair, relying on their co-partitioning by \
+         order key, which DuckDB does not use)\n",
+        each.join(", "),
+        geomean(ratios.iter().map(|x| x.1))
     )
 }
 
@@ -538,6 +620,17 @@ mod tests {
         assert_eq!(s[0], "run");
         assert_eq!(s.last().map(String::as_str), Some("--"));
         assert!(configs(&args("--mem nowhere")).is_err());
+    }
+
+    #[test]
+    fn loci_engine_queries_are_checked_before_anything_starts() {
+        let e = run(args("--engines loci --queries 1,2"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[1, 3, 5, 6, 18]") && e.contains("[2]"), "{e}");
+        let e = run(args("--engines loci,mysql")).unwrap_err().to_string();
+        assert!(e.contains("mysql") && e.contains("loci"), "{e}");
+        assert_eq!(loci::supported(&[22, 18, 6]), vec![18, 6]);
     }
 
     #[test]
