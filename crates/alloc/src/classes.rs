@@ -128,7 +128,6 @@ const fn build_granule_lut() -> [u8; GRANULES] {
     }
     t
 }
-static GRANULE_LUT: [u8; GRANULES] = build_granule_lut();
 static SMALL_LUT: [u8; 65] = build_lut(16);
 static MID_LUT: [u8; 57] = build_lut(128);
 static MEDIUM_LUT: [u8; 1025] = build_medium_lut();
@@ -155,8 +154,12 @@ pub fn class_of(size: usize) -> usize {
 #[inline(always)]
 pub fn small_class_of(size: usize) -> usize {
     debug_assert!(size <= SMALL_MAX);
+    // A `const`, not the `static`: its copy is private to the code that uses it, addressed
+    // relative to the instruction pointer; the `static` was reached through the GOT (one
+    // load more on every malloc of the preload library).
+    const LUT: [u8; GRANULES] = build_granule_lut();
     // SAFETY: size <= SMALL_MAX, so (size + 15) / 16 < GRANULES.
-    unsafe { *GRANULE_LUT.get_unchecked((size + 15) >> 4) as usize }
+    unsafe { *LUT.get_unchecked((size + 15) >> 4) as usize }
 }
 
 /// `ceil(2^64 / d)`: with it, `(off * m) >> 64 == off / d` exactly for every `off * d < 2^64`

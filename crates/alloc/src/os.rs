@@ -146,16 +146,27 @@ const ADDR_BITS: usize = 47;
 /// Smallest region alignment (the map is sized for it).
 pub const MIN_REGION_SHIFT: usize = 22;
 const MAP_WORDS: usize = 1 << (ADDR_BITS - MIN_REGION_SHIFT - 6);
-static REGION_MAP: [AtomicU64; MAP_WORDS] = [const { AtomicU64::new(0) }; MAP_WORDS];
+/// The region shift and the map in one static, so that `free` reaches both from one address
+/// (a static of this library is reached through the GOT: one load for each static read).
+#[repr(C)]
+struct Regions {
+    /// log2 of the region alignment; set once at init.
+    shift: AtomicUsize,
+    map: [AtomicU64; MAP_WORDS],
+}
+static REGIONS: Regions = Regions {
+    shift: AtomicUsize::new(MIN_REGION_SHIFT),
+    map: [const { AtomicU64::new(0) }; MAP_WORDS],
+};
 /// log2 of the region alignment; set once at init.
-pub static REGION_SHIFT: AtomicUsize = AtomicUsize::new(MIN_REGION_SHIFT);
+pub static REGION_SHIFT: &AtomicUsize = &REGIONS.shift;
 
 #[inline]
 fn slot(addr: usize) -> Option<(usize, u64)> {
     if addr >> ADDR_BITS != 0 {
         return None;
     }
-    let i = addr >> REGION_SHIFT.load(Relaxed);
+    let i = addr >> REGIONS.shift.load(Relaxed);
     Some((i / 64, 1u64 << (i % 64)))
 }
 
@@ -164,9 +175,9 @@ pub fn mark(base: usize, on: bool) -> bool {
     match slot(base) {
         Some((w, b)) => {
             if on {
-                REGION_MAP[w].fetch_or(b, Release);
+                REGIONS.map[w].fetch_or(b, Release);
             } else {
-                REGION_MAP[w].fetch_and(!b, Release);
+                REGIONS.map[w].fetch_and(!b, Release);
             }
             true
         }
@@ -186,7 +197,7 @@ pub const HEADER_STEP: usize = 256;
 /// the header.
 #[inline]
 pub fn header_of(base: usize) -> usize {
-    base + ((base >> REGION_SHIFT.load(Relaxed)) & (HEADER_COLORS - 1)) * HEADER_STEP
+    base + ((base >> REGIONS.shift.load(Relaxed)) & (HEADER_COLORS - 1)) * HEADER_STEP
 }
 
 /// Region start of `p` and where its header sits (as [`header_of`]) if `p` lies in a region
@@ -196,13 +207,13 @@ pub fn region_and_header(p: usize) -> Option<(usize, usize)> {
     if p >> ADDR_BITS != 0 {
         return None;
     }
-    let shift = REGION_SHIFT.load(Relaxed);
+    let shift = REGIONS.shift.load(Relaxed);
     debug_assert!(shift >= MIN_REGION_SHIFT);
     // The slot index straight from the pointer; the base only when the bit is set.
     let i = p >> shift;
     // SAFETY: p < 2^ADDR_BITS and shift >= MIN_REGION_SHIFT, so i / 64 < MAP_WORDS (no
     // bounds check: its panic branch would cost `free` a stack frame).
-    let word = unsafe { REGION_MAP.get_unchecked(i / 64) };
+    let word = unsafe { REGIONS.map.get_unchecked(i / 64) };
     if word.load(Acquire) & (1u64 << (i % 64)) != 0 {
         let base = i << shift;
         Some((base, base + (i & (HEADER_COLORS - 1)) * HEADER_STEP))
@@ -214,10 +225,10 @@ pub fn region_and_header(p: usize) -> Option<(usize, usize)> {
 /// Region start of `p` if it lies in a region of this allocator.
 #[inline]
 pub fn region_of(p: usize) -> Option<usize> {
-    let shift = REGION_SHIFT.load(Relaxed);
+    let shift = REGIONS.shift.load(Relaxed);
     let base = p >> shift << shift;
     let (w, b) = slot(base)?;
-    if REGION_MAP[w].load(Acquire) & b != 0 {
+    if REGIONS.map[w].load(Acquire) & b != 0 {
         Some(base)
     } else {
         None

@@ -40,7 +40,7 @@ pub(super) unsafe fn alloc_block(node: usize, pool: usize, size: usize) -> *mut 
     unsafe {
         let data = (*(*r).seg).base + (*r).first as usize * UNIT;
         (*r).data = data;
-        (*r).bsize = (*r).nunits as usize * UNIT;
+        (*r).bsize = (*r).nunits * UNIT as u32;
         map_all(r);
         NODES[node].block_live.fetch_add((*r).bsize as i64, Relaxed);
         data as *mut u8

@@ -9,7 +9,7 @@ use core::sync::atomic::{
 };
 
 use super::blocks::{free_block, free_large};
-use super::class_run::{block_start, class_state, local_free, regroup};
+use super::class_run::{block_start, local_free, regroup, run_class_state};
 use super::heap::{collect, tls_heap};
 use super::spans::{run_at, run_of};
 use super::structs::{Free, Heap, Run, Segment, R_BLOCK, R_CLASS};
@@ -39,17 +39,26 @@ pub unsafe fn free(p: *mut u8) {
             // SAFETY: `r` is the run of the live block `p`.
             if unsafe { (*r).state.load(Relaxed) } == R_CLASS {
                 let h = tls_heap();
-                // SAFETY: as above.
-                if !h.is_null() && unsafe { (*r).owner.load(Relaxed) } == h {
+                // SAFETY: as above. A class run with a live block has an owner (not null), so
+                // a thread without a heap (`h` null) fails this test too.
+                if unsafe { (*r).owner.load(Relaxed) } == h {
+                    // An empty stash takes the block instead of its run (see
+                    // `ClassState::stash`), which keeps counting it.
                     // SAFETY: `r` is a class run of this thread's heap `h`, whose claim it
-                    // holds; `p` is the block's start, freed once (its first word: the link);
-                    // `used < lo` means `r` is neither active nor the spare.
+                    // holds (so it is the one writer of the class's stash and counters, found
+                    // through `r`'s `cs_off`); `p` is the block's start, freed once (its first
+                    // word: the link); `used < lo` means `r` is neither active nor the spare.
                     unsafe {
                         let f = p as *mut Free;
+                        let cs = run_class_state(h, r);
+                        bump(&cs.frees, 1);
+                        if cs.stash.load(Relaxed).is_null() {
+                            cs.stash.store(f, Relaxed);
+                            return;
+                        }
                         (*f).next = (*r).free;
                         (*r).free = f;
                         (*r).used -= 1;
-                        bump(&class_state(h, (*r).class as usize).frees, 1);
                         if (*r).used < (*r).lo {
                             regroup(h, r);
                         }

@@ -8,7 +8,7 @@ use core::sync::atomic::{
     Ordering::{AcqRel, Relaxed, Release, SeqCst},
 };
 
-use super::class_run::{file, local_free};
+use super::class_run::{file, flush_stash, local_free};
 use super::config::{
     current_node, ensure_init, home, memoryless_fallback, nodemap, FAST_SMALL, KEY, MULTI_NODE,
 };
@@ -228,8 +228,10 @@ unsafe fn abandon(h: *mut Heap) {
     unsafe { drain(h) };
     for c in 0..NCLASSES {
         // SAFETY: `h`'s class state and runs are changed only by its claim holder, the
-        // caller; the active run, no longer active, is filed (it is in no list).
+        // caller; the stashed block goes back to its run first, then the active run, no
+        // longer active, is filed (it is in no list).
         unsafe {
+            flush_stash(h, c);
             let a = (*h).classes[c].take_active();
             if !a.is_null() {
                 file(h, a);

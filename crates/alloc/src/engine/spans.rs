@@ -85,9 +85,9 @@ unsafe fn free_desc(r: *mut Run) {
 /// # Safety
 /// `seg` is a live superblock header and `u < (*seg).nunits`.
 #[inline(always)]
-unsafe fn map_get(seg: *mut Segment, u: u32) -> u16 {
+unsafe fn map_get(seg: *mut Segment, u: usize) -> u16 {
     // SAFETY: the map has an entry per unit of the superblock (contract above).
-    unsafe { (*(*seg).map.add(u as usize)).load(Relaxed) }
+    unsafe { (*(*seg).map.add(u)).load(Relaxed) }
 }
 
 /// Sets unit `u`'s map entry to descriptor `i` (see [`map_get`]).
@@ -147,11 +147,7 @@ pub(super) unsafe fn run_at(seg: *mut Segment, base: usize, p: usize) -> *mut Ru
     debug_assert_eq!(base, unsafe { (*seg).base });
     // SAFETY: `p` lies in a run in use of `seg`, so its unit's map entry is that run's
     // descriptor index (set by `map_all`), inside the descriptor array.
-    unsafe {
-        (*seg)
-            .descs
-            .add(map_get(seg, ((p - base) / UNIT) as u32) as usize)
-    }
+    unsafe { (*seg).descs.add(map_get(seg, (p - base) / UNIT) as usize) }
 }
 
 /// The run covering `p` (a pointer into a live run of `seg`).
@@ -164,7 +160,7 @@ pub(super) unsafe fn run_of(seg: *mut Segment, p: usize) -> *mut Run {
     // SAFETY: as for `run_at`: the unit of `p` lies in the unit map and names a descriptor.
     unsafe {
         let u = (p - (*seg).base) / UNIT;
-        (*seg).descs.add(map_get(seg, u as u32) as usize)
+        (*seg).descs.add(map_get(seg, u) as usize)
     }
 }
 
@@ -443,7 +439,9 @@ unsafe fn free_units(sp: *mut SpanPool, mut r: *mut Run) -> bool {
     // descriptor array, and the checks confirm a free span of `sp` (node lock held).
     unsafe {
         if (*r).first > (*seg).data_unit {
-            let p = (*seg).descs.add(map_get(seg, (*r).first - 1) as usize);
+            let p = (*seg)
+                .descs
+                .add(map_get(seg, ((*r).first - 1) as usize) as usize);
             if (*p).state.load(Relaxed) == R_FREE
                 && (*p).nunits != 0
                 && (*p).first + (*p).nunits == (*r).first
@@ -460,7 +458,7 @@ unsafe fn free_units(sp: *mut SpanPool, mut r: *mut Run) -> bool {
     unsafe {
         let nx = (*r).first + (*r).nunits;
         if nx < (*seg).nunits {
-            let q = (*seg).descs.add(map_get(seg, nx) as usize);
+            let q = (*seg).descs.add(map_get(seg, nx as usize) as usize);
             if (*q).state.load(Relaxed) == R_FREE && (*q).nunits != 0 && (*q).first == nx {
                 unlink_span(sp, q);
                 (*r).nunits += (*q).nunits;
