@@ -59,17 +59,18 @@ fn every_index_runs_exactly_once_with_few_joins() {
 }
 
 #[test]
-fn one_worker_splits_once_and_runs_both_halves_as_loops() {
+fn one_worker_cuts_eight_pieces_and_runs_them_as_loops_in_order() {
     let s = sched(Policy::Las, (1, 1, 1));
     let before = s.stats();
     let order = std::sync::Mutex::new(Vec::new());
     s.run(|ctx| ctx.for_each(0..100, |_, i| order.lock().unwrap().push(i)))
         .unwrap();
-    // One worker: its one split credit halves the range, nobody steals, both halves are loops
-    // (the second popped back after the first), so the indices come in order.
+    // One worker: its four split credits cut the range into 8 pieces (1 + 2 + 4 joins), nobody
+    // steals, every piece is a loop (each second half popped back after its first), so the
+    // indices come in order.
     assert_eq!(*order.lock().unwrap(), (0..100).collect::<Vec<u64>>());
     let st = s.stats().since(&before);
-    assert_eq!((st.joins, st.join_steals), (1, 0), "{st:?}");
+    assert_eq!((st.joins, st.join_steals), (7, 0), "{st:?}");
 }
 
 #[test]

@@ -484,15 +484,15 @@ mod tests {
                 .map(|f| Some(f.to_string()))
                 .collect::<Vec<_>>()
         );
-        // Every loci join row counted its joins: one per node with two children; the for_each
-        // loop splits only while it has credits or a half was stolen (2 reps).
+        // Every loci join row counted its joins: one per node with two children. The for_each
+        // row's loop joined at least once and at most once per index boundary in each of its 3
+        // runs (warm-up and 2 reps); how few it needs is loci-sched's tests/for_each.rs.
         let joins = |i: usize| rep.results[i].extra["counters"]["joins"].as_u64().unwrap();
         assert!(joins(0) > 5000 / 3 && joins(7) > 300 / 3, "{}", joins(0));
         assert!(
-            (1..300 / 3).contains(&joins(6)),
-            "for_each: {} joins, join tree {}",
-            joins(6),
-            joins(7)
+            (1..=3 * 299).contains(&joins(6)),
+            "for_each: {} joins",
+            joins(6)
         );
         assert_eq!(
             (joins(1), joins(8)),
