@@ -175,16 +175,11 @@ fn every_program_gives_the_same_answer_under_every_allocator() {
     }
 }
 
-#[test]
-fn an_ignored_preload_and_a_crash_are_reported() {
-    if !on_path("sqlite3") || !on_path("cc") {
-        println!("note: sqlite3 or cc not installed: not checked");
-        return;
-    }
+/// `loci bench alloc --programs --quick` of sqlite3 alone, on glibc and on `lib` as loci's
+/// library: its stdout and its JSON report.
+fn sqlite3_glibc_and(lib: &Path) -> (String, Value) {
     let dir = tempfile::tempdir().unwrap();
-    // Not a shared object: the dynamic linker ignores it and sqlite3 runs on glibc's malloc.
-    let bogus = dir.path().join("bogus.so");
-    std::fs::write(&bogus, "not an ELF file\n").unwrap();
+    let json = dir.path().join("r.json");
     let (ok, out, err) = loci(&[
         "bench",
         "alloc",
@@ -197,9 +192,26 @@ fn an_ignored_preload_and_a_crash_are_reported() {
         "--peers",
         "glibc,loci",
         "--loci-lib",
-        bogus.to_str().unwrap(),
+        lib.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
+    let rep = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (out, rep)
+}
+
+#[test]
+fn an_ignored_preload_and_a_crash_are_reported() {
+    if !on_path("sqlite3") || !on_path("cc") {
+        println!("note: sqlite3 or cc not installed: not checked");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Not a shared object: the dynamic linker ignores it and sqlite3 runs on glibc's malloc.
+    let bogus = dir.path().join("bogus.so");
+    std::fs::write(&bogus, "not an ELF file\n").unwrap();
+    let (out, _) = sqlite3_glibc_and(&bogus);
     assert!(
         out.contains("malloc does NOT bind to the preloaded library under loci"),
         "{out}"
@@ -219,29 +231,11 @@ fn an_ignored_preload_and_a_crash_are_reported() {
         .status()
         .unwrap();
     assert!(st.success());
-    let json = dir.path().join("r.json");
-    let (ok, out, err) = loci(&[
-        "bench",
-        "alloc",
-        "--programs",
-        "--quick",
-        "--reps",
-        "1",
-        "--program",
-        "sqlite3",
-        "--peers",
-        "glibc,loci",
-        "--loci-lib",
-        lib.to_str().unwrap(),
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    let (out, rep) = sqlite3_glibc_and(&lib);
     assert!(
         out.contains("FAILED sqlite3 loci: crashed: killed by signal 6"),
         "{out}"
     );
-    let rep: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = rep["results"].as_array().unwrap();
     assert!(rows.iter().any(|r| r["system"] == "glibc"));
     assert!(!rows.iter().any(|r| r["system"] == "loci"));

@@ -102,3 +102,14 @@ pub fn grid(nodes: u32, groups: u32, cpus_per_group: u32) -> Topology {
         distances,
     )
 }
+
+/// A scheduler over `topo` with `policy` and no affinity (a fixture's cpus are not this
+/// machine's, so its workers must not pin themselves); panics if the scheduler cannot start.
+pub fn scheduler(topo: &Topology, policy: crate::Policy) -> crate::Scheduler {
+    let config = crate::Config {
+        policy,
+        affinity: crate::Affinity::None,
+        ..crate::Config::default()
+    };
+    crate::Scheduler::new(topo, config).expect("a scheduler over a fixture topology")
+}

@@ -5,19 +5,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use loci_sched::{fixtures, Affinity, Config, Policy, Scheduler};
+use loci_sched::{fixtures, Policy, Scheduler};
 
 const POLICIES: [Policy; 3] = [Policy::Las, Policy::Nls, Policy::Unpinned];
 
-/// `policy` over `fixtures::grid(nodes, groups, cpus)`, no affinity (the fixtures' cpus are not
-/// this machine's).
+/// `policy` over `fixtures::grid(nodes, groups, cpus)`, no affinity.
 fn sched(policy: Policy, grid: (u32, u32, u32)) -> Scheduler {
-    let config = Config {
-        policy,
-        affinity: Affinity::None,
-        ..Config::default()
-    };
-    Scheduler::new(&fixtures::grid(grid.0, grid.1, grid.2), config).expect("scheduler")
+    fixtures::scheduler(&fixtures::grid(grid.0, grid.1, grid.2), policy)
 }
 
 #[test]

@@ -7,19 +7,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use loci_sched::{fixtures, Affinity, Config, Ctx, Policy, RequestError, Scheduler, Stats};
+use loci_sched::{fixtures, Ctx, Policy, RequestError, Scheduler, Stats};
 
 const POLICIES: [Policy; 3] = [Policy::Las, Policy::Nls, Policy::Unpinned];
 
-/// `policy` over `fixtures::grid(nodes, groups, cpus)`, no affinity (the fixtures' cpus are not
-/// this machine's).
+/// `policy` over `fixtures::grid(nodes, groups, cpus)`, no affinity.
 fn sched(policy: Policy, grid: (u32, u32, u32)) -> Scheduler {
-    let config = Config {
-        policy,
-        affinity: Affinity::None,
-        ..Config::default()
-    };
-    Scheduler::new(&fixtures::grid(grid.0, grid.1, grid.2), config).expect("scheduler")
+    fixtures::scheduler(&fixtures::grid(grid.0, grid.1, grid.2), policy)
 }
 
 /// The sum of `lo..hi` by halving the range down to single numbers with joins.

@@ -25,7 +25,7 @@ fn unpinned(policy: Policy) -> Config {
 
 /// A scheduler over `fixtures::grid(nodes, groups, cpus)` with `policy` and no affinity.
 fn on_grid(nodes: u32, groups: u32, cpus: u32, policy: Policy) -> Scheduler {
-    Scheduler::new(&fixtures::grid(nodes, groups, cpus), unpinned(policy)).unwrap()
+    fixtures::scheduler(&fixtures::grid(nodes, groups, cpus), policy)
 }
 
 /// LAS on 4 nodes of one cpu each, with loci's rule 4 (`migrate_requests`) or the seed's.

@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use loci_sched::{fixtures, Affinity, Config, Ctx, Policy, RequestError, Scheduler, Scope};
+use loci_sched::{fixtures, Ctx, Policy, RequestError, Scope};
 
 fn mix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -116,18 +116,8 @@ fn some_task(root: u64, budget: u64, depth: u32) -> (u64, u64) {
     (id, b)
 }
 
-/// `policy` on `topo` with no affinity (the fixtures' cpus are not this machine's).
-fn scheduler(policy: Policy, topo: &loci_topo::Topology) -> Scheduler {
-    let config = Config {
-        policy,
-        affinity: Affinity::None,
-        ..Config::default()
-    };
-    Scheduler::new(topo, config).unwrap()
-}
-
 fn run(policy: Policy, topo: &loci_topo::Topology, requests: u64, per_request: u64) {
-    let s = scheduler(policy, topo);
+    let s = fixtures::scheduler(topo, policy);
     let nodes = s.layout().nodes.clone();
     let mut handles = Vec::new();
     for r in 0..requests {
@@ -317,7 +307,7 @@ fn stress_random_join_trees() {
     // in some runs); the tails of the runs steal some.
     let mut stolen = 0;
     for (policy, topo) in &runs() {
-        let s = scheduler(*policy, topo);
+        let s = fixtures::scheduler(topo, *policy);
         let start = std::time::Instant::now();
         let handles: Vec<_> = (0..requests)
             .map(|r| {

@@ -164,13 +164,7 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
     anyhow::ensure!(a.batch > 0, "--batch must be positive");
     let reps = a.common.reps.unwrap_or(5);
     anyhow::ensure!(reps > 0, "--reps must be positive");
-    let exe = std::env::current_exe().context("cannot find the loci executable")?;
-    let loci_lib = a
-        .loci_lib
-        .clone()
-        .unwrap_or_else(|| exe.with_file_name(LOCI_LIB));
-
-    let chosen = choose_allocators(&a.peers, &loci_lib)?;
+    let (exe, chosen) = choose_allocators(&a)?;
 
     let topo = crate::this_machine()?;
     let mut rep = Report::new(
@@ -269,15 +263,21 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
     Ok(rep)
 }
 
-/// The allocators of `peers` that can run here, each with the library to preload (`None`:
-/// glibc). A missing library is reported with its Debian package (or the crate that builds it)
-/// and left out; an unknown name is an error naming the valid ones.
-pub(crate) fn choose_allocators(
-    peers: &[String],
-    loci_lib: &std::path::Path,
-) -> anyhow::Result<Vec<(&'static Allocator, Option<PathBuf>)>> {
-    let mut chosen: Vec<(&'static Allocator, Option<PathBuf>)> = Vec::new();
-    for name in peers {
+/// An allocator to run and the library to preload for it (`None`: glibc).
+pub(crate) type Chosen = (&'static Allocator, Option<PathBuf>);
+
+/// This executable, and the allocators of `--peers` that can run here, each with the library
+/// to preload (`None`: glibc; loci's is `--loci-lib` or the one built beside this executable).
+/// A missing library is reported with its Debian package (or the crate that builds it) and left
+/// out; an unknown name is an error naming the valid ones.
+pub(crate) fn choose_allocators(a: &AllocArgs) -> anyhow::Result<(PathBuf, Vec<Chosen>)> {
+    let exe = std::env::current_exe().context("cannot find the loci executable")?;
+    let loci_lib = a
+        .loci_lib
+        .clone()
+        .unwrap_or_else(|| exe.with_file_name(LOCI_LIB));
+    let mut chosen: Vec<Chosen> = Vec::new();
+    for name in &a.peers {
         let Some(al) = ALLOCATORS.iter().find(|x| x.name == name) else {
             let valid: Vec<&str> = ALLOCATORS.iter().map(|x| x.name).collect();
             bail!("unknown allocator {name:?}; valid: {}", valid.join(", "));
@@ -308,8 +308,7 @@ pub(crate) fn choose_allocators(
         };
         chosen.push((al, lib));
     }
-
-    Ok(chosen)
+    Ok((exe, chosen))
 }
 
 /// The rows the table's ratios are against: the fastest peer of each case.

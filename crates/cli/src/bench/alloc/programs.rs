@@ -34,7 +34,7 @@ use anyhow::{bail, Context};
 use loci_report::{median, Machine, Report, Row};
 
 use super::{choose_allocators, AllocArgs};
-use crate::bench::common::{peers_dir, Allocator, LOCI_LIB};
+use crate::bench::common::{peers_dir, Allocator};
 
 /// The programs `--program` accepts, in the order they run.
 pub const PROGRAMS: [&str; 4] = ["sqlite3", "python3", "cxx", "duckdb-tpch"];
@@ -529,12 +529,7 @@ pub fn run(a: &AllocArgs, threads: usize) -> anyhow::Result<Report> {
     }
     let reps = a.common.reps.unwrap_or(if quick { 3 } else { 5 });
     anyhow::ensure!(reps > 0, "--reps must be positive");
-    let exe = std::env::current_exe().context("cannot find the loci executable")?;
-    let loci_lib = a
-        .loci_lib
-        .clone()
-        .unwrap_or_else(|| exe.with_file_name(LOCI_LIB));
-    let chosen = choose_allocators(&a.peers, &loci_lib)?;
+    let (exe, chosen) = choose_allocators(a)?;
     anyhow::ensure!(!chosen.is_empty(), "no allocator of --peers can run here");
     let build_dir = exe
         .parent()
