@@ -88,11 +88,7 @@ fn alloc_dir() -> anyhow::Result<PathBuf> {
 
 /// The path of `prog` on PATH, if any.
 fn which(prog: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join(prog))
-            .find(|f| f.is_file())
-    })
+    crate::run_cmd::resolve(&prog.into())
 }
 
 /// `bench/alloc/prodcons.cpp` compiled with `g++ -O2 -pthread` into `dir` (again only when the
