@@ -144,6 +144,37 @@ fn generates_and_every_engine_answers_all_22_queries_alike_with_knobs_applied() 
             .unwrap()
             > 0.0
     );
+    // Two configurations: the search line names the fastest against the default.
+    assert!(
+        out.contains("tpch postgres search: the fastest of 1 configurations"),
+        "{out}"
+    );
+
+    // PostgreSQL's loaded cluster is reused by the next invocation on the same tables (in this
+    // test, so no other test's tables replace it in between), and --reload loads it anew.
+    let again = |extra: &[&str]| {
+        let mut a = vec![
+            "bench",
+            "tpch",
+            "--quick",
+            "--engines",
+            "postgres",
+            "--queries",
+            "6",
+        ];
+        a.extend(extra);
+        let (ok, out, err) = loci_cached(&a, dir.path());
+        assert!(ok, "{out}\n{err}");
+        err
+    };
+    let err = again(&[]);
+    assert!(err.contains("reusing the loaded cluster"), "{err}");
+    assert!(!err.contains("loading PostgreSQL"), "{err}");
+    let err = again(&["--reload"]);
+    assert!(
+        err.contains("loading PostgreSQL") && !err.contains("reusing"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! configuration. Answers are checked across engines and configurations.
 //!
 //! Engines: DuckDB and DataFusion embedded in bench/tpch/tpch.py (the Python process is the
-//! engine), PostgreSQL (a throwaway cluster, see [`postgres`]; the server runs under `loci run`, the
+//! engine), PostgreSQL (a cluster loaded once per scale factor, see [`postgres`]; the server runs under `loci run`, the
 //! client does not), and loci-engine (Q1, Q3, Q5, Q6, Q18 in this process, see [`loci`]; it runs
 //! after the others and its answers are checked against theirs on the queries it runs).
 //! Data: [`data`]. Queries: bench/tpch/queries/qNN.sql.
@@ -55,6 +55,10 @@ pub struct TpchArgs {
     /// Untimed runs of each query before its timed run, in every engine session.
     #[arg(long, default_value_t = 1)]
     pub warm: usize,
+    /// PostgreSQL: load the scale factor's cluster anew instead of reusing the one an earlier
+    /// run loaded (kept in /var/tmp/loci-tpch-postgres-UID/sfS).
+    #[arg(long)]
+    pub reload: bool,
 }
 
 /// TPC-H's sweep without flags: the engines' own threads, unpinned, on first-touch memory.
@@ -228,6 +232,8 @@ struct RunSpec {
     queries: Vec<u32>,
     warm: usize,
     cpus: usize,
+    /// Load PostgreSQL's cached cluster anew.
+    reload: bool,
 }
 
 /// One engine session's output: the timed run of each query, and the driver's facts about the
@@ -277,8 +283,9 @@ enum Engine {
 }
 
 impl Engine {
-    /// Embedded engines need nothing; PostgreSQL gets a new cluster, loaded from the Parquet tables by a
-    /// server started without loci (the load is not measured); loci-engine generates its tables
+    /// Embedded engines need nothing; PostgreSQL gets its cluster of this scale factor, loaded
+    /// from the Parquet tables by a server started without loci (the load is not measured) unless
+    /// an earlier invocation loaded the same (see [`postgres`]); loci-engine generates its tables
     /// in its first session.
     fn prepare(name: &str, paths: Option<&Paths>, run: &RunSpec) -> anyhow::Result<Self> {
         if name == "loci" {
@@ -289,18 +296,27 @@ impl Engine {
             "duckdb" => Ok(Engine::Embedded("duckdb")),
             "datafusion" => Ok(Engine::Embedded("datafusion")),
             "postgres" => {
-                let cluster = postgres::Cluster::init(run.cpus)?;
-                let server = cluster.start(&[])?;
-                eprintln!(
-                    "loading PostgreSQL sf {} (COPY, keys, indexes, ANALYZE)",
-                    run.sf
-                );
-                let mut argv = paths.driver("load-postgres", run, None);
-                argv.extend(pg_client_args(&cluster));
-                argv.push("--csv-dir".into());
-                argv.push(cluster.socket_dir().into());
-                drive(&argv).context("loading PostgreSQL")?;
-                server.stop()?;
+                let mut cluster = postgres::Cluster::open(
+                    &run.sf,
+                    &run.data,
+                    &paths.tpch.join("tpch.py"),
+                    run.reload,
+                    run.cpus,
+                )?;
+                if !cluster.loaded() {
+                    let server = cluster.start(&[])?;
+                    eprintln!(
+                        "loading PostgreSQL sf {} (COPY, keys, indexes, ANALYZE)",
+                        run.sf
+                    );
+                    let mut argv = paths.driver("load-postgres", run, None);
+                    argv.extend(pg_client_args(&cluster));
+                    argv.push("--csv-dir".into());
+                    argv.push(cluster.socket_dir().into());
+                    drive(&argv).context("loading PostgreSQL")?;
+                    server.stop()?;
+                    cluster.mark_loaded()?;
+                }
                 Ok(Engine::Postgres(cluster))
             }
             other => bail!("--engines {other}: unknown; valid: {ENGINES:?}"),
@@ -404,6 +420,7 @@ pub fn run(a: TpchArgs) -> anyhow::Result<Report> {
         queries,
         warm: a.warm,
         cpus: topo.allowed_cpus().len().max(1),
+        reload: a.reload,
     };
     let mut rep = Report::new(
         "tpch",
@@ -551,10 +568,81 @@ pub fn summary(rep: &Report) -> String {
             );
         }
     }
+    for e in ENGINES {
+        out += &search(rep, e);
+    }
     out += &loci_vs_duckdb(rep);
     out + &format!(
         "tpch answers: {}\n",
         rep.params["answers"].as_str().unwrap_or("-")
+    )
+}
+
+/// An engine's configuration search: for the geometric mean and each query, the fastest
+/// configuration against the default, with the ratio's noise interval over every pair of rounds
+/// (its min over the default's max .. its max over the default's min), a verdict (faster or
+/// slower beyond noise when the whole interval is below or above 1), and how many
+/// configurations are beyond noise either way. Empty unless the engine ran more than one
+/// configuration.
+fn search(rep: &Report, engine: &str) -> String {
+    let mut cases = vec![format!("{engine} geomean")];
+    cases.extend((1..=22).map(|q| format!("{engine} q{q:02}")));
+    let mut lines = Vec::new();
+    let mut rounds = 0;
+    let mut configs = 0;
+    for case in &cases {
+        let rows: Vec<&Row> = rep.rows_of(Some(case)).collect();
+        let Some(base) = rows.iter().find(|r| baseline(r)) else {
+            continue;
+        };
+        let others: Vec<&&Row> = rows.iter().filter(|r| !baseline(r)).collect();
+        let Some(best) = others
+            .iter()
+            .min_by(|a, b| a.median_s.total_cmp(&b.median_s))
+        else {
+            continue;
+        };
+        rounds = base.times_s.len();
+        configs = others.len();
+        let interval = |r: &Row| (r.min_s / base.max_s, r.max_s / base.min_s);
+        let (lo, hi) = interval(best);
+        let verdict = match () {
+            _ if rounds < 2 => "one round: no interval",
+            _ if hi < 1.0 => "faster beyond noise",
+            _ if lo > 1.0 => "slower beyond noise",
+            _ => "within noise",
+        };
+        let faster = others.iter().filter(|r| interval(r).1 < 1.0).count();
+        let slower = others.iter().filter(|r| interval(r).0 > 1.0).count();
+        lines.push(format!(
+            "  {:<8} {:<26} {:<34} {:>6.3}x  {:<12} {:<22} {faster}/{slower}\n",
+            case.trim_start_matches(engine).trim(),
+            format!(
+                "{:.4} [{:.4}..{:.4}]",
+                base.median_s, base.min_s, base.max_s
+            ),
+            best.config.values().cloned().collect::<Vec<_>>().join("/"),
+            best.median_s / base.median_s,
+            format!("{lo:.3}..{hi:.3}"),
+            verdict,
+        ));
+    }
+    if lines.is_empty() {
+        return String::new();
+    }
+    format!(
+        "tpch {engine} search: the fastest of {configs} configurations against the default, {rounds} \
+         rounds; interval = its time over the default's across every pair of rounds; last column: \
+         configurations faster/slower than the default beyond noise\n  {:<8} {:<26} {:<34} \
+         {:>7}  {:<12} {:<22} {}\n{}",
+        "case",
+        "default s [min..max]",
+        "fastest configuration",
+        "ratio",
+        "interval",
+        "verdict",
+        "f/s",
+        lines.concat()
     )
 }
 
@@ -631,6 +719,50 @@ mod tests {
         let e = run(args("--engines loci,mysql")).unwrap_err().to_string();
         assert!(e.contains("mysql") && e.contains("loci"), "{e}");
         assert_eq!(loci::supported(&[22, 18, 6]), vec![18, 6]);
+    }
+
+    #[test]
+    fn the_search_names_the_fastest_configuration_and_whether_it_is_beyond_noise() {
+        let mut rep = Report::new("tpch", serde_json::json!({}), Machine::default());
+        let cfg = |alloc: &str| Config {
+            alloc: alloc.into(),
+            ..Config::default_config()
+        };
+        for (alloc, geo, q1) in [
+            ("glibc", [1.0, 1.1, 0.9], [2.0, 2.1, 1.9]),
+            // Faster in every round of the geomean, within noise on q01.
+            ("jemalloc", [0.7, 0.8, 0.75], [1.95, 2.05, 2.0]),
+            // Slower beyond noise on q01.
+            ("tcmalloc", [1.0, 1.05, 0.95], [3.0, 3.1, 2.9]),
+        ] {
+            for (case, t) in [("postgres geomean", geo), ("postgres q01", q1)] {
+                rep.results
+                    .push(cfg(alloc).row(Row::from_times("postgres", t.to_vec()).case(case)));
+            }
+        }
+        let s = search(&rep, "postgres");
+        let line = |case: &str| {
+            s.lines()
+                .find(|l| l.trim_start().starts_with(case))
+                .unwrap_or_else(|| panic!("no {case} in {s}"))
+                .to_string()
+        };
+        let g = line("geomean");
+        assert!(g.contains("jemalloc/first-touch/default/os"), "{g}");
+        assert!(g.contains("0.750x") && g.contains("0.636..0.889"), "{g}");
+        assert!(
+            g.contains("faster beyond noise") && g.ends_with("1/0"),
+            "{g}"
+        );
+        let q = line("q01");
+        assert!(q.contains("jemalloc") && q.contains("within noise"), "{q}");
+        assert!(q.ends_with("0/1"), "{q}");
+        assert!(
+            s.contains("of 2 configurations") && s.contains("3 rounds"),
+            "{s}"
+        );
+        // One configuration only: no search.
+        assert_eq!(search(&rep, "duckdb"), "");
     }
 
     #[test]

@@ -1,5 +1,13 @@
-//! A throwaway PostgreSQL cluster: `initdb` into a temporary directory, the server on a Unix
-//! socket in that directory (no TCP), started (under `loci run`) and stopped by the harness.
+//! The PostgreSQL cluster of a scale factor: `initdb` into a cache directory, loaded once and
+//! reused by later invocations (loading SF 1 takes minutes, a session of the 22 queries well under
+//! one), the server on a Unix socket in that directory (no TCP), started (under `loci run`) and
+//! stopped by the harness.
+//!
+//! The cache is `/var/tmp/loci-tpch-postgres-UID/sfS` (under /var/tmp because, as root, the
+//! server user cannot reach root's home). `loaded.json` there names what was loaded (the scale
+//! factor, the server programs, the Parquet files' sizes and times, the driver's hash); a cluster
+//! is reused only when all of it matches, and is written only after a load that finished and a
+//! clean shutdown. An exclusive lock (`sfS.lock`, flock) keeps two invocations off one cluster.
 //!
 //! PostgreSQL refuses to run as root, so as root the cluster belongs to the `postgres` user of
 //! the Debian package (`nobody` where there is none) and every server command runs through
@@ -61,9 +69,15 @@ fn server_user() -> anyhow::Result<Option<(String, u32, u32)>> {
     bail!("running as root, but neither user postgres nor nobody exists to run PostgreSQL as")
 }
 
-/// An initialised cluster in a temporary directory (removed on drop).
+/// An initialised cluster in its cache directory, locked for this process while it lives.
 pub struct Cluster {
-    dir: tempfile::TempDir,
+    dir: PathBuf,
+    /// Held open for the flock; released when dropped.
+    _lock: std::fs::File,
+    /// Whether the tables are already loaded (a reused cluster).
+    loaded: bool,
+    /// What a load into this cluster holds (written to `loaded.json` by `mark_loaded`).
+    key: serde_json::Value,
     bin: PathBuf,
     user: Option<(String, u32, u32)>,
     /// `-c` settings of every server start.
@@ -71,31 +85,60 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// `initdb` a new cluster; its servers get `cpus` parallel workers and memory settings sized
-    /// to this machine's RAM.
-    pub fn init(cpus: usize) -> anyhow::Result<Self> {
+    /// The cluster of scale factor `sf` for the Parquet tables in `data`, loaded by the driver
+    /// script `driver`: the cached one when what it holds matches (and `reload` is false), else
+    /// a new one from `initdb` ([`Cluster::loaded`] tells which). Its servers get `cpus`
+    /// parallel workers and memory settings sized to this machine's RAM.
+    pub fn open(
+        sf: &str,
+        data: &Path,
+        driver: &Path,
+        reload: bool,
+        cpus: usize,
+    ) -> anyhow::Result<Self> {
         let bin = bin_dir()?;
         let user = server_user()?;
-        let dir = tempfile::Builder::new()
-            .prefix("loci-tpch-pg-")
-            .tempdir()
-            .context("creating the cluster's temporary directory")?;
-        if let Some((_, uid, gid)) = &user {
-            let p = CString::new(dir.path().as_os_str().as_encoded_bytes()).context("temp path")?;
-            // SAFETY: a NUL-terminated path; chown only changes the owner.
-            if unsafe { libc::chown(p.as_ptr(), *uid, *gid) } != 0 {
-                bail!(
-                    "chown {}: {}",
-                    dir.path().display(),
-                    std::io::Error::last_os_error()
-                );
+        let key = load_key(sf, &bin, data, driver)?;
+        // SAFETY: getuid has no preconditions.
+        let root = PathBuf::from(format!("/var/tmp/loci-tpch-postgres-{}", unsafe {
+            libc::getuid()
+        }));
+        std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+        let lock = lock(&root.join(format!("sf{sf}.lock")))?;
+        let dir = root.join(format!("sf{sf}"));
+        let key_file = dir.join(LOADED);
+        let cached = std::fs::read(&key_file)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+        let loaded = !reload && cached.as_ref() == Some(&key);
+        if loaded {
+            eprintln!(
+                "PostgreSQL sf {sf}: reusing the loaded cluster in {} (--reload loads it anew)",
+                dir.display()
+            );
+        } else {
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir)
+                    .with_context(|| format!("removing the stale cluster {}", dir.display()))?;
+            }
+            std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            if let Some((_, uid, gid)) = &user {
+                let p = CString::new(dir.as_os_str().as_encoded_bytes()).context("cache path")?;
+                // SAFETY: a NUL-terminated path; chown only changes the owner.
+                if unsafe { libc::chown(p.as_ptr(), *uid, *gid) } != 0 {
+                    bail!(
+                        "chown {}: {}",
+                        dir.display(),
+                        std::io::Error::last_os_error()
+                    );
+                }
             }
         }
         let ram = ram_bytes();
         let mb = |b: u64| format!("{}MB", b >> 20);
         let settings = vec![
             "listen_addresses=".to_string(),
-            format!("unix_socket_directories={}", dir.path().display()),
+            format!("unix_socket_directories={}", dir.display()),
             format!("port={PORT}"),
             // A scratch copy of generated data: durability off, load and checkpoints fast.
             "fsync=off".into(),
@@ -120,10 +163,16 @@ impl Cluster {
         ];
         let c = Cluster {
             dir,
+            _lock: lock,
+            loaded,
+            key,
             bin,
             user,
             settings,
         };
+        if loaded {
+            return Ok(c);
+        }
         let out = c
             .as_server_user(&c.bin.join("initdb"))
             .arg("-D")
@@ -148,13 +197,28 @@ impl Cluster {
         Ok(c)
     }
 
+    /// Whether the tables were loaded by an earlier invocation.
+    pub fn loaded(&self) -> bool {
+        self.loaded
+    }
+
+    /// Records that the load finished (call after the loading server stopped cleanly), so later
+    /// invocations that would load the same reuse the cluster.
+    pub fn mark_loaded(&mut self) -> anyhow::Result<()> {
+        let p = self.dir.join(LOADED);
+        std::fs::write(&p, serde_json::to_vec_pretty(&self.key)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+        self.loaded = true;
+        Ok(())
+    }
+
     /// The socket directory (also the cluster's root).
     pub fn socket_dir(&self) -> &Path {
-        self.dir.path()
+        &self.dir
     }
 
     fn data(&self) -> PathBuf {
-        self.dir.path().join("data")
+        self.dir.join("data")
     }
 
     /// The server user, when we are root.
@@ -204,7 +268,7 @@ impl Cluster {
             argv.push("-c".into());
             argv.push(s.into());
         }
-        let log = self.dir.path().join("server.log");
+        let log = self.dir.join("server.log");
         let logf = std::fs::File::create(&log).context("creating server.log")?;
         let child = Command::new(&argv[0])
             .args(&argv[1..])
@@ -231,7 +295,14 @@ impl Cluster {
                 return Ok(server);
             }
             if let Some(st) = server.child.try_wait()? {
-                bail!("PostgreSQL exited at start ({st}): {}", server.log_tail());
+                bail!(
+                    "PostgreSQL exited at start ({st}){}: {}",
+                    match self.loaded {
+                        true => " from the cached cluster (--reload loads it anew)",
+                        false => "",
+                    },
+                    server.log_tail()
+                );
             }
             if t0.elapsed() > Duration::from_secs(120) {
                 bail!("PostgreSQL not ready after 120 s: {}", server.log_tail());
@@ -239,6 +310,59 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// The file in a cluster's directory that says what was loaded into it.
+const LOADED: &str = "loaded.json";
+
+/// What a load holds: the scale factor, the server programs, each table file's size and
+/// modification time, and the driver's hash (its schema, load and indexes).
+fn load_key(sf: &str, bin: &Path, data: &Path, driver: &Path) -> anyhow::Result<serde_json::Value> {
+    let mut tables = serde_json::Map::new();
+    for t in super::data::TABLES {
+        let p = data.join(format!("{t}.parquet"));
+        let m = std::fs::metadata(&p).with_context(|| format!("reading {}", p.display()))?;
+        let mtime = m
+            .modified()?
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        tables.insert(t.into(), serde_json::json!([m.len(), mtime.to_string()]));
+    }
+    let script = std::fs::read(driver).with_context(|| format!("reading {}", driver.display()))?;
+    Ok(serde_json::json!({
+        "sf": sf,
+        "server": bin.display().to_string(),
+        "tables": tables,
+        "driver_blake3": blake3::hash(&script).to_hex().to_string(),
+    }))
+}
+
+/// `path` opened and locked exclusively (flock), waiting, with a note, while another process
+/// holds it.
+fn lock(path: &Path) -> anyhow::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a descriptor this function owns; it only takes an advisory lock.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        eprintln!(
+            "PostgreSQL: waiting for the other loci process that holds {}",
+            path.display()
+        );
+        // SAFETY: as above, blocking this time.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            bail!(
+                "locking {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    Ok(f)
 }
 
 /// A running server (stopped on drop).
