@@ -197,6 +197,7 @@ fn tpch_workload_measures_the_engine_through_the_bench() {
     assert!(
         line.starts_with("loci bench tpch --engines duckdb --sf 0.01 ")
             && line.contains(" --alloc ")
+            && line.contains(" --no-default ")
             && !line.contains("--json"),
         "{line}"
     );

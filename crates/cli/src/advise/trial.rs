@@ -183,6 +183,9 @@ impl Target {
                 "1",
                 "--warm",
                 "1",
+                // One configuration per trial: the bench would otherwise add and time the
+                // default beside it.
+                "--no-default",
             ]
             .map(OsString::from),
         );
@@ -341,6 +344,11 @@ fn report_time(path: &Path, geomean: bool) -> anyhow::Result<f64> {
     match times[..] {
         [] if geomean => bail!("{} has no `ENGINE geomean` row", path.display()),
         [] => bail!("{} has no `loci` row", path.display()),
+        [_, _, ..] if geomean => bail!(
+            "{} has {} `ENGINE geomean` rows: a trial must time one configuration of one engine",
+            path.display(),
+            times.len()
+        ),
         _ => Ok(times.iter().sum()),
     }
 }
@@ -458,6 +466,12 @@ mod tests {
             .push(loci_report::Row::from_times("duckdb", vec![0.25]).case("duckdb geomean"));
         r.write_json(&p).unwrap();
         assert_eq!(report_time(&p, true).unwrap(), 0.25);
+        // Two configurations' geomeans are not one trial's figure (they were once summed).
+        r.results
+            .push(loci_report::Row::from_times("duckdb", vec![0.5]).case("duckdb geomean"));
+        r.write_json(&p).unwrap();
+        let e = report_time(&p, true).unwrap_err().to_string();
+        assert!(e.contains("2 `ENGINE geomean` rows"), "{e}");
         assert!(report_time(&p, false)
             .unwrap_err()
             .to_string()

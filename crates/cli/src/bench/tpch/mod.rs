@@ -55,6 +55,11 @@ pub struct TpchArgs {
     /// Untimed runs of each query before its timed run, in every engine session.
     #[arg(long, default_value_t = 1)]
     pub warm: usize,
+    /// Run only the configurations the knob lists make. Without it the engine's default
+    /// configuration (glibc, os, first-touch, system THP) is added and run first, so every row
+    /// has a ratio to it; `loci advise` passes this to time exactly one configuration per trial.
+    #[arg(long)]
+    pub no_default: bool,
     /// PostgreSQL: load the scale factor's cluster anew instead of reusing the one an earlier
     /// run loaded (kept in /var/tmp/loci-tpch-postgres-UID/sfS).
     #[arg(long)]
@@ -112,7 +117,7 @@ impl Config {
 }
 
 /// Every combination of the knob lists, the default configuration first (added when the lists
-/// leave it out, so every engine has its baseline). Each value is checked here against the
+/// leave it out, so every engine has its baseline, unless `--no-default`). Each value is checked here against the
 /// vocabulary `loci run` takes, so a typo fails before any engine starts.
 fn configs(a: &TpchArgs) -> anyhow::Result<Vec<Config>> {
     for x in &a.matrix.alloc {
@@ -132,7 +137,10 @@ fn configs(a: &TpchArgs) -> anyhow::Result<Vec<Config>> {
             bail!("--thp {x}: unknown; valid: default, on, off");
         }
     }
-    let mut out = vec![Config::default_config()];
+    let mut out = match a.no_default {
+        true => vec![],
+        false => vec![Config::default_config()],
+    };
     let m = &a.matrix;
     for [alloc, threads, mem, thp] in
         crate::run_cmd::product4([&m.alloc, &m.threads, &m.mem, &a.thp])
@@ -708,6 +716,10 @@ mod tests {
         assert_eq!(s[0], "run");
         assert_eq!(s.last().map(String::as_str), Some("--"));
         assert!(configs(&args("--mem nowhere")).is_err());
+        // --no-default: exactly the listed combinations.
+        let c = configs(&args("--alloc jemalloc --no-default")).unwrap();
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].alloc, "jemalloc");
     }
 
     #[test]
