@@ -113,3 +113,27 @@ pub fn scheduler(topo: &Topology, policy: crate::Policy) -> crate::Scheduler {
     };
     crate::Scheduler::new(topo, config).expect("a scheduler over a fixture topology")
 }
+
+/// [`scheduler`] with `policy` over [`grid`]`(nodes, groups, cpus_per_group)`.
+pub fn grid_scheduler(
+    policy: crate::Policy,
+    (nodes, groups, cpus_per_group): (u32, u32, u32),
+) -> crate::Scheduler {
+    scheduler(&grid(nodes, groups, cpus_per_group), policy)
+}
+
+/// Runs `f`, a test that provokes panics and catches them, with panic messages silenced; puts
+/// the previous panic hook back after it. Should `f` itself panic (a failed assertion), that
+/// panic goes on with its message once the hook is back, so that the failure says why.
+pub fn without_panic_messages<R>(f: impl FnOnce() -> R) -> R {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    std::panic::set_hook(previous);
+    r.unwrap_or_else(|p| panic!("{}", panic_message(&*p)))
+}
+
+/// The message of a caught panic's payload (a `&str` or `String`).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    crate::runtime::panic_message(payload)
+}

@@ -5,21 +5,17 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use loci_sched::{fixtures, Policy, Scheduler};
+use loci_sched::fixtures::{self, grid_scheduler};
+use loci_sched::Policy;
 
 const POLICIES: [Policy; 3] = [Policy::Las, Policy::Nls, Policy::Unpinned];
-
-/// `policy` over `fixtures::grid(nodes, groups, cpus)`, no affinity.
-fn sched(policy: Policy, grid: (u32, u32, u32)) -> Scheduler {
-    fixtures::scheduler(&fixtures::grid(grid.0, grid.1, grid.2), policy)
-}
 
 #[test]
 fn every_index_runs_exactly_once_with_few_joins() {
     const N: u64 = 1 << 18;
     for policy in POLICIES {
         for grid in [(1, 1, 1), (1, 1, 2), (2, 2, 2)] {
-            let s = sched(policy, grid);
+            let s = grid_scheduler(policy, grid);
             let hits: Vec<AtomicU8> = (0..N + 8).map(|_| AtomicU8::new(0)).collect();
             for range in [0..0, 7..7, 5..6, 3..5, 0..1000, 8..N] {
                 let before = s.stats();
@@ -54,7 +50,7 @@ fn every_index_runs_exactly_once_with_few_joins() {
 
 #[test]
 fn one_worker_cuts_eight_pieces_and_runs_them_as_loops_in_order() {
-    let s = sched(Policy::Las, (1, 1, 1));
+    let s = grid_scheduler(Policy::Las, (1, 1, 1));
     let before = s.stats();
     let order = std::sync::Mutex::new(Vec::new());
     s.run(|ctx| ctx.for_each(0..100, |_, i| order.lock().unwrap().push(i)))
@@ -70,7 +66,7 @@ fn one_worker_cuts_eight_pieces_and_runs_them_as_loops_in_order() {
 #[test]
 fn an_idle_worker_takes_the_other_half() {
     for policy in POLICIES {
-        let s = sched(policy, (1, 1, 2));
+        let s = grid_scheduler(policy, (1, 1, 2));
         let second_half_started = AtomicBool::new(false);
         let workers: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(usize::MAX)).collect();
         let waited = AtomicBool::new(true);
@@ -109,37 +105,31 @@ fn an_idle_worker_takes_the_other_half() {
 
 #[test]
 fn a_panic_reaches_the_caller_after_the_other_indices_ran() {
-    let quiet = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    for grid in [(1, 1, 1), (1, 1, 2)] {
-        let s = sched(Policy::Las, grid);
-        let ran = AtomicUsize::new(0);
-        let r = catch_unwind(AssertUnwindSafe(|| {
+    fixtures::without_panic_messages(|| {
+        for grid in [(1, 1, 1), (1, 1, 2)] {
+            let s = grid_scheduler(Policy::Las, grid);
+            let ran = AtomicUsize::new(0);
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                s.run(|ctx| {
+                    ctx.for_each(0..1000, |_, i| {
+                        assert!(i != 700, "index 700");
+                        ran.fetch_add(1, Ordering::Relaxed);
+                    })
+                })
+            }));
+            let p = r.expect_err("the panic reaches the caller");
+            assert_eq!(fixtures::panic_message(&*p), "index 700", "{grid:?}");
+            // Every piece that did not contain index 700 ran to its end: at least the first half.
+            assert!(ran.load(Ordering::Relaxed) >= 500, "{grid:?}");
+            // The scheduler is still usable.
+            let sum = AtomicUsize::new(0);
             s.run(|ctx| {
-                ctx.for_each(0..1000, |_, i| {
-                    assert!(i != 700, "index 700");
-                    ran.fetch_add(1, Ordering::Relaxed);
+                ctx.for_each(0..100, |_, i| {
+                    sum.fetch_add(i as usize, Ordering::Relaxed);
                 })
             })
-        }));
-        let p = r.expect_err("the panic reaches the caller");
-        let msg = p
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default();
-        assert_eq!(msg, "index 700", "{grid:?}");
-        // Every piece that did not contain index 700 ran to its end: at least the first half.
-        assert!(ran.load(Ordering::Relaxed) >= 500, "{grid:?}");
-        // The scheduler is still usable.
-        let sum = AtomicUsize::new(0);
-        s.run(|ctx| {
-            ctx.for_each(0..100, |_, i| {
-                sum.fetch_add(i as usize, Ordering::Relaxed);
-            })
-        })
-        .unwrap();
-        assert_eq!(sum.load(Ordering::Relaxed), 4950);
-    }
-    std::panic::set_hook(quiet);
+            .unwrap();
+            assert_eq!(sum.load(Ordering::Relaxed), 4950);
+        }
+    });
 }

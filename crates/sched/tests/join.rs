@@ -7,14 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use loci_sched::{fixtures, Ctx, Policy, RequestError, Scheduler, Stats};
+use loci_sched::fixtures::{self, grid_scheduler};
+use loci_sched::{Ctx, Policy, RequestError, Stats};
 
 const POLICIES: [Policy; 3] = [Policy::Las, Policy::Nls, Policy::Unpinned];
-
-/// `policy` over `fixtures::grid(nodes, groups, cpus)`, no affinity.
-fn sched(policy: Policy, grid: (u32, u32, u32)) -> Scheduler {
-    fixtures::scheduler(&fixtures::grid(grid.0, grid.1, grid.2), policy)
-}
 
 /// The sum of `lo..hi` by halving the range down to single numbers with joins.
 fn range_sum(ctx: &Ctx, lo: u64, hi: u64) -> u64 {
@@ -62,7 +58,7 @@ fn wait_for(flag: &AtomicBool) -> bool {
 #[test]
 fn deep_and_unbalanced_join_trees_give_the_sequential_result() {
     for policy in POLICIES {
-        let s = sched(policy, (2, 2, 2));
+        let s = grid_scheduler(policy, (2, 2, 2));
         let before = s.stats();
         for n in [1u64, 2, 3, 1000, 1 << 17] {
             let got = s.run(|ctx| range_sum(ctx, 0, n)).unwrap();
@@ -101,7 +97,7 @@ fn check_accounting(st: &Stats, policy: Policy) {
 #[test]
 fn both_paths_are_taken_and_counted() {
     // A second half that is stolen: the first half waits until another worker ran it.
-    let s = sched(Policy::Las, (1, 1, 2));
+    let s = grid_scheduler(Policy::Las, (1, 1, 2));
     let before = s.stats();
     let (stolen, (me, thief)) = s
         .run(|ctx| {
@@ -129,7 +125,7 @@ fn both_paths_are_taken_and_counted() {
     check_accounting(&st, Policy::Las);
 
     // A second half popped back: on one worker nobody can steal it.
-    let one = sched(Policy::Las, (1, 1, 1));
+    let one = grid_scheduler(Policy::Las, (1, 1, 1));
     let before = one.stats();
     assert_eq!(
         one.run(|ctx| range_sum(ctx, 0, 1 << 12)).unwrap(),
@@ -140,72 +136,64 @@ fn both_paths_are_taken_and_counted() {
     check_accounting(&st, Policy::Las);
 }
 
-fn message(p: Box<dyn std::any::Any + Send>) -> String {
-    match p.downcast::<String>() {
-        Ok(s) => *s,
-        Err(p) => p.downcast_ref::<&str>().map_or("?", |s| s).to_string(),
-    }
-}
-
 #[test]
 fn panics_propagate_after_both_halves_finish() {
-    let quiet = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    for grid in [(1, 1, 1), (1, 1, 2)] {
-        let s = sched(Policy::Las, grid);
-        for (a_panics, b_panics) in [(true, false), (false, true), (true, true)] {
-            let (ran_a, ran_b) = (AtomicBool::new(false), AtomicBool::new(false));
-            let r = catch_unwind(AssertUnwindSafe(|| {
-                s.run(|ctx| {
-                    ctx.join(
-                        |_| {
-                            ran_a.store(true, Ordering::Relaxed);
-                            assert!(!a_panics, "first half");
-                        },
-                        |_| {
-                            std::thread::sleep(Duration::from_millis(1));
-                            ran_b.store(true, Ordering::Relaxed);
-                            assert!(!b_panics, "second half");
-                        },
-                    )
-                })
-            }));
-            let msg = message(r.expect_err("the panic reaches the caller"));
-            let want = if a_panics {
-                "first half"
-            } else {
-                "second half"
-            };
-            assert_eq!(msg, want, "{grid:?}");
-            assert!(ran_a.load(Ordering::Relaxed) && ran_b.load(Ordering::Relaxed));
+    fixtures::without_panic_messages(|| {
+        for grid in [(1, 1, 1), (1, 1, 2)] {
+            let s = grid_scheduler(Policy::Las, grid);
+            for (a_panics, b_panics) in [(true, false), (false, true), (true, true)] {
+                let (ran_a, ran_b) = (AtomicBool::new(false), AtomicBool::new(false));
+                let r = catch_unwind(AssertUnwindSafe(|| {
+                    s.run(|ctx| {
+                        ctx.join(
+                            |_| {
+                                ran_a.store(true, Ordering::Relaxed);
+                                assert!(!a_panics, "first half");
+                            },
+                            |_| {
+                                std::thread::sleep(Duration::from_millis(1));
+                                ran_b.store(true, Ordering::Relaxed);
+                                assert!(!b_panics, "second half");
+                            },
+                        )
+                    })
+                }));
+                let msg = fixtures::panic_message(&*r.expect_err("the panic reaches the caller"));
+                let want = if a_panics {
+                    "first half"
+                } else {
+                    "second half"
+                };
+                assert_eq!(msg, want, "{grid:?}");
+                assert!(ran_a.load(Ordering::Relaxed) && ran_b.load(Ordering::Relaxed));
+            }
+            // A stolen half's panic reaches the joiner, and an uncaught one fails the request only.
+            let started = Arc::new(AtomicBool::new(false));
+            let st2 = started.clone();
+            let h = s.submit(move |ctx| {
+                let st3 = st2.clone();
+                ctx.join(
+                    move |_| grid.2 == 1 || wait_for(&st2),
+                    move |_| {
+                        st3.store(true, Ordering::Release);
+                        panic!("stolen half")
+                    },
+                )
+            });
+            match h.wait() {
+                Err(RequestError::Panicked { message, .. }) => assert_eq!(message, "stolen half"),
+                other => panic!("{grid:?}: expected the request to fail, got {other:?}"),
+            }
+            assert!(started.load(Ordering::Relaxed));
+            assert_eq!(s.run(|ctx| range_sum(ctx, 0, 100)).unwrap(), 4950);
         }
-        // A stolen half's panic reaches the joiner, and an uncaught one fails the request only.
-        let started = Arc::new(AtomicBool::new(false));
-        let st2 = started.clone();
-        let h = s.submit(move |ctx| {
-            let st3 = st2.clone();
-            ctx.join(
-                move |_| grid.2 == 1 || wait_for(&st2),
-                move |_| {
-                    st3.store(true, Ordering::Release);
-                    panic!("stolen half")
-                },
-            )
-        });
-        match h.wait() {
-            Err(RequestError::Panicked { message, .. }) => assert_eq!(message, "stolen half"),
-            other => panic!("{grid:?}: expected the request to fail, got {other:?}"),
-        }
-        assert!(started.load(Ordering::Relaxed));
-        assert_eq!(s.run(|ctx| range_sum(ctx, 0, 100)).unwrap(), 4950);
-    }
-    std::panic::set_hook(quiet);
+    });
 }
 
 #[test]
 fn joins_from_many_tasks_and_requests_at_once() {
     for policy in POLICIES {
-        let s = sched(policy, (2, 2, 2));
+        let s = grid_scheduler(policy, (2, 2, 2));
         let before = s.stats();
         let handles: Vec<_> = (0..16u64)
             .map(|r| {
@@ -252,7 +240,7 @@ fn joins_from_many_tasks_and_requests_at_once() {
 #[test]
 fn joins_while_other_requests_run() {
     for policy in POLICIES {
-        let s = sched(policy, (2, 1, 2));
+        let s = grid_scheduler(policy, (2, 1, 2));
         let before = s.stats();
         let ran = Arc::new(AtomicUsize::new(0));
         // Requests of slow deferred and immediate tasks, which a waiting joiner may run.

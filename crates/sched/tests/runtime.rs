@@ -23,11 +23,6 @@ fn unpinned(policy: Policy) -> Config {
     }
 }
 
-/// A scheduler over `fixtures::grid(nodes, groups, cpus)` with `policy` and no affinity.
-fn on_grid(nodes: u32, groups: u32, cpus: u32, policy: Policy) -> Scheduler {
-    fixtures::scheduler(&fixtures::grid(nodes, groups, cpus), policy)
-}
-
 /// LAS on 4 nodes of one cpu each, with loci's rule 4 (`migrate_requests`) or the seed's.
 fn four_nodes(migrate_requests: bool) -> Scheduler {
     let config = Config {
@@ -49,7 +44,7 @@ const POLICIES: [Policy; 3] = [Policy::Las, Policy::Nls, Policy::Unpinned];
 #[test]
 fn a_panicking_task_fails_its_request_not_the_pool() {
     for policy in POLICIES {
-        let s = on_grid(2, 1, 2, policy);
+        let s = fixtures::grid_scheduler(policy, (2, 1, 2));
         let bad = s.submit(|ctx| {
             for i in 0..10 {
                 ctx.spawn_deferred(move |_| {
@@ -94,7 +89,7 @@ fn request_ids_are_sequential_and_results_match_the_sequential_baseline() {
         buffer_bytes: 4096,
     };
     for policy in POLICIES {
-        let s = on_grid(2, 2, 2, policy);
+        let s = fixtures::grid_scheduler(policy, (2, 2, 2));
         let ids: Vec<u64> = (0..5).map(|_| s.submit(|_| ()).id()).collect();
         assert_eq!(ids, vec![0, 1, 2, 3, 4]);
         let recs = run_pipelines(&s, 6, spec, None).unwrap();
@@ -123,7 +118,7 @@ fn pipelines_into_caller_slots_check_every_checksum() {
     );
     let mut expected: Vec<u64> = (0..4).map(|s| pipeline_expected(s, spec)).collect();
     for policy in POLICIES {
-        let s = on_grid(2, 1, 2, policy);
+        let s = fixtures::grid_scheduler(policy, (2, 1, 2));
         // Twice on the same slots: each run starts from zero.
         for _ in 0..2 {
             run_pipelines_into(&s, spec, accs, &expected).unwrap();
@@ -132,7 +127,7 @@ fn pipelines_into_caller_slots_check_every_checksum() {
         assert_eq!(st.tasks, 2 * 4 * (1 + 3 * 5 * 3), "{policy:?}");
     }
     // A wrong checksum is reported with its request's seed.
-    let s = on_grid(1, 1, 2, Policy::Las);
+    let s = fixtures::grid_scheduler(Policy::Las, (1, 1, 2));
     expected[2] ^= 1;
     let err = run_pipelines_into(&s, spec, accs, &expected).unwrap_err();
     assert!(err.contains("seed 2"), "{err}");
@@ -143,7 +138,7 @@ fn pipelines_into_caller_slots_check_every_checksum() {
 #[test]
 fn counters_add_up() {
     for policy in POLICIES {
-        let s = on_grid(2, 2, 1, policy);
+        let s = fixtures::grid_scheduler(policy, (2, 2, 1));
         let before = s.stats();
         s.submit(|ctx| tree(ctx, 20_000)).wait().unwrap();
         let st = s.stats().since(&before);
@@ -205,7 +200,7 @@ fn task_finished_hook_runs_once_per_task_on_the_worker() {
 
 #[test]
 fn scopes_borrow_nest_and_reraise_panics() {
-    let s = on_grid(2, 1, 2, Policy::Las);
+    let s = fixtures::grid_scheduler(Policy::Las, (2, 1, 2));
     let r = s
         .submit(|ctx| {
             let mut v = vec![0u64; 64];
@@ -242,7 +237,7 @@ fn scopes_borrow_nest_and_reraise_panics() {
 
 #[test]
 fn morsels_run_on_their_home_node_group() {
-    let s = on_grid(2, 1, 2, Policy::Las);
+    let s = fixtures::grid_scheduler(Policy::Las, (2, 1, 2));
     let wrong = s
         .submit(|ctx| {
             let wrong = AtomicUsize::new(0);
@@ -290,7 +285,7 @@ fn morsels_run_on_their_home_node_group() {
 
 #[test]
 fn waiting_inside_a_worker_is_refused() {
-    let s = Arc::new(on_grid(1, 1, 1, Policy::Las));
+    let s = Arc::new(fixtures::grid_scheduler(Policy::Las, (1, 1, 1)));
     let s2 = s.clone();
     let r = s
         .submit(move |_| {
@@ -311,7 +306,7 @@ fn waiting_inside_a_worker_is_refused() {
 #[test]
 fn run_borrows_waits_and_reports_panics() {
     for policy in POLICIES {
-        let s = Arc::new(on_grid(2, 1, 2, policy));
+        let s = Arc::new(fixtures::grid_scheduler(policy, (2, 1, 2)));
         let mut cells = vec![0u64; 1000];
         let words = ["a", "bb", "ccc"];
         let longest = s
@@ -440,7 +435,7 @@ fn bad_affinity_is_an_error_not_a_panic() {
 fn dropping_the_scheduler_finishes_queued_work() {
     let n = Arc::new(AtomicU64::new(0));
     {
-        let s = on_grid(1, 2, 1, Policy::Las);
+        let s = fixtures::grid_scheduler(Policy::Las, (1, 2, 1));
         for _ in 0..8 {
             let n = n.clone();
             let _h = s.submit(move |ctx| {
@@ -472,7 +467,7 @@ fn deeply_nested_scopes_complete() {
         a + b
     }
     for policy in POLICIES {
-        let s = on_grid(1, 1, 1, policy);
+        let s = fixtures::grid_scheduler(policy, (1, 1, 1));
         assert_eq!(s.submit(|ctx| nest(ctx, 300)).wait().unwrap(), 301);
     }
 }

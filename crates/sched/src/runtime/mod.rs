@@ -64,6 +64,7 @@ mod task;
 mod worker;
 
 pub use ctx::Ctx;
+pub(crate) use request::panic_message;
 pub use request::{RequestError, RequestHandle, RequestOptions};
 pub use scheduler::Scheduler;
 pub use scope::Scope;

@@ -70,7 +70,8 @@ impl RequestState {
     }
 }
 
-pub(super) fn panic_message(p: &(dyn Any + Send)) -> String {
+/// The message of a panic payload (a `&str` or `String`; a fixed text for any other payload).
+pub(crate) fn panic_message(p: &(dyn Any + Send)) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         (*s).to_string()
     } else if let Some(s) = p.downcast_ref::<String>() {
