@@ -10,7 +10,7 @@ use std::process::Command;
 use serde_json::Value;
 
 mod common;
-use common::loci;
+use common::{loci, loci_report};
 
 /// The directory holding the built `loci` (target/release), where libloci_malloc.so belongs.
 fn bin_dir() -> PathBuf {
@@ -25,6 +25,19 @@ fn on_path(prog: &str) -> bool {
         .args(["-c", &format!("command -v {prog}")])
         .output()
         .is_ok_and(|o| o.status.success())
+}
+
+/// The names of `choices` (name, what it needs) whose need is `present`; a note for each other.
+fn installed<'a>(choices: &[(&'a str, &str)], present: impl Fn(&str) -> bool) -> Vec<&'a str> {
+    let mut v = Vec::new();
+    for &(name, need) in choices {
+        if present(need) {
+            v.push(name);
+        } else {
+            println!("note: {need} not installed (scripts/install-deps): {name} not checked");
+        }
+    }
+    v
 }
 
 /// libloci_malloc.so next to `loci`, built when absent (the bench would skip the loci column).
@@ -50,19 +63,14 @@ fn available_allocators() -> Vec<&'static str> {
         "/usr/local/lib".into(),
     ];
     let found = |f: &str| dirs.iter().any(|d| Path::new(d).join(f).exists());
-    let mut v = vec!["glibc"];
-    for (name, file) in [
+    let preloads = [
         ("jemalloc", "libjemalloc.so.2"),
         ("tcmalloc", "libtcmalloc_minimal.so.4"),
         ("tbbmalloc", "libtbbmalloc_proxy.so.2"),
         ("mimalloc", "libmimalloc.so.2"),
-    ] {
-        if found(file) {
-            v.push(name);
-        } else {
-            println!("note: {file} not installed (scripts/install-deps): {name} not checked");
-        }
-    }
+    ];
+    let mut v = vec!["glibc"];
+    v.extend(installed(&preloads, found));
     v.push("loci");
     v
 }
@@ -82,18 +90,12 @@ fn duckdb_venv() -> bool {
 #[test]
 fn every_program_gives_the_same_answer_under_every_allocator() {
     ensure_loci_lib();
-    let mut programs = Vec::new();
-    for (p, tool) in [
+    let tools = [
         ("sqlite3", "sqlite3"),
         ("python3", "python3"),
         ("cxx", "g++"),
-    ] {
-        if on_path(tool) {
-            programs.push(p);
-        } else {
-            println!("note: {tool} not installed: program {p} not checked");
-        }
-    }
+    ];
+    let mut programs = installed(&tools, on_path);
     if duckdb_venv() {
         programs.push("duckdb-tpch");
     } else {
@@ -105,23 +107,8 @@ fn every_program_gives_the_same_answer_under_every_allocator() {
         );
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("programs.json");
     let list = programs.join(",");
-    let (ok, out, err) = loci(&[
-        "bench",
-        "alloc",
-        "--programs",
-        "--quick",
-        "--reps",
-        "1",
-        "--program",
-        &list,
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    assert!(ok, "bench failed: {err}");
-    let rep: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (out, rep) = quick_programs(&["--program", &list]);
     assert_eq!(rep["workload"], "alloc");
     assert_eq!(
         rep["params"]["failures"].as_object().map(|o| o.len()),
@@ -175,30 +162,24 @@ fn every_program_gives_the_same_answer_under_every_allocator() {
     }
 }
 
-/// `loci bench alloc --programs --quick` of sqlite3 alone, on glibc and on `lib` as loci's
-/// library: its stdout and its JSON report.
+/// `loci bench alloc --programs --quick --reps 1 ARGS`: its stdout and its JSON report.
+fn quick_programs(args: &[&str]) -> (String, Value) {
+    let mut all = vec!["bench", "alloc", "--programs", "--quick", "--reps", "1"];
+    all.extend_from_slice(args);
+    loci_report(&all)
+}
+
+/// [`quick_programs`] of sqlite3 alone, on glibc and on `lib` as loci's library.
 fn sqlite3_glibc_and(lib: &Path) -> (String, Value) {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("r.json");
-    let (ok, out, err) = loci(&[
-        "bench",
-        "alloc",
-        "--programs",
-        "--quick",
-        "--reps",
-        "1",
+    let lib = lib.to_str().unwrap();
+    quick_programs(&[
         "--program",
         "sqlite3",
         "--peers",
         "glibc,loci",
         "--loci-lib",
-        lib.to_str().unwrap(),
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
-    let rep = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    (out, rep)
+        lib,
+    ])
 }
 
 #[test]

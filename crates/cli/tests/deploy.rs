@@ -9,15 +9,13 @@ use std::time::Duration;
 use serde_json::Value;
 
 mod common;
-use common::{all_verified, loci, pids, Manifest};
+use common::{all_verified, loci, loci_json, pids, Manifest};
 
 /// A dry run's manifest.
 fn plan(args: &[&str]) -> Value {
     let mut all = vec!["deploy", "--dry-run", "--json"];
     all.extend_from_slice(args);
-    let (ok, out, err) = loci(&all);
-    assert!(ok, "{all:?}: {err}");
-    serde_json::from_str(&out).unwrap()
+    loci_json(&all)
 }
 
 fn strs(v: &Value, key: &str) -> Vec<String> {

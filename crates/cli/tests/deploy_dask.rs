@@ -6,50 +6,23 @@
 //! network namespaces standing for two machines, the second joining the first's scheduler.
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 
 mod common;
-use common::{all_verified, loci, pids, Manifest};
-
-/// The repository root (crates/cli/../..).
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .unwrap()
-}
-
-/// The venv's Python once `bench/peers/setup --dask` has installed the Dask set; `None` (with a
-/// note) when it cannot be installed here. Installed once per test binary (tests run in parallel,
-/// and two pip runs must not share the venv).
-fn dask_python() -> Option<PathBuf> {
-    static PY: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
-    let py = PY.get_or_init(|| {
-        let ok = Command::new(root().join("bench/peers/setup"))
-            .arg("--dask")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        let venv = root().join("bench/peers/.venv/bin");
-        (ok && venv.join("dask").is_file()).then(|| venv.join("python"))
-    });
-    if py.is_none() {
-        eprintln!("NOTE: skipped: bench/peers/setup --dask (dask[dataframe], distributed from PyPI) could not install Dask here");
-    }
-    py.clone()
-}
+use common::{
+    all_verified, dask_python, loci, loci_json, loci_report, output_of, pids, repo_root, Manifest,
+    Netns,
+};
 
 /// A dry run's manifest.
 fn plan(args: &[&str]) -> Value {
     let mut all = vec!["deploy", "dask", "--dry-run", "--json"];
     all.extend_from_slice(args);
-    let (ok, out, err) = loci(&all);
-    assert!(ok, "{all:?}: {err}");
-    serde_json::from_str(&out).unwrap()
+    loci_json(&all)
 }
 
 fn words(v: &Value) -> Vec<String> {
@@ -298,7 +271,7 @@ impl Drop for Deploy {
 /// bench/deploy/deploy.py check against `scheduler` (in `netns` if set): the cluster's workers
 /// and its answers next to pandas' on the same data.
 fn check(py: &Path, netns: Option<&str>, scheduler: &str, workers: usize) -> Value {
-    let driver = root().join("bench/deploy/deploy.py");
+    let driver = repo_root().join("bench/deploy/deploy.py");
     let mut cmd = match netns {
         Some(ns) => {
             let mut c = Command::new("ip");
@@ -307,8 +280,7 @@ fn check(py: &Path, netns: Option<&str>, scheduler: &str, workers: usize) -> Val
         }
         None => Command::new(py),
     };
-    let out = cmd
-        .arg(driver)
+    cmd.arg(driver)
         .args([
             "check",
             "--scheduler",
@@ -317,15 +289,9 @@ fn check(py: &Path, netns: Option<&str>, scheduler: &str, workers: usize) -> Val
             &workers.to_string(),
         ])
         .args(["--rows", "200000", "--parts", "6", "--wait", "90"])
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "deploy.py check failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    let out = output_of(&mut cmd).unwrap_or_else(|e| panic!("deploy.py check: {e}"));
+    serde_json::from_slice(&out).unwrap()
 }
 
 /// Both workloads right and every worker answered its pinned task; the workers' names.
@@ -442,65 +408,10 @@ fn wic_cluster_computes_restarts_the_killed_worker_alone_and_stops() {
     }
 }
 
-/// Two network namespaces joined by a veth pair (no delay or loss), deleted on drop.
-struct Netns {
-    names: [String; 2],
-    ips: [String; 2],
-}
-
-impl Netns {
-    fn new() -> Result<Netns, String> {
-        let id = std::process::id() % 10000;
-        let names = [format!("lociDa{id}"), format!("lociDb{id}")];
-        let (va, vb) = (format!("ldA{id}"), format!("ldB{id}"));
-        let sub = 100 + id % 100;
-        let ips = [format!("10.232.{sub}.1"), format!("10.232.{sub}.2")];
-        let ns = Netns {
-            names: names.clone(),
-            ips: ips.clone(),
-        };
-        let sh = |args: &[&str]| -> Result<(), String> {
-            let out = Command::new("ip")
-                .args(args)
-                .output()
-                .map_err(|e| format!("ip: {e}"))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "ip {}: {}",
-                    args.join(" "),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ))
-            }
-        };
-        for n in &names {
-            sh(&["netns", "add", n])?;
-        }
-        sh(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
-        for (k, v) in [&va, &vb].into_iter().enumerate() {
-            let n = &names[k];
-            sh(&["link", "set", v, "netns", n])?;
-            sh(&["-n", n, "addr", "add", &format!("{}/24", ips[k]), "dev", v])?;
-            sh(&["-n", n, "link", "set", v, "up"])?;
-            sh(&["-n", n, "link", "set", "lo", "up"])?;
-        }
-        Ok(ns)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for n in &self.names {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-        }
-    }
-}
-
 #[test]
 fn two_namespaces_standing_for_two_machines_form_one_cluster() {
     let Some(py) = dask_python() else { return };
-    let ns = match Netns::new() {
+    let ns = match Netns::new("D", 232) {
         Ok(n) => n,
         Err(e) => {
             eprintln!("NOTE: skipped: creating network namespaces needs root and iproute2 ({e})");
@@ -566,10 +477,8 @@ fn bench_deploy_answers_alike_under_every_design() {
     if dask_python().is_none() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("deploy.json");
     let port = free_ports(8).to_string();
-    let (ok, out, err) = loci(&[
+    let (out, rep) = loci_report(&[
         "bench",
         "deploy",
         "--quick",
@@ -579,11 +488,7 @@ fn bench_deploy_answers_alike_under_every_design() {
         "0",
         "--scheduler-port",
         &port,
-        "--json",
-        json.to_str().unwrap(),
     ]);
-    assert!(ok, "{out}{err}");
-    let rep: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(rep["workload"], "deploy");
     let rows = rep["results"].as_array().unwrap();
     for d in ["wim", "win", "wic"] {

@@ -25,6 +25,7 @@
 //! run inside a NUMA VM whose Debian kernel loads sch_netem (`tests/vm.rs`, the VM step of
 //! `scripts/test`).
 
+mod common;
 mod faults;
 
 use faults::mitm::{mitm, Attack, Mode, Persist};

@@ -4,7 +4,7 @@ use loci_topo::json::{CACHE_KEYS, CPU_KEYS, NODE_KEYS, TOP_KEYS};
 use serde_json::Value;
 
 mod common;
-use common::loci;
+use common::{loci, loci_json};
 
 fn keys(v: &Value) -> Vec<&str> {
     let mut k: Vec<&str> = v.as_object().unwrap().keys().map(|s| s.as_str()).collect();
@@ -14,9 +14,7 @@ fn keys(v: &Value) -> Vec<&str> {
 
 #[test]
 fn json_of_this_machine_follows_the_schema() {
-    let (ok, out, err) = loci(&["topo", "--json"]);
-    assert!(ok, "{err}");
-    let v: Value = serde_json::from_str(&out).unwrap();
+    let v = loci_json(&["topo", "--json"]);
     assert_eq!(keys(&v), TOP_KEYS);
     assert!(v["notes"].is_array());
     assert_eq!(v["source"], "sysfs:/");
@@ -63,9 +61,7 @@ fn json_of_this_machine_follows_the_schema() {
 
 #[test]
 fn opteron_preset_has_ladder_distances() {
-    let (ok, out, err) = loci(&["topo", "--preset", "opteron-8220-8s", "--json"]);
-    assert!(ok, "{err}");
-    let v: Value = serde_json::from_str(&out).unwrap();
+    let v = loci_json(&["topo", "--preset", "opteron-8220-8s", "--json"]);
     assert_eq!(v["source"], "preset:opteron-8220-8s");
     let nodes = v["nodes"].as_array().unwrap();
     assert_eq!(nodes.len(), 8);
@@ -86,9 +82,7 @@ fn opteron_preset_has_ladder_distances() {
 
 #[test]
 fn cpuless_node_has_empty_cpu_string() {
-    let (ok, out, err) = loci(&["topo", "--synthetic", "nodes=2,cores=2,cpuless=1", "--json"]);
-    assert!(ok, "{err}");
-    let v: Value = serde_json::from_str(&out).unwrap();
+    let v = loci_json(&["topo", "--synthetic", "nodes=2,cores=2,cpuless=1", "--json"]);
     assert_eq!(v["nodes"][1]["cpus"], "");
     assert_eq!(v["nodes"][0]["cpus"], "0-1");
 }

@@ -19,6 +19,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 mod advise_vm;
+mod common;
 mod deploy_vm;
 #[path = "deploy_vm/dask.rs"]
 mod deploy_vm_dask;

@@ -9,11 +9,12 @@
 //! and the group-by and join answers equal pandas' and those of a WIM deployment. On `cpuless`,
 //! only the nodes with cpus get workers.
 
-use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
 
+use super::common::{dask_python, repo_root};
+use super::deploy_vm::{assert_win_instance, nodes_with_cpus};
 use super::{loci_vm as vm, run_script as run, tagged_json as tagged};
 
 /// Deploys `design` in the VM, waits for $2 workers, answers both workloads with
@@ -41,56 +42,20 @@ cluster win "$WIN_WORKERS"
 if [ -n "$WITH_WIM" ]; then cluster wim 1; fi
 "#;
 
-/// The Dask venv's Python on the host, or `None` (with a note) when it cannot be installed;
-/// installed once per test binary (two pip runs must not share the venv).
-fn venv() -> Option<std::path::PathBuf> {
-    static PY: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
-    let py = PY.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .ancestors()
-            .nth(2)
-            .unwrap();
-        let ok = std::process::Command::new(root.join("bench/peers/setup"))
-            .arg("--dask")
-            .stdout(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        let bin = root.join("bench/peers/.venv/bin");
-        (ok && bin.join("dask").is_file()).then(|| bin.join("python"))
-    });
-    if py.is_none() {
-        eprintln!("NOTE: skipped: bench/peers/setup --dask could not install Dask on the host");
-    }
-    py.clone()
-}
-
-fn cpus(v: &Value) -> loci_topo::CpuSet {
-    loci_topo::CpuSet::parse(v.as_str().unwrap()).unwrap()
-}
-
 /// Runs the cluster script on `topology`; checks every WIN worker against its node and returns
 /// (the WIN check, the WIM check when asked for); `None` when Dask is not installed.
 fn win_workers_on_their_nodes(topology: &str, with_wim: bool) -> Option<(Value, Option<Value>)> {
-    let py = venv()?;
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .unwrap();
+    let py = dask_python()?;
     let vm = vm(topology)
         .timeout(Duration::from_secs(1800))
         .mem_per_node("1G");
     let cfg = vm.config().unwrap();
-    let nodes: Vec<u32> = cfg
-        .nodes
-        .iter()
-        .filter(|n| !n.cpus.is_empty())
-        .map(|n| n.id)
-        .collect();
+    let nodes = nodes_with_cpus(&cfg);
     let vm = vm
         .env("DASK_PY", py.to_str().unwrap())
         .env(
             "DASK_DRIVER",
-            root.join("bench/deploy/deploy.py").to_str().unwrap(),
+            repo_root().join("bench/deploy/deploy.py").to_str().unwrap(),
         )
         .env("WIN_WORKERS", &nodes.len().to_string())
         .env("WITH_WIM", if with_wim { "1" } else { "" });
@@ -105,19 +70,12 @@ fn win_workers_on_their_nodes(topology: &str, with_wim: bool) -> Option<(Value, 
     );
     assert_eq!(status["dask"]["scheduler_instance"], nodes.len());
     for (i, node) in nodes.iter().enumerate() {
-        let rec = &inst[i];
-        let own = cfg.node_cpus(*node);
-        assert_eq!(rec["nodes"], node.to_string());
-        assert_eq!(cpus(&rec["cpus"]), own, "worker {i}");
-        assert_eq!(rec["mem"], format!("bind:{node}"));
         // Taken by `status` after the workloads: every thread of the worker, all its pages.
-        let v = &rec["verify"];
-        assert_eq!(v["ok"], true, "worker {i}: {rec:#}");
+        let (v, _) = assert_win_instance(&inst[i], &format!("worker {i}"), *node, &cfg);
         assert!(
             v["threads"].as_u64().unwrap() > 1,
             "worker {i}: a Dask worker has several threads: {v}"
         );
-        assert_eq!(v["threads"], v["threads_on_cpus"], "worker {i}: {v}");
         assert_eq!(v["remote_share"], 0.0, "worker {i}: {v}");
         let per = v["anon_bytes"].as_object().unwrap();
         let total: u64 = per.values().map(|b| b.as_u64().unwrap()).sum();

@@ -51,17 +51,40 @@ fn cpus(v: &Value) -> loci_topo::CpuSet {
     loci_topo::CpuSet::parse(v.as_str().unwrap()).unwrap()
 }
 
+/// The VM's nodes that have cpus: those `--design win` gives an instance each, in order.
+pub(crate) fn nodes_with_cpus(cfg: &loci_vm::VmConfig) -> Vec<u32> {
+    cfg.nodes
+        .iter()
+        .filter(|n| !n.cpus.is_empty())
+        .map(|n| n.id)
+        .collect()
+}
+
+/// Checks the manifest record `rec` of `who`, the win instance of `node`: on that node, its cpus
+/// and memory bound there, and the supervisor's check passed. Returns the record's `verify`
+/// object and the node's cpus.
+pub(crate) fn assert_win_instance<'a>(
+    rec: &'a Value,
+    who: &str,
+    node: u32,
+    cfg: &loci_vm::VmConfig,
+) -> (&'a Value, loci_topo::CpuSet) {
+    let own = cfg.node_cpus(node);
+    assert_eq!(rec["nodes"], node.to_string(), "{who}");
+    assert_eq!(cpus(&rec["cpus"]), own, "{who}");
+    assert_eq!(rec["mem"], format!("bind:{node}"), "{who}");
+    let v = &rec["verify"];
+    assert_eq!(v["ok"], true, "supervisor's check of {who}: {rec:#}");
+    assert_eq!(v["threads"], v["threads_on_cpus"], "{who}: {v}");
+    (v, own)
+}
+
 /// One probe per node with cpus, each inside its node: threads, pages and the supervisor's check.
 fn probes_on_their_nodes(topology: &str) {
     let vm = vm(topology);
     let cfg = vm.config().unwrap();
     let out = run(&vm, PROBES);
-    let with_cpus: Vec<u32> = cfg
-        .nodes
-        .iter()
-        .filter(|n| !n.cpus.is_empty())
-        .map(|n| n.id)
-        .collect();
+    let with_cpus = nodes_with_cpus(&cfg);
     let m = tagged(&out, "MANIFEST ");
     let inst = m["instances"].as_array().unwrap();
     assert_eq!(
@@ -71,14 +94,7 @@ fn probes_on_their_nodes(topology: &str) {
     );
     assert_eq!(m["state"], "exited");
     for (i, node) in with_cpus.iter().enumerate() {
-        let rec = &inst[i];
-        let own = cfg.node_cpus(*node);
-        assert_eq!(rec["nodes"], node.to_string());
-        assert_eq!(cpus(&rec["cpus"]), own, "instance {i}");
-        assert_eq!(rec["mem"], format!("bind:{node}"));
-        let v = &rec["verify"];
-        assert_eq!(v["ok"], true, "supervisor's check of instance {i}: {rec:#}");
-        assert_eq!(v["threads"], v["threads_on_cpus"]);
+        let (_, own) = assert_win_instance(&inst[i], &format!("instance {i}"), *node, &cfg);
         let p = tagged(&out, &format!("PROBE {i} "));
         for t in std::iter::once(&p).chain(p["threads"].as_array().unwrap()) {
             assert!(

@@ -24,6 +24,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::{sh, Netns};
+
 /// How much data one fault scenario streams: `chunks` chunks of `chunk` bytes (the last one short).
 #[derive(Debug, Clone, Copy)]
 pub struct Scale {
@@ -191,79 +193,12 @@ impl Net {
     }
 }
 
-fn sh(args: &[&str]) -> Result<(), String> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .map_err(|e| format!("{}: {e}", args.join(" ")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "`{}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// Two namespaces joined by a veth pair, deleted on drop.
-pub struct Namespaces {
-    a: String,
-    b: String,
-}
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        let _ = sh(&["ip", "netns", "del", &self.a]);
-        let _ = sh(&["ip", "netns", "del", &self.b]);
-    }
-}
-
-pub fn namespaces(tag: &str) -> Result<(Namespaces, Net), String> {
-    let id = std::process::id() % 10000;
-    let (a, b) = (format!("loci{tag}a{id}"), format!("loci{tag}b{id}"));
-    let (va, vb) = (format!("lv{tag}a{id}"), format!("lv{tag}b{id}"));
-    let subnet = 100 + (id % 100);
-    let ns = Namespaces {
-        a: a.clone(),
-        b: b.clone(),
-    };
-    sh(&["ip", "netns", "add", &a])?;
-    sh(&["ip", "netns", "add", &b])?;
-    sh(&[
-        "ip", "link", "add", &va, "type", "veth", "peer", "name", &vb,
-    ])?;
-    sh(&["ip", "link", "set", &va, "netns", &a])?;
-    sh(&["ip", "link", "set", &vb, "netns", &b])?;
-    let ipa = format!("10.231.{subnet}.1");
-    let ipb = format!("10.231.{subnet}.2");
-    sh(&[
-        "ip",
-        "-n",
-        &a,
-        "addr",
-        "add",
-        &format!("{ipa}/24"),
-        "dev",
-        &va,
-    ])?;
-    sh(&[
-        "ip",
-        "-n",
-        &b,
-        "addr",
-        "add",
-        &format!("{ipb}/24"),
-        "dev",
-        &vb,
-    ])?;
-    for (n, v) in [(&a, &va), (&b, &vb)] {
-        sh(&["ip", "-n", n, "link", "set", v, "up"])?;
-        sh(&["ip", "-n", n, "link", "set", "lo", "up"])?;
-    }
-    // Delay, 1% loss and reordering, both directions.
+/// Two namespaces joined by a veth pair (see [`Netns`]) with `tc netem` delay, 1% loss and
+/// reordering on both ends where the kernel has it, and the [`Net`] across it.
+pub fn namespaces(tag: &str) -> Result<(Netns, Net), String> {
+    let ns = Netns::new(tag, 231)?;
     let mut netem = Ok(());
-    for (n, v) in [(&a, &va), (&b, &vb)] {
+    for (n, v) in ns.names.iter().zip(&ns.veths) {
         let r = sh(&[
             "ip", "netns", "exec", n, "tc", "qdisc", "add", "dev", v, "root", "netem", "delay",
             "4ms", "2ms", "loss", "1%", "reorder", "10%", "50%",
@@ -284,13 +219,11 @@ pub fn namespaces(tag: &str) -> Result<(Namespaces, Net), String> {
              the veth pair without delay, loss or reordering"
         );
     }
-    Ok((
-        ns,
-        Net {
-            ns: Some((a, b)),
-            recv_ip: ipb,
-        },
-    ))
+    let net = Net {
+        ns: Some((ns.names[0].clone(), ns.names[1].clone())),
+        recv_ip: ns.ips[1].clone(),
+    };
+    Ok((ns, net))
 }
 
 /// What a fault did to the data, summed over scenarios (per thread; see [`take_tally`]).
