@@ -121,10 +121,10 @@ pub fn loci_alloc_stats() -> Option<BTreeMap<String, u64>> {
 // ---------------------------------------------------------------------------------------------
 // bench/peers
 
-/// The repository's `bench/peers` directory holding `script` (`peers.py`, `subarray.py`): in
-/// the source tree this binary was built from, else above the executable (it lives in
+/// The repository's `bench/{dir}` directory holding `file` (a path relative to it): in the
+/// source tree this binary was built from, else above the executable (it lives in
 /// `target/<profile>/`), else under the current directory.
-pub fn peers_dir(script: &str) -> Option<PathBuf> {
+pub fn bench_dir(dir: &str, file: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().unwrap_or_default();
     let mut roots: Vec<&Path> = Path::new(env!("CARGO_MANIFEST_DIR"))
         .ancestors()
@@ -136,8 +136,14 @@ pub fn peers_dir(script: &str) -> Option<PathBuf> {
     roots.push(&cwd);
     roots
         .into_iter()
-        .map(|root| root.join("bench/peers"))
-        .find(|d| d.join(script).exists())
+        .map(|root| root.join("bench").join(dir))
+        .find(|d| d.join(file).exists())
+}
+
+/// The repository's `bench/peers` directory holding `script` (`peers.py`, `subarray.py`); see
+/// [`bench_dir`].
+pub fn peers_dir(script: &str) -> Option<PathBuf> {
+    bench_dir("peers", script)
 }
 
 // ---------------------------------------------------------------------------------------------

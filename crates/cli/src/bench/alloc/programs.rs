@@ -34,7 +34,7 @@ use anyhow::{bail, Context};
 use loci_report::{median, Machine, Report, Row};
 
 use super::{choose_allocators, AllocArgs};
-use crate::bench::common::{peers_dir, Allocator};
+use crate::bench::common::{bench_dir, peers_dir, Allocator};
 
 /// The programs `--program` accepts, in the order they run.
 pub const PROGRAMS: [&str; 4] = ["sqlite3", "python3", "cxx", "duckdb-tpch"];
@@ -67,28 +67,22 @@ struct Prepared {
     work: String,
 }
 
-/// The repository's bench/alloc: in the source tree this binary was built from, else above the
-/// executable, else under the current directory.
+/// The repository's bench/alloc (see [`bench_dir`]).
 fn alloc_dir() -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe().unwrap_or_default();
-    let mut roots: Vec<PathBuf> = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .map(Path::to_path_buf)
-        .into_iter()
-        .collect();
-    roots.extend(exe.ancestors().map(Path::to_path_buf));
-    roots.push(std::env::current_dir().unwrap_or_default());
-    roots
-        .into_iter()
-        .map(|r| r.join("bench/alloc"))
-        .find(|d| d.join("prodcons.cpp").exists())
+    bench_dir("alloc", "prodcons.cpp")
         .context("bench/alloc/prodcons.cpp not found (run loci from the repository root)")
 }
 
 /// The path of `prog` on PATH, if any.
 fn which(prog: &str) -> Option<PathBuf> {
     crate::run_cmd::resolve(&prog.into())
+}
+
+/// `tool` on PATH, or the note that it is absent and the Debian package of the same name has it.
+fn debian_tool(tool: &str) -> Result<PathBuf, String> {
+    which(tool).ok_or_else(|| {
+        format!("{tool} not found; install the Debian package {tool} (scripts/install-deps)")
+    })
 }
 
 /// `bench/alloc/prodcons.cpp` compiled with `g++ -O2 -pthread` into `dir` (again only when the
@@ -135,11 +129,9 @@ fn prepare(
     let os = |s: &str| OsString::from(s);
     match name {
         "sqlite3" => {
-            let Some(bin) = which("sqlite3") else {
-                return Ok(Err(
-                    "sqlite3 not found; install the Debian package sqlite3 (scripts/install-deps)"
-                        .into(),
-                ));
+            let bin = match debian_tool("sqlite3") {
+                Ok(bin) => bin,
+                Err(note) => return Ok(Err(note)),
             };
             let rows = if quick { 20_000 } else { 200_000 };
             let sql = std::fs::read(dir.join("workload.sql")).context("reading workload.sql")?;
@@ -156,11 +148,9 @@ fn prepare(
             }))
         }
         "python3" => {
-            let Some(bin) = which("python3") else {
-                return Ok(Err(
-                    "python3 not found; install the Debian package python3 (scripts/install-deps)"
-                        .into(),
-                ));
+            let bin = match debian_tool("python3") {
+                Ok(bin) => bin,
+                Err(note) => return Ok(Err(note)),
             };
             let rounds = if quick { 8 } else { 60 };
             Ok(Ok(Prepared {

@@ -438,58 +438,29 @@ mod tests {
 
     #[test]
     fn rows_put_the_best_forms_first() {
-        let rows = |case: &str, system: &str| -> Vec<(String, Form)> {
-            row_specs(case, system)
+        use Form::*;
+        /// A case, a system and its rows, best first.
+        type Want = (&'static str, &'static str, &'static [(&'static str, Form)]);
+        #[rustfmt::skip]
+        let want: [Want; 8] = [
+            ("tiny-tasks", "rayon", &[("rayon", Join), ("rayon-scope", Scope)]),
+            ("real-work", "rayon", &[("rayon", ParIter), ("rayon-join", Join)]),
+            ("multi-request", "rayon", &[("rayon", Scope)]),
+            ("tiny-tasks", "loci-las", &[("loci-las", LociJoin), ("loci-las-spawn", LociSpawn)]),
+            ("tiny-tasks", "loci-nls", &[("loci-nls", LociJoin)]),
+            ("real-work", "loci-las",
+                &[("loci-las", LociForEach), ("loci-las-join", LociJoin), ("loci-las-spawn", LociSpawn)]),
+            ("real-work", "loci-nls", &[("loci-nls", LociForEach), ("loci-nls-join", LociJoin)]),
+            ("single-request", "loci-las", &[("loci-las", Loci)]),
+        ];
+        for (case, system, rows) in want {
+            let got: Vec<(String, Form)> = row_specs(case, system)
                 .into_iter()
                 .map(|r| (r.name, r.form))
-                .collect()
-        };
-        let names = |case: &str| rows(case, "rayon");
-        assert_eq!(
-            names("tiny-tasks"),
-            [
-                ("rayon".into(), Form::Join),
-                ("rayon-scope".into(), Form::Scope)
-            ]
-        );
-        assert_eq!(
-            names("real-work"),
-            [
-                ("rayon".into(), Form::ParIter),
-                ("rayon-join".into(), Form::Join)
-            ]
-        );
-        assert_eq!(names("multi-request"), [("rayon".into(), Form::Scope)]);
-        assert_eq!(
-            rows("tiny-tasks", "loci-las"),
-            [
-                ("loci-las".into(), Form::LociJoin),
-                ("loci-las-spawn".into(), Form::LociSpawn)
-            ]
-        );
-        assert_eq!(
-            rows("tiny-tasks", "loci-nls"),
-            [("loci-nls".into(), Form::LociJoin)]
-        );
-        assert_eq!(
-            rows("real-work", "loci-las"),
-            [
-                ("loci-las".into(), Form::LociForEach),
-                ("loci-las-join".into(), Form::LociJoin),
-                ("loci-las-spawn".into(), Form::LociSpawn)
-            ]
-        );
-        assert_eq!(
-            rows("real-work", "loci-nls"),
-            [
-                ("loci-nls".into(), Form::LociForEach),
-                ("loci-nls-join".into(), Form::LociJoin)
-            ]
-        );
-        assert_eq!(
-            rows("single-request", "loci-las"),
-            [("loci-las".into(), Form::Loci)]
-        );
+                .collect();
+            let rows: Vec<(String, Form)> = rows.iter().map(|&(n, f)| (n.into(), f)).collect();
+            assert_eq!(got, rows, "{case} on {system}");
+        }
         let spec = PipelineSpec {
             chains: 4,
             buffers: 16,
