@@ -146,6 +146,30 @@ pub fn peers_dir(script: &str) -> Option<PathBuf> {
     bench_dir("peers", script)
 }
 
+/// The `bench/peers` directory (found by `script`, relative to it) after `bench/peers/setup
+/// --{set}` made sure its venv has that set of peers (`tpch`, `dask`, ...).
+pub fn peers_setup(set: &str, script: &str) -> anyhow::Result<PathBuf> {
+    use anyhow::Context;
+    let peers = peers_dir(script).with_context(|| {
+        let shown = match script.strip_prefix("../") {
+            Some(rest) => format!("bench/{rest}"),
+            None => format!("bench/peers/{script}"),
+        };
+        format!("{shown} not found (run loci from the repository root)")
+    })?;
+    let st = std::process::Command::new(peers.join("setup"))
+        .arg(format!("--{set}"))
+        .stdout(std::process::Stdio::null())
+        .status()
+        .with_context(|| format!("running bench/peers/setup --{set}"))?;
+    if !st.success() {
+        anyhow::bail!(
+            "bench/peers/setup --{set} failed ({st}): it needs python3 with venv and PyPI access"
+        );
+    }
+    Ok(peers)
+}
+
 // ---------------------------------------------------------------------------------------------
 // getrusage
 

@@ -57,16 +57,7 @@ struct Paths {
 
 impl Paths {
     fn setup() -> anyhow::Result<Paths> {
-        let peers = common::peers_dir("../deploy/deploy.py")
-            .context("bench/deploy/deploy.py not found (run loci from the repository root)")?;
-        let st = Command::new(peers.join("setup"))
-            .arg("--dask")
-            .stdout(Stdio::null())
-            .status()
-            .context("running bench/peers/setup --dask")?;
-        if !st.success() {
-            bail!("bench/peers/setup --dask failed ({st}): it needs python3 with venv and PyPI access");
-        }
+        let peers = common::peers_setup("dask", "../deploy/deploy.py")?;
         Ok(Paths {
             python: peers.join(".venv/bin/python"),
             driver: peers.join("../deploy/deploy.py"),

@@ -185,16 +185,7 @@ struct Paths {
 impl Paths {
     /// Finds bench/ and makes sure the venv has the TPC-H set (`bench/peers/setup --tpch`).
     fn setup() -> anyhow::Result<Self> {
-        let peers = common::peers_dir("../tpch/tpch.py")
-            .context("bench/tpch/tpch.py not found (run loci from the repository root)")?;
-        let st = Command::new(peers.join("setup"))
-            .arg("--tpch")
-            .stdout(Stdio::null())
-            .status()
-            .context("running bench/peers/setup --tpch")?;
-        if !st.success() {
-            bail!("bench/peers/setup --tpch failed ({st}): it needs python3 with venv and PyPI access");
-        }
+        let peers = common::peers_setup("tpch", "../tpch/tpch.py")?;
         let bin = peers.join(".venv/bin");
         Ok(Paths {
             tpch: peers
