@@ -117,9 +117,10 @@ const fn build_medium_lut() -> [u8; 1025] {
     t
 }
 // Every small class is a multiple of 16: one table indexed by ceil(size / 16) serves all of
-// 0..=SMALL_MAX exactly (449 bytes), the allocation fast path's class lookup in one load.
-const GRANULES: usize = SMALL_MAX / 16 + 1;
-const fn build_granule_lut() -> [u8; GRANULES] {
+// 0..=SMALL_MAX exactly (449 bytes). The allocation fast path uses it turned into the byte
+// offsets of the classes' states in a heap (`engine::class_run::small_class_state`).
+pub(crate) const GRANULES: usize = SMALL_MAX / 16 + 1;
+pub(crate) const fn build_granule_lut() -> [u8; GRANULES] {
     let mut t = [0u8; GRANULES];
     let mut i = 0;
     while i < GRANULES {

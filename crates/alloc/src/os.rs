@@ -4,7 +4,7 @@
 //! `loci_place::sys::mbind` takes a `NodeSet`, which lives on the heap; an allocator cannot
 //! allocate while it allocates, so the syscall is issued here with a mask on the stack.
 
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering::*};
 
 /// Highest node id + 1 the allocator keeps state for (per-node pools are static arrays).
 pub const MAX_NODES: usize = 64;
@@ -137,52 +137,47 @@ pub fn affinity_node(cpu_node: &[u8; MAX_CPUS]) -> Option<usize> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Region map: one bit per `align`-sized slot of the 47-bit address space, set where a region
-// (superblock or large mapping) of this allocator starts. `free` of a pointer tests the bit of
-// `ptr & !(align - 1)`; pointers of the system allocator never hit a set bit because they
-// never lie inside our mappings. 4 MiB of zero pages in .bss; only touched words use memory.
+// Region map: one byte per `align`-sized slot of the 47-bit address space, holding the kind of
+// the region (superblock or large mapping) of this allocator that starts there, 0 where none
+// does. `free` of a pointer reads the byte of `ptr >> shift`: one load tells a foreign pointer
+// (0: pointers of the system allocator never lie inside our mappings), a superblock's block
+// and a large block apart, without reading the region's header. 32 MiB of zero pages in .bss;
+// only touched pages use memory (one page per 4096 slots, i.e. per 16 GiB or more of address
+// space).
 
 const ADDR_BITS: usize = 47;
 /// Smallest region alignment (the map is sized for it).
 pub const MIN_REGION_SHIFT: usize = 22;
-const MAP_WORDS: usize = 1 << (ADDR_BITS - MIN_REGION_SHIFT - 6);
+/// Largest region alignment (the superblock size is at most 64 MiB).
+pub const MAX_REGION_SHIFT: usize = 26;
+const MAP_BYTES: usize = 1 << (ADDR_BITS - MIN_REGION_SHIFT);
+/// Region kinds in the region map (0: no region of ours starts in the slot).
+pub const REGION_SUPERBLOCK: u8 = 1;
+pub const REGION_LARGE: u8 = 2;
 /// The region shift and the map in one static, so that `free` reaches both from one address
 /// (a static of this library is reached through the GOT: one load for each static read).
 #[repr(C)]
 struct Regions {
     /// log2 of the region alignment; set once at init.
     shift: AtomicUsize,
-    map: [AtomicU64; MAP_WORDS],
+    map: [AtomicU8; MAP_BYTES],
 }
 static REGIONS: Regions = Regions {
     shift: AtomicUsize::new(MIN_REGION_SHIFT),
-    map: [const { AtomicU64::new(0) }; MAP_WORDS],
+    map: [const { AtomicU8::new(0) }; MAP_BYTES],
 };
-/// log2 of the region alignment; set once at init.
-pub static REGION_SHIFT: &AtomicUsize = &REGIONS.shift;
+/// log2 of the region alignment; set once at init, always in
+/// `MIN_REGION_SHIFT..=MAX_REGION_SHIFT` ([`region`] relies on it).
+pub(crate) static REGION_SHIFT: &AtomicUsize = &REGIONS.shift;
 
-#[inline]
-fn slot(addr: usize) -> Option<(usize, u64)> {
-    if addr >> ADDR_BITS != 0 {
-        return None;
+/// Records the kind of the region starting at `base` (`kind` 0: no region any more). False if
+/// the address is outside the range the map covers.
+pub(crate) fn mark(base: usize, kind: u8) -> bool {
+    if base >> ADDR_BITS != 0 {
+        return false;
     }
-    let i = addr >> REGIONS.shift.load(Relaxed);
-    Some((i / 64, 1u64 << (i % 64)))
-}
-
-/// Marks a region start. False if the address is outside the range the map covers.
-pub fn mark(base: usize, on: bool) -> bool {
-    match slot(base) {
-        Some((w, b)) => {
-            if on {
-                REGIONS.map[w].fetch_or(b, Release);
-            } else {
-                REGIONS.map[w].fetch_and(!b, Release);
-            }
-            true
-        }
-        None => false,
-    }
+    REGIONS.map[base >> REGIONS.shift.load(Relaxed)].store(kind, Release);
+    true
 }
 
 /// Header slots a region's header may sit in (see [`header_of`]).
@@ -193,46 +188,47 @@ pub const HEADER_STEP: usize = 256;
 /// Where the header of the region starting at `base` sits: at one of [`HEADER_COLORS`] offsets
 /// inside the region's first page, chosen by the region's address. Regions are aligned to
 /// 4 MiB or more, so headers at offset 0 would all fall into the same L1 cache set (its index
-/// bits are the low 12 bits of the address) and evict each other on every free, which reads
-/// the header.
+/// bits are the low 12 bits of the address) and evict each other on every slow free, which
+/// reads the header.
 #[inline]
 pub fn header_of(base: usize) -> usize {
     base + ((base >> REGIONS.shift.load(Relaxed)) & (HEADER_COLORS - 1)) * HEADER_STEP
 }
 
-/// Region start of `p` and where its header sits (as [`header_of`]) if `p` lies in a region
-/// of this allocator: one load of the region shift for both (free's first step).
-#[inline]
-pub fn region_and_header(p: usize) -> Option<(usize, usize)> {
+/// Region start of `p` and the region's kind ([`REGION_SUPERBLOCK`] or [`REGION_LARGE`]) if
+/// `p` lies in a region of this allocator: free's first step, one load of the region shift
+/// and one of the map.
+#[inline(always)]
+pub fn region(p: usize) -> Option<(usize, u8)> {
     if p >> ADDR_BITS != 0 {
         return None;
     }
     let shift = REGIONS.shift.load(Relaxed);
-    debug_assert!(shift >= MIN_REGION_SHIFT);
-    // The slot index straight from the pointer; the base only when the bit is set.
+    // SAFETY: init stores a shift in MIN_REGION_SHIFT..=MAX_REGION_SHIFT (and the initial
+    // value is MIN_REGION_SHIFT); telling the compiler so spares the masking of the count.
+    unsafe { core::hint::assert_unchecked((MIN_REGION_SHIFT..=MAX_REGION_SHIFT).contains(&shift)) };
     let i = p >> shift;
-    // SAFETY: p < 2^ADDR_BITS and shift >= MIN_REGION_SHIFT, so i / 64 < MAP_WORDS (no
-    // bounds check: its panic branch would cost `free` a stack frame).
-    let word = unsafe { REGIONS.map.get_unchecked(i / 64) };
-    if word.load(Acquire) & (1u64 << (i % 64)) != 0 {
-        let base = i << shift;
-        Some((base, base + (i & (HEADER_COLORS - 1)) * HEADER_STEP))
+    // SAFETY: p < 2^ADDR_BITS and shift >= MIN_REGION_SHIFT, so i < MAP_BYTES (no bounds
+    // check: its panic branch would cost `free` a stack frame).
+    let kind = unsafe { REGIONS.map.get_unchecked(i) }.load(Acquire);
+    if kind != 0 {
+        Some((i << shift, kind))
     } else {
         None
     }
 }
 
+/// Region start of `p` and where its header sits (as [`header_of`]) if `p` lies in a region
+/// of this allocator.
+#[inline]
+pub fn region_and_header(p: usize) -> Option<(usize, usize)> {
+    region(p).map(|(base, _)| (base, header_of(base)))
+}
+
 /// Region start of `p` if it lies in a region of this allocator.
 #[inline]
 pub fn region_of(p: usize) -> Option<usize> {
-    let shift = REGIONS.shift.load(Relaxed);
-    let base = p >> shift << shift;
-    let (w, b) = slot(base)?;
-    if REGIONS.map[w].load(Acquire) & b != 0 {
-        Some(base)
-    } else {
-        None
-    }
+    region(p).map(|(base, _)| base)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -597,10 +593,12 @@ mod tests {
         let p = map_aligned(3 << 20, a);
         assert!(!p.is_null());
         assert_eq!(p as usize % a, 0);
-        assert!(mark(p as usize, true));
+        assert!(mark(p as usize, REGION_LARGE));
         assert_eq!(region_of(p as usize + 12345), Some(p as usize));
-        assert!(mark(p as usize, false));
+        assert_eq!(region(p as usize + 12345), Some((p as usize, REGION_LARGE)));
+        assert!(mark(p as usize, 0));
         assert_eq!(region_of(p as usize + 12345), None);
+        assert_eq!(region(p as usize + 12345), None);
         // SAFETY: mapped above, not used after.
         unsafe { unmap(p, 3 << 20) };
     }

@@ -10,16 +10,14 @@ use core::sync::atomic::{
 };
 
 use super::blocks::{alloc_large, alloc_sized};
-use super::class_run::{alloc_class, block_start, class_state, pop};
+use super::class_run::{alloc_class, block_start, pop, small_class_state};
 use super::config::{current_node, ensure_init, home, SMALL_OWN};
 use super::deallocate::free;
 use super::heap::{heap, tls_heap};
-use super::spans::run_of;
-use super::structs::{Large, Segment, R_CLASS, R_CLASS_ALIGNED};
-use super::{
-    __libc_calloc, __libc_malloc, __libc_memalign, __libc_realloc, bump, KIND_LARGE, PAGE,
-};
-use crate::classes::{class_of, small_class_of, LINE, MEDIUM_MAX, SMALL_MAX};
+use super::spans::run_at;
+use super::structs::{Large, R_CLASS, R_CLASS_ALIGNED};
+use super::{__libc_calloc, __libc_malloc, __libc_memalign, __libc_realloc, bump, PAGE};
+use crate::classes::{class_of, LINE, MEDIUM_MAX, SMALL_MAX};
 use crate::os;
 
 #[inline]
@@ -51,8 +49,9 @@ pub unsafe fn alloc(size: usize, align: usize) -> *mut u8 {
 ///
 /// Kept free of calls and panics so that it needs no saved registers and inlines into the C
 /// `malloc` (callgrind showed the pushes and pops of the full path at ~13 of its
-/// instructions per malloc), and loads only the heap's own lines: its flag word, its bins'
-/// pending mask, the class's state and the run's first line.
+/// instructions per malloc), and loads only the heap's own lines: its bins' pending mask
+/// (with the bit that keeps a heap off this path), the class's state (with the class's
+/// counters) and the run's first line.
 ///
 /// # Safety
 /// None beyond calling it from a thread that may allocate (any thread); the block is the
@@ -61,18 +60,18 @@ pub unsafe fn alloc(size: usize, align: usize) -> *mut u8 {
 pub unsafe fn alloc_small_fast(size: usize) -> *mut u8 {
     if size <= SMALL_MAX {
         let h = tls_heap();
-        // A thread with a heap has passed init (it created or adopted the heap after it).
+        // A thread with a heap has passed init (it created or adopted the heap after it). One
+        // word says "nothing pending in the bins, fast path allowed" (see `Shared::pending`).
         // SAFETY: a non-null `h` is this thread's heap (never unmapped).
-        if !h.is_null() && unsafe { (*h).fast && (*h).shared.pending.load(Relaxed) == 0 } {
-            // SAFETY: a class of a size <= SMALL_MAX is a small class < NCLASSES.
-            let cs = unsafe { class_state(h, small_class_of(size)) };
+        if !h.is_null() && unsafe { (*h).shared.pending.load(Relaxed) } == 0 {
+            // SAFETY: size <= SMALL_MAX; `h` is this thread's heap.
+            let cs = unsafe { small_class_state(h, size) };
             let s = cs.stash.load(Relaxed);
             if !s.is_null() {
                 // The last block of the class this thread freed (see `ClassState::stash`).
                 cs.stash.store(null_mut(), Relaxed);
                 bump(&cs.allocs, 1);
-                // SAFETY: this thread's heap: the claim holder is the counter's one writer.
-                bump(unsafe { &(*h).st.requested }, size as u64);
+                bump(&cs.requested, size as u64);
                 return s as *mut u8;
             }
             let sb = cs.active;
@@ -81,8 +80,7 @@ pub unsafe fn alloc_small_fast(size: usize) -> *mut u8 {
                 let p = unsafe { pop(sb) };
                 if !p.is_null() {
                     bump(&cs.allocs, 1);
-                    // SAFETY: this thread's heap: the claim holder is the counter's one writer.
-                    bump(unsafe { &(*h).st.requested }, size as u64);
+                    bump(&cs.requested, size as u64);
                     return p;
                 }
             }
@@ -200,16 +198,13 @@ pub(super) fn region_size() -> usize {
 pub(super) unsafe fn align_into(p: *mut u8, align: usize) -> *mut u8 {
     let q = (p as usize + align - 1) & !(align - 1);
     if q != p as usize {
-        if let Some((_, hdr)) = os::region_and_header(p as usize) {
-            // SAFETY: `hdr` is the header of a live region of ours (p's), whose first word is
-            // its kind; not a large one, it is a superblock and `p` lies in one of its runs in
-            // use; the claim the caller holds lets it set the run's state.
+        if let Some((base, os::REGION_SUPERBLOCK)) = os::region(p as usize) {
+            // SAFETY: the region is a live superblock at `base` and `p` lies in one of its
+            // runs in use; the claim the caller holds lets it set the run's state.
             unsafe {
-                if *(hdr as *const u32) != KIND_LARGE {
-                    let r = run_of(hdr as *mut Segment, p as usize);
-                    if (*r).state.load(Relaxed) == R_CLASS {
-                        (*r).state.store(R_CLASS_ALIGNED, Relaxed);
-                    }
+                let r = run_at(base, p as usize);
+                if (*r).state.load(Relaxed) == R_CLASS {
+                    (*r).state.store(R_CLASS_ALIGNED, Relaxed);
                 }
             }
         }
@@ -232,12 +227,8 @@ pub unsafe fn alloc_zeroed(size: usize, align: usize) -> *mut u8 {
     if p.is_null() {
         return p;
     }
-    if let Some(base) = os::region_of(p as usize) {
-        // SAFETY: every region of ours has a header at `header_of(base)`; its first word is
-        // its kind.
-        if unsafe { *(os::header_of(base) as *const u32) } == KIND_LARGE {
-            return p; // fresh anonymous mapping: already zero
-        }
+    if let Some((_, os::REGION_LARGE)) = os::region(p as usize) {
+        return p; // fresh anonymous mapping: already zero
     }
     // SAFETY: `p` is a fresh block of at least `size` bytes, ours to write.
     unsafe { core::ptr::write_bytes(p, 0, size) };
@@ -249,19 +240,17 @@ pub unsafe fn alloc_zeroed(size: usize, align: usize) -> *mut u8 {
 /// # Safety
 /// `p` is a live block.
 pub unsafe fn usable_size(p: *const u8) -> Option<usize> {
-    let base = os::region_of(p as usize)?;
-    let hdr = os::header_of(base);
-    // SAFETY: the header of a live region of ours, whose first word is its kind; a large
-    // block's header is a `Large`.
-    unsafe {
-        if *(hdr as *const u32) == KIND_LARGE {
-            return Some(base + (*(hdr as *const Large)).map_len - p as usize);
-        }
+    let (base, kind) = os::region(p as usize)?;
+    if kind == os::REGION_LARGE {
+        // SAFETY: the header of a live large block's region is a `Large`.
+        return Some(
+            base + unsafe { (*(os::header_of(base) as *const Large)).map_len } - p as usize,
+        );
     }
-    // SAFETY: not large, the region is a superblock, and the live block `p` lies in one of
-    // its runs in use.
+    // SAFETY: not large, the region is a live superblock at `base`, and the live block `p`
+    // lies in one of its runs in use.
     unsafe {
-        let r = run_of(hdr as *mut Segment, p as usize);
+        let r = run_at(base, p as usize);
         Some(block_start(r, p as usize) + (*r).bsize as usize - p as usize)
     }
 }

@@ -21,7 +21,7 @@ use super::class_run::alloc_class;
 use super::config::MPOL;
 use super::spans::{map_all, node_free, node_units};
 use super::structs::{Heap, Large, Run, NODES, R_BLOCK, SPAN_MIN};
-use super::{bump, KIND_LARGE, PAGE, UNIT};
+use super::{bump, PAGE, UNIT};
 use crate::classes::class_of;
 use crate::os;
 
@@ -113,7 +113,7 @@ pub(super) unsafe fn alloc_large(size: usize, align: usize, node: usize) -> *mut
     if !unsafe { os::bind(p, len, node, MPOL.load(Relaxed)) } {
         ns.mbind_failures.fetch_add(1, Relaxed);
     }
-    if !os::mark(p as usize, true) {
+    if !os::mark(p as usize, os::REGION_LARGE) {
         // SAFETY: ours, unused.
         unsafe { os::unmap(p, len) };
         return null_mut();
@@ -121,7 +121,6 @@ pub(super) unsafe fn alloc_large(size: usize, align: usize, node: usize) -> *mut
     let l = os::header_of(p as usize) as *mut Large;
     // SAFETY: fresh mapping; the header slot lies in its first page, before the block.
     unsafe {
-        (*l).kind = KIND_LARGE;
         (*l).node = node as u32;
         (*l).map_len = len;
         (*l).requested = size;
@@ -137,7 +136,8 @@ pub(super) unsafe fn alloc_large(size: usize, align: usize, node: usize) -> *mut
 /// Frees a large block: unmaps its mapping.
 ///
 /// # Safety
-/// `base` is the region of a live large block (header kind `KIND_LARGE`), freed once.
+/// `base` is the region of a live large block (`os::REGION_LARGE` in the region map), freed
+/// once.
 pub(super) unsafe fn free_large(base: usize) {
     let l = os::header_of(base) as *mut Large;
     // SAFETY: the header of a live large mapping (contract above), read before it goes.
@@ -150,7 +150,7 @@ pub(super) unsafe fn free_large(base: usize) {
         ns.large_requested.fetch_sub((*l).requested as u64, Relaxed);
         len
     };
-    os::mark(base, false);
+    os::mark(base, 0);
     // SAFETY: the block is freed once and its region unmarked: nothing uses the mapping.
     unsafe { os::unmap(base as *mut u8, len) };
 }

@@ -7,12 +7,12 @@ use core::ptr::null_mut;
 use core::sync::atomic::Ordering::Relaxed;
 
 use super::heap::drain;
-use super::spans::{map_all, node_free, node_units, run_of};
+use super::spans::{map_all, node_free, node_units, run_at};
 use super::structs::{
-    list_push, list_unlink, ClassState, Free, Heap, Run, Segment, RUN_BYTES, R_BLOCK, R_CLASS,
+    list_push, list_unlink, ClassState, Free, Heap, Run, RUN_BYTES, R_BLOCK, R_CLASS,
 };
-use super::{bump, G_ACTIVE, G_FULL, G_SPARE, NGROUPS, UNIT};
-use crate::classes::{magic, NCLASSES, SIZES};
+use super::{bump, G_ACTIVE, G_FULL, G_SPARE, NGROUPS, SLOW, UNIT};
+use crate::classes::{build_granule_lut, magic, GRANULES, NCLASSES, SIZES, SMALL_MAX};
 use crate::os;
 
 /// Units of a run of class `c`: about [`RUN_BYTES`], whole blocks, whole units.
@@ -41,6 +41,8 @@ unsafe fn new_class_run(h: *mut Heap, c: usize) -> *mut Run {
         let data = (*(*r).seg).base + (*r).first as usize * UNIT;
         let cap = (*r).nunits as usize * UNIT / bsize;
         (*r).class = c as u32;
+        (*r).avail = 0;
+        (*r).lo = 0;
         set_state_group(r, G_ACTIVE);
         (*r).bsize = bsize as u32;
         (*r).cs_off = cs_offset(c);
@@ -49,11 +51,50 @@ unsafe fn new_class_run(h: *mut Heap, c: usize) -> *mut Run {
         (*r).end = data + cap * bsize;
         (*r).bump = data;
         (*r).free = null_mut();
-        (*r).used = 0;
         (*r).capacity = cap as u32;
         map_all(r);
     }
     r
+}
+
+/// Blocks of class run `r` handed out and not yet freed back (see [`Run::avail`]).
+///
+/// # Safety
+/// `r` is a class run of a heap whose claim the caller holds.
+#[inline]
+pub(super) unsafe fn used(r: *mut Run) -> u32 {
+    // SAFETY: the run's counters are written only by its heap's claim holder, the caller.
+    unsafe { (*r).avail.wrapping_add((*r).lo) }
+}
+
+/// Sets the `lo` of class run `r`, keeping its `used` (its `avail` follows).
+///
+/// # Safety
+/// As for [`used`].
+#[inline]
+unsafe fn set_lo(r: *mut Run, lo: u32) {
+    // SAFETY: as for `used`.
+    unsafe {
+        let u = used(r);
+        (*r).lo = lo;
+        (*r).avail = u.wrapping_sub(lo);
+    }
+}
+
+/// Counts a block freed back into class run `r` (already pushed on its list); true when the
+/// run must change occupancy group (its `used` dropped below `lo`: the caller then calls
+/// [`regroup`]). One decrement; its borrow is the answer.
+///
+/// # Safety
+/// As for [`used`]; the block was live.
+#[inline(always)]
+pub(super) unsafe fn count_free(r: *mut Run) -> bool {
+    // SAFETY: as for `used`.
+    unsafe {
+        let (a, borrow) = (*r).avail.overflowing_sub(1);
+        (*r).avail = a;
+        borrow
+    }
 }
 
 /// A block from class run `r` (its free list first, then its bump pointer), or null when the
@@ -69,13 +110,13 @@ pub(super) unsafe fn pop(r: *mut Run) -> *mut u8 {
         let f = (*r).free;
         if !f.is_null() {
             (*r).free = (*f).next;
-            (*r).used += 1;
+            (*r).avail += 1;
             return f as *mut u8;
         }
         let b = (*r).bump;
         if b < (*r).end {
             (*r).bump = b + (*r).bsize as usize;
-            (*r).used += 1;
+            (*r).avail += 1;
             return b as *mut u8;
         }
     }
@@ -143,12 +184,13 @@ pub(super) unsafe fn set_state_group(r: *mut Run, g: u32) {
     // SAFETY: the run's group fields are written only by its heap's claim holder, the caller.
     unsafe {
         (*r).group = g;
-        (*r).lo = if g == G_FULL {
+        let lo = if g == G_FULL {
             let cap = (*r).capacity;
             cap + 1 - (cap / FULL_SLACK).max(1)
         } else {
             0
         };
+        set_lo(r, lo);
     }
 }
 
@@ -162,7 +204,7 @@ pub(super) unsafe fn file(h: *mut Heap, r: *mut Run) {
     let (c, used, cap) = unsafe {
         (
             (*r).class as usize,
-            (*r).used as usize,
+            used(r) as usize,
             (*r).capacity as usize,
         )
     };
@@ -192,7 +234,7 @@ pub(super) unsafe fn file(h: *mut Heap, r: *mut Run) {
     // SAFETY: `h`'s lists and `r` are changed only by its claim holder, the caller; `r` is
     // unlisted, and the group's head (if any) is a run of that list.
     unsafe {
-        (*r).lo = ((g * cap).div_ceil(NGROUPS)).max(1) as u32;
+        set_lo(r, ((g * cap).div_ceil(NGROUPS)).max(1) as u32);
         (*r).group = g as u32;
         list_push(&mut (*h).classes[c].groups[g], r);
     }
@@ -211,12 +253,12 @@ pub(super) unsafe fn local_free(h: *mut Heap, r: *mut Run, blk: usize) {
     unsafe {
         (*f).next = (*r).free;
         (*r).free = f;
-        (*r).used -= 1;
         bump(&run_class_state(h, r).frees, 1);
     }
-    // SAFETY: as above; `used < lo` means `r` is neither active nor the spare.
+    // SAFETY: as above; a run whose `used` drops below its `lo` is neither active nor the
+    // spare (their `lo` is 0).
     unsafe {
-        if (*r).used < (*r).lo {
+        if count_free(r) {
             regroup(h, r);
         }
     }
@@ -271,10 +313,46 @@ pub(super) unsafe fn flush_stash(h: *mut Heap, c: usize) {
     if s.is_null() {
         return;
     }
-    if let Some((_, hdr)) = os::region_and_header(s as usize) {
+    if let Some((base, os::REGION_SUPERBLOCK)) = os::region(s as usize) {
         // SAFETY: a stashed block is a live block (its run counts it in `used`) at the start
-        // of a block of a class run of `h`, in a superblock (`hdr` its header); freed once.
-        unsafe { local_free(h, run_of(hdr as *mut Segment, s as usize), s as usize) };
+        // of a block of a class run of `h`, in the superblock at `base`; freed once.
+        unsafe { local_free(h, run_at(base, s as usize), s as usize) };
+    }
+}
+
+/// Byte offsets in a [`Heap`] of the [`ClassState`] of the small class of each size, indexed
+/// by `ceil(size / 16)` as [`small_class_of`](crate::classes::small_class_of)'s table: the
+/// fast path's class lookup and its state's address in one load (no multiplication by the
+/// class state's size).
+const fn granule_cs_offsets() -> [u16; GRANULES] {
+    let lut = build_granule_lut();
+    let mut t = [0u16; GRANULES];
+    let mut i = 0;
+    while i < GRANULES {
+        let off = core::mem::offset_of!(Heap, classes)
+            + lut[i] as usize * core::mem::size_of::<ClassState>();
+        assert!(off < 1 << 16);
+        t[i] = off as u16;
+        i += 1;
+    }
+    t
+}
+
+/// The state of the small class of `size` bytes in heap `h` (see [`granule_cs_offsets`]).
+///
+/// # Safety
+/// `size <= SMALL_MAX`; `h` is a valid heap.
+#[inline(always)]
+pub(super) unsafe fn small_class_state<'a>(h: *mut Heap, size: usize) -> &'a ClassState {
+    // A `const`, so that its copy is addressed relative to the instruction pointer (see
+    // `small_class_of`).
+    const OFF: [u16; GRANULES] = granule_cs_offsets();
+    debug_assert!(size <= SMALL_MAX);
+    // SAFETY: size <= SMALL_MAX, so (size + 15) / 16 < GRANULES; the entry is the offset of a
+    // class's `ClassState` inside a `Heap`, and `h` is a valid heap (contract above).
+    unsafe {
+        let off = *OFF.get_unchecked((size + 15) >> 4) as usize;
+        &*((h as *const u8).add(off) as *const ClassState)
     }
 }
 
@@ -297,7 +375,7 @@ pub(super) unsafe fn class_state<'a>(h: *mut Heap, c: usize) -> &'a ClassState {
 pub(super) unsafe fn alloc_class(h: *mut Heap, c: usize, size: usize) -> *mut u8 {
     // SAFETY: `h` is a heap (never unmapped) whose claim the caller holds.
     unsafe {
-        if (*h).shared.pending.load(Relaxed) != 0 {
+        if (*h).shared.pending.load(Relaxed) & !SLOW != 0 {
             drain(h);
         }
     }
@@ -308,7 +386,7 @@ pub(super) unsafe fn alloc_class(h: *mut Heap, c: usize, size: usize) -> *mut u8
         if !s.is_null() {
             (*h).classes[c].stash.store(null_mut(), Relaxed);
             bump(&(*h).classes[c].allocs, 1);
-            bump(&(*h).st.requested, size as u64);
+            bump(&(*h).classes[c].requested, size as u64);
             return s as *mut u8;
         }
         let sb = (*h).classes[c].active;
@@ -316,7 +394,7 @@ pub(super) unsafe fn alloc_class(h: *mut Heap, c: usize, size: usize) -> *mut u8
             let p = pop(sb);
             if !p.is_null() {
                 bump(&(*h).classes[c].allocs, 1);
-                bump(&(*h).st.requested, size as u64);
+                bump(&(*h).classes[c].requested, size as u64);
                 return p;
             }
         }
@@ -371,7 +449,25 @@ unsafe fn refill(h: *mut Heap, c: usize, size: usize) -> *mut u8 {
         (*h).classes[c].active = sb;
         let p = pop(sb);
         bump(&(*h).classes[c].allocs, 1);
-        bump(&(*h).st.requested, size as u64);
+        bump(&(*h).classes[c].requested, size as u64);
         p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classes::small_class_of;
+
+    #[test]
+    fn granule_offsets_name_the_class_state_of_the_size() {
+        let off = granule_cs_offsets();
+        for size in 0..=SMALL_MAX {
+            assert_eq!(
+                off[(size + 15) >> 4] as u32,
+                cs_offset(small_class_of(size)),
+                "size {size}"
+            );
+        }
     }
 }

@@ -11,7 +11,7 @@ use core::sync::atomic::{
 use super::allocate::region_size;
 use super::heap::thread_exit;
 use super::structs::NODES;
-use super::{DEFAULT_CACHE, DEFAULT_SUPERBLOCK, PAGE};
+use super::{DEFAULT_CACHE, DEFAULT_SUPERBLOCK, MAX_SUPERBLOCK, PAGE};
 use crate::os::{self, NodeMap, MAX_CPUS, MAX_NODES};
 
 struct Global<T>(UnsafeCell<T>);
@@ -110,7 +110,7 @@ fn init_slow() {
         Ok(_) => {
             if let Some(v) = os::getenv(c"LOCI_ALLOC_SUPERBLOCK") {
                 match os::parse_size(v) {
-                    Some(s) if (2 << 20..=64 << 20).contains(&s) => {
+                    Some(s) if (2 << 20..=MAX_SUPERBLOCK).contains(&s) => {
                         SB_SIZE.store(s.div_ceil(PAGE) * PAGE, Relaxed)
                     }
                     _ => warn(&[
@@ -165,7 +165,8 @@ fn init_slow() {
             }
             let region = SB_SIZE.load(Relaxed).next_power_of_two();
             os::REGION_SHIFT.store(
-                (region.trailing_zeros() as usize).max(os::MIN_REGION_SHIFT),
+                (region.trailing_zeros() as usize)
+                    .clamp(os::MIN_REGION_SHIFT, os::MAX_REGION_SHIFT),
                 Relaxed,
             );
             // SAFETY: only this thread writes NODEMAP, before READY is published.

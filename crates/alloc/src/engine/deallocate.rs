@@ -5,15 +5,15 @@
 
 use core::sync::atomic::{
     AtomicU64,
-    Ordering::{Acquire, Relaxed, SeqCst},
+    Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
 
 use super::blocks::{free_block, free_large};
-use super::class_run::{block_start, local_free, regroup, run_class_state};
+use super::class_run::{block_start, count_free, local_free, regroup, run_class_state};
 use super::heap::{collect, tls_heap};
-use super::spans::{run_at, run_of};
-use super::structs::{Free, Heap, Run, Segment, R_BLOCK, R_CLASS};
-use super::{__libc_free, bump, KIND_LARGE, NBINS};
+use super::spans::run_at;
+use super::structs::{Free, Heap, Run, R_BLOCK, R_CLASS};
+use super::{__libc_free, bump, NBINS};
 use crate::os;
 
 /// Frees of another thread's blocks by threads that have no heap (counted in
@@ -29,13 +29,14 @@ pub unsafe fn free(p: *mut u8) {
     // Fast path, calls only in tail position (no saved registers): a block of a class run
     // owned by this thread, freed at its start (state R_CLASS: the run never handed out an
     // aligned pointer inside a block, so `p` is the block and no division finds its start).
-    // Null and foreign pointers fail the region check.
-    if let Some((base, hdr)) = os::region_and_header(p as usize) {
-        // SAFETY: `hdr` is the header of a live region of ours, whose first word is its kind.
-        if unsafe { *(hdr as *const u32) } != KIND_LARGE {
-            // SAFETY: not large, the region is a superblock at `base`, and the live block `p`
-            // lies in one of its runs in use.
-            let r = unsafe { run_at(hdr as *mut Segment, base, p as usize) };
+    // Null and foreign pointers fail the region check. From the pointer to its run: the
+    // region map's byte (a superblock's block?) and the unit map's entry, which names the
+    // run's descriptor by its offset from the superblock's base; no header is read.
+    if let Some((base, kind)) = os::region(p as usize) {
+        if kind == os::REGION_SUPERBLOCK {
+            // SAFETY: the region is a live superblock at `base`, and the live block `p` lies
+            // in one of its runs in use.
+            let r = unsafe { run_at(base, p as usize) };
             // SAFETY: `r` is the run of the live block `p`.
             if unsafe { (*r).state.load(Relaxed) } == R_CLASS {
                 let h = tls_heap();
@@ -47,7 +48,8 @@ pub unsafe fn free(p: *mut u8) {
                     // SAFETY: `r` is a class run of this thread's heap `h`, whose claim it
                     // holds (so it is the one writer of the class's stash and counters, found
                     // through `r`'s `cs_off`); `p` is the block's start, freed once (its first
-                    // word: the link); `used < lo` means `r` is neither active nor the spare.
+                    // word: the link); a run whose `used` drops below its `lo` is neither active
+                    // nor the spare.
                     unsafe {
                         let f = p as *mut Free;
                         let cs = run_class_state(h, r);
@@ -58,8 +60,7 @@ pub unsafe fn free(p: *mut u8) {
                         }
                         (*f).next = (*r).free;
                         (*r).free = f;
-                        (*r).used -= 1;
-                        if (*r).used < (*r).lo {
+                        if count_free(r) {
                             regroup(h, r);
                         }
                     }
@@ -82,21 +83,19 @@ pub unsafe extern "C" fn free_full(p: *mut u8) {
     if p.is_null() {
         return;
     }
-    let Some((base, hdr)) = os::region_and_header(p as usize) else {
+    let Some((base, kind)) = os::region(p as usize) else {
         // SAFETY: not in a region of ours: a live block of the system allocator, freed once.
         unsafe { __libc_free(p) };
         return;
     };
-    // SAFETY: `hdr` is the header of a live region of ours, whose first word is its kind.
-    if unsafe { *(hdr as *const u32) } == KIND_LARGE {
+    if kind == os::REGION_LARGE {
         // SAFETY: a live large block (`p` in its region), freed once.
         unsafe { free_large(base) };
         return;
     }
-    let seg = hdr as *mut Segment;
-    // SAFETY: not large, the region is a superblock, and the live block `p` lies in one of
-    // its runs in use.
-    let r = unsafe { run_of(seg, p as usize) };
+    // SAFETY: not large, the region is a superblock at `base`, and the live block `p` lies in
+    // one of its runs in use.
+    let r = unsafe { run_at(base, p as usize) };
     // SAFETY: `r` is the run of the live block `p`.
     if unsafe { (*r).state.load(Relaxed) } == R_BLOCK {
         // SAFETY: the run of a live block of its own, freed once.
@@ -137,8 +136,9 @@ unsafe fn remote_free(h: *mut Heap, owner: *mut Heap, r: *mut Run, blk: usize) {
     // may work on its runs, so the freeing thread takes the claim and frees the block into its
     // run directly, instead of putting it in a bin that it would then drain itself. Frees of
     // blocks left by exited threads (a consumer freeing what finished producers allocated;
-    // `general`'s main thread freeing the workers' last blocks) cost a claim instead of two
-    // bin locks, two atomic read-modify-writes and a drain each. If the claim is taken (an
+    // `general`'s main thread freeing the workers' last blocks) cost a claim instead of a bin
+    // push and take, an atomic read-modify-write of the pending mask and a drain each. If the
+    // claim is taken (an
     // adopter, another collector), the block goes to a bin as below.
     // SAFETY: `owner` is a heap (heaps are never unmapped).
     if unsafe { (*owner).shared.abandoned.load(Acquire) && (*owner).shared.try_claim() } {
@@ -160,14 +160,17 @@ unsafe fn remote_free(h: *mut Heap, owner: *mut Heap, r: *mut Run, blk: usize) {
     // SAFETY: `owner` is a heap.
     let bin = unsafe { &(*owner).bins[i] };
     let f = blk as *mut Free;
-    bin.lock.lock();
-    // SAFETY: the bin's head is touched only with its lock held, as here; the block is freed
-    // once, so its first word may hold the link.
-    unsafe {
-        (*f).next = *bin.head.get();
-        *bin.head.get() = f;
+    let mut head = bin.head.load(Relaxed);
+    loop {
+        // SAFETY: the block is freed once, so its first word may hold the link; it is not
+        // in the bin until the exchange below publishes it.
+        unsafe { (*f).next = head };
+        // Release: the link (and the block's last writes) are visible to the owner's take.
+        match bin.head.compare_exchange_weak(head, f, Release, Relaxed) {
+            Ok(_) => break,
+            Err(now) => head = now,
+        }
     }
-    bin.lock.unlock();
     // SAFETY: `owner` is a heap.
     unsafe {
         (*owner).shared.pending.fetch_or(1 << i, SeqCst);

@@ -5,16 +5,16 @@
 use core::ptr::null_mut;
 use core::sync::atomic::{
     AtomicPtr, AtomicUsize,
-    Ordering::{AcqRel, Relaxed, Release, SeqCst},
+    Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
 };
 
 use super::class_run::{file, flush_stash, local_free};
 use super::config::{
     current_node, ensure_init, home, memoryless_fallback, nodemap, FAST_SMALL, KEY, MULTI_NODE,
 };
-use super::spans::{node_free, run_of};
-use super::structs::{Heap, Segment, NODES};
-use super::{bump, PAGE};
+use super::spans::{node_free, run_at};
+use super::structs::{Heap, NODES};
+use super::{bump, PAGE, SLOW};
 use crate::classes::NCLASSES;
 use crate::os;
 
@@ -116,7 +116,9 @@ pub(super) fn create_heap(node: usize, claimed: bool) -> *mut Heap {
         (*p).id = NEXT_ID.fetch_add(1, Relaxed);
         (*p).node = node;
         (*p).mem_node = home(node);
-        (*p).fast = FAST_SMALL.load(Relaxed);
+        (*p).shared
+            .pending
+            .store(if FAST_SMALL.load(Relaxed) { 0 } else { SLOW }, Relaxed);
         (*p).shared.claim.store(claimed as u32, Relaxed);
         (*p).shared.abandoned.store(!claimed, Relaxed);
         let mut head = ALL_HEAPS.load(Relaxed);
@@ -163,29 +165,25 @@ fn adopt_or_create(node: usize) -> *mut Heap {
 /// The caller holds `h`'s claim.
 pub(super) unsafe fn drain(h: *mut Heap) {
     // SAFETY: `h` is a heap (heaps are never unmapped).
-    let mut mask = unsafe { (*h).shared.pending.swap(0, AcqRel) };
+    let pending = unsafe { &(*h).shared.pending };
+    // The SLOW bit never changes after the heap's creation: keep it, take the bins' bits.
+    let mut mask = pending.swap(pending.load(Relaxed) & SLOW, AcqRel) & !SLOW;
     let mut n = 0u64;
     while mask != 0 {
         let i = mask.trailing_zeros() as usize;
         mask &= mask - 1;
         // SAFETY: as above.
         let bin = unsafe { &(*h).bins[i] };
-        bin.lock.lock();
-        // SAFETY: the bin's head is touched only with its lock held, as here.
-        let mut f = unsafe {
-            let f = *bin.head.get();
-            *bin.head.get() = null_mut();
-            f
-        };
-        bin.lock.unlock();
+        // Acquire: pairs with the freers' release pushes, so the links are visible.
+        let mut f = bin.head.swap(null_mut(), Acquire);
         while !f.is_null() {
             // SAFETY: `f` is a block freed into the bin (freed once): its first word is the link.
             let next = unsafe { (*f).next };
-            if let Some(base) = os::region_of(f as usize) {
-                let seg = os::header_of(base) as *mut Segment;
+            if let Some((base, os::REGION_SUPERBLOCK)) = os::region(f as usize) {
                 // SAFETY: a block in `h`'s bins is a live class block of a run of `h` (a run
-                // with blocks in use stays `h`'s), freed once; the caller holds `h`'s claim.
-                unsafe { local_free(h, run_of(seg, f as usize), f as usize) };
+                // with blocks in use stays `h`'s) in the superblock at `base`, freed once; the
+                // caller holds `h`'s claim.
+                unsafe { local_free(h, run_at(base, f as usize), f as usize) };
                 n += 1;
             }
             f = next;
@@ -204,7 +202,7 @@ pub(super) unsafe fn collect(h: *mut Heap) {
     loop {
         // SAFETY: `h` is a heap (contract above).
         unsafe {
-            if (*h).shared.pending.load(SeqCst) == 0 {
+            if (*h).shared.pending.load(SeqCst) & !SLOW == 0 {
                 return;
             }
             if !(*h).shared.try_claim() {

@@ -2,8 +2,8 @@
 //!
 //! Glossary and invariants:
 //! * **region**: an allocator mapping whose start is aligned to the region alignment and marked
-//!   in the region map ([`os::region_of`]); its first page holds a header
-//!   (at `os::header_of(base)`) whose first word is its kind.
+//!   in the region map ([`os::region`]) with its kind (superblock or large block); its first
+//!   page holds a header (at `os::header_of(base)`) whose first word is its node.
 //! * **superblock**: a region of `superblock size` bytes (10 MiB by default), mapped and bound
 //!   to one node with `mbind`; its node never changes. It is carved into **runs** (spans of
 //!   whole 1 KiB units): a unit map in its header names the run of every unit.
@@ -12,13 +12,14 @@
 //!   free span. Free spans coalesce with free neighbours; a superblock whose runs are all free
 //!   goes to its node's cache.
 //! * **heap**: the local allocator of one thread (seed 003's "local memory allocator"): one
-//!   sub-allocator ([`ClassState`]) per class, 64 recollection bins, counters. A heap serves one
+//!   sub-allocator ([`ClassState`]) per class, 63 recollection bins, counters. A heap serves one
 //!   node. Exactly one thread holds a heap's `claim` at a time, and only it touches the heap's
 //!   owner-side fields and the fields of its class runs that change; everything else goes
 //!   through the bins.
-//! * **recollection bin**: the list of blocks other threads freed into a heap, behind a spin
-//!   lock; bin `i` takes the frees of threads whose heap id is `i mod 64` (a private bin per
-//!   (owner, freer) pair up to 64 threads; beyond that pairs share bins, still correct).
+//! * **recollection bin**: the list of blocks other threads freed into a heap, a lock-free
+//!   stack (freers push with a compare-and-swap, the owner takes all with one swap); bin `i`
+//!   takes the frees of threads whose heap id mod 63 is `i` (a private bin per (owner,
+//!   freer) pair up to 63 threads; beyond that pairs share bins, still correct).
 //! * **node pool**: per node, the free spans of its superblocks, the superblock cache (LIFO,
 //!   bounded), the heaps of exited threads (adopted by the next thread that starts on the
 //!   node), and one shared heap for [`alloc_on`] requests from threads of other nodes. One spin
@@ -46,7 +47,7 @@
 //! * `node_api`: allocation on a given node ([`alloc_on`]), [`node_of`], [`task_finished`].
 //! * `stats`: the counters ([`stats()`]).
 //!
-//! [`os::region_of`]: crate::os::region_of
+//! [`os::region`]: crate::os::region
 //! [`ClassState`]: structs::ClassState
 
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -72,14 +73,17 @@ pub use node_api::{alloc_on, node_of, task_finished, AllocError};
 pub use stats::{stats, AllocStats, NodeStats, COUNTERS, MEMORYLESS_FALLBACKS};
 pub use structs::SPAN_MIN;
 
-/// The `kind` word a superblock and a large block's mapping start with.
-const KIND_SB: u32 = 0x10c1_5b01;
-const KIND_LARGE: u32 = 0x10c1_5b02;
 /// Occupancy groups of a class's runs: group g lists the runs with about g/NGROUPS of their
 /// blocks in use.
 const NGROUPS: usize = 8;
 /// Recollection bins of a heap: blocks other threads freed, binned by the freeing heap's id.
-const NBINS: usize = 64;
+/// One bit of the heap's pending mask each; the mask's last bit is [`SLOW`].
+const NBINS: usize = 63;
+/// The bit of a heap's pending mask that keeps its small allocations off the fast path (set
+/// for the heap's life when small blocks are delegated or the machine has several nodes, see
+/// [`FAST_SMALL`](config::FAST_SMALL)): the fast path tests one word, the mask, for both.
+const SLOW: u64 = 1 << 63;
+const _: () = assert!(NBINS < 64);
 /// The `group` of a class run that is in no list: the active run, a full run, the spare.
 const G_ACTIVE: u32 = 100;
 const G_FULL: u32 = 101;
@@ -90,6 +94,15 @@ const PAGE: usize = 4096;
 /// pages wasted 5% of `buffer-passing`'s bytes (up to 17% of a 9 KiB block); with 1 KiB units
 /// neighbours share their boundary pages instead.
 const UNIT: usize = 1024;
+/// Where a superblock's unit map starts, from its base (its header sits in the first page).
+const MAP_OFF: usize = PAGE;
+/// Run descriptors sit at a multiple of this from their superblock's base (their size): a
+/// unit map entry is a descriptor's offset in these steps, so `free` finds a block's run
+/// from the entry by address arithmetic alone.
+const DESC_ALIGN: usize = 128;
+/// Largest superblock (`LOCI_ALLOC_SUPERBLOCK`): its map entries must fit 16 bits (see
+/// `superblock::format_sb`).
+const MAX_SUPERBLOCK: usize = 64 << 20;
 /// Default superblock size (seed 003 used 10 MB).
 pub const DEFAULT_SUPERBLOCK: usize = 10 << 20;
 /// Default number of released superblocks each node keeps mapped for reuse.

@@ -9,7 +9,7 @@ use super::blocks::{alloc_large, alloc_sized};
 use super::config::{ensure_init, nodemap};
 use super::heap::{collect, create_heap, drain, tls_heap};
 use super::structs::{Heap, Large, NODES};
-use super::PAGE;
+use super::{PAGE, SLOW};
 use crate::classes::MEDIUM_MAX;
 use crate::os::{self, MAX_NODES};
 
@@ -145,7 +145,8 @@ pub(super) fn shared_heap(node: usize) -> *mut Heap {
 /// The node a block of this allocator was bound to; None for blocks of the system allocator.
 pub fn node_of(p: *const u8) -> Option<usize> {
     let base = os::region_of(p as usize)?;
-    // SAFETY: every region has a header at header_of(base) whose second word is the node.
+    // SAFETY: every region has a header at header_of(base) whose first word is the node
+    // (`Segment` and `Large` both start with it).
     Some(unsafe { (*(os::header_of(base) as *const Large)).node } as usize)
 }
 
@@ -156,7 +157,7 @@ pub fn task_finished() {
     if !h.is_null() {
         // SAFETY: this thread holds its heap's claim.
         unsafe {
-            if (*h).shared.pending.load(Relaxed) != 0 {
+            if (*h).shared.pending.load(Relaxed) & !SLOW != 0 {
                 drain(h);
             }
         }

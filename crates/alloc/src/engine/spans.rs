@@ -5,14 +5,14 @@
 //! only then a new superblock.
 
 use core::ptr::null_mut;
-use core::sync::atomic::Ordering::Relaxed;
+use core::sync::atomic::{AtomicU16, Ordering::Relaxed};
 
 use super::structs::{
     list_push, list_unlink, NodeInner, NodeState, Run, Segment, SpanBins, SpanPool, NODES, NO_DESC,
     NPOOLS, R_FREE, SPAN_BINS,
 };
 use super::superblock::{format_sb, map_sb, pop_cached_sb, release_sb};
-use super::UNIT;
+use super::{DESC_ALIGN, MAP_OFF, UNIT};
 
 /// A fresh descriptor of `seg`, or null when all are in use.
 ///
@@ -73,7 +73,8 @@ unsafe fn free_desc(r: *mut Run) {
     }
 }
 
-/// Unit `u`'s map entry: the index of the descriptor covering it.
+/// Unit `u`'s map entry: the offset of the descriptor covering it from the superblock's base,
+/// in [`DESC_ALIGN`] steps (see [`desc_at`]).
 ///
 /// The map is read and written with relaxed atomics. [`map_all`] writes a run's entries after
 /// the run left the node lock; [`free_units`], under the lock, reads the entry just before or
@@ -83,24 +84,45 @@ unsafe fn free_desc(r: *mut Run) {
 /// relaxed u16 load or store is the same `mov` as a plain one.
 ///
 /// # Safety
-/// `seg` is a live superblock header and `u < (*seg).nunits`.
+/// `base` is the base of a live superblock and `u` one of its units.
 #[inline(always)]
-unsafe fn map_get(seg: *mut Segment, u: usize) -> u16 {
-    // SAFETY: the map has an entry per unit of the superblock (contract above).
-    unsafe { (*(*seg).map.add(u)).load(Relaxed) }
+unsafe fn map_get(base: usize, u: usize) -> u16 {
+    // SAFETY: the map (at MAP_OFF from the base) has an entry per unit of the superblock
+    // (contract above).
+    unsafe { (*((base + MAP_OFF) as *const AtomicU16).add(u)).load(Relaxed) }
 }
 
-/// Sets unit `u`'s map entry to descriptor `i` (see [`map_get`]).
+/// Sets unit `u`'s map entry to `e` (see [`map_get`]).
 ///
 /// # Safety
 /// As for [`map_get`].
 #[inline(always)]
-unsafe fn map_set(seg: *mut Segment, u: u32, i: u16) {
+unsafe fn map_set(base: usize, u: u32, e: u16) {
     // SAFETY: as for `map_get`.
-    unsafe { (*(*seg).map.add(u as usize)).store(i, Relaxed) }
+    unsafe { (*((base + MAP_OFF) as *const AtomicU16).add(u as usize)).store(e, Relaxed) }
 }
 
-/// Points the first and last page of a span at its descriptor (all a free span needs: the
+/// The map entry that names descriptor `r`: its offset from its superblock's base in
+/// [`DESC_ALIGN`] steps (below 2^16: see `format_sb`).
+///
+/// # Safety
+/// `r` is a descriptor handed out by [`new_desc`].
+#[inline]
+unsafe fn entry_of(r: *mut Run) -> u16 {
+    // SAFETY: `r` is a descriptor of its superblock (contract above).
+    let base = unsafe { (*(*r).seg).base };
+    ((r as usize - base) / DESC_ALIGN) as u16
+}
+
+/// The descriptor a map entry `e` of the superblock at `base` names: address arithmetic, no
+/// load of the descriptor array's address (the descriptors sit at a multiple of
+/// [`DESC_ALIGN`] from the base, see `format_sb`).
+#[inline(always)]
+fn desc_at(base: usize, e: u16) -> *mut Run {
+    (base + e as usize * DESC_ALIGN) as *mut Run
+}
+
+/// Points the first and last unit of a span at its descriptor (all a free span needs: the
 /// neighbours look only at its ends).
 ///
 /// # Safety
@@ -112,14 +134,14 @@ pub(super) unsafe fn map_ends(r: *mut Run) {
     // SAFETY: both units lie in the superblock, so in its unit map; the map's entries of free
     // spans are written under the node lock, which the caller holds (contract above).
     unsafe {
-        let seg = (*r).seg;
-        let i = desc_index(r) as u16;
-        map_set(seg, (*r).first, i);
-        map_set(seg, (*r).first + (*r).nunits - 1, i);
+        let base = (*(*r).seg).base;
+        let e = entry_of(r);
+        map_set(base, (*r).first, e);
+        map_set(base, (*r).first + (*r).nunits - 1, e);
     }
 }
 
-/// Points every page of a run at its descriptor (a pointer anywhere in it finds it).
+/// Points every unit of a run at its descriptor (a pointer anywhere in it finds it).
 ///
 /// # Safety
 /// `r` is a run the caller has just taken from [`node_units`] (its state set, so no other
@@ -128,40 +150,26 @@ pub(super) unsafe fn map_all(r: *mut Run) {
     // SAFETY: the run's units lie in its superblock's unit map, and the run is the caller's
     // alone (contract above).
     unsafe {
-        let seg = (*r).seg;
-        let i = desc_index(r) as u16;
+        let base = (*(*r).seg).base;
+        let e = entry_of(r);
         for u in (*r).first..(*r).first + (*r).nunits {
-            map_set(seg, u, i);
+            map_set(base, u, e);
         }
     }
 }
 
-/// [`run_of`] with the superblock's base already known (from the region lookup): one load
-/// fewer on `free`'s dependency chain.
+/// The run covering `p`, a pointer into a live run of the superblock at `base`: the unit
+/// map's entry for `p`'s unit names the descriptor by its offset from `base` (two loads in
+/// all on `free`'s path from the pointer to the run: the region map byte and this entry).
 ///
 /// # Safety
-/// As for [`run_of`], and `base` is the superblock's base.
+/// `base` is the base of a live superblock and `p` points into one of its runs in use (a class
+/// or block run, whose units all name its descriptor: see [`map_all`]).
 #[inline(always)]
-pub(super) unsafe fn run_at(seg: *mut Segment, base: usize, p: usize) -> *mut Run {
-    // SAFETY: `seg` is a live superblock header (contract above).
-    debug_assert_eq!(base, unsafe { (*seg).base });
-    // SAFETY: `p` lies in a run in use of `seg`, so its unit's map entry is that run's
-    // descriptor index (set by `map_all`), inside the descriptor array.
-    unsafe { (*seg).descs.add(map_get(seg, (p - base) / UNIT) as usize) }
-}
-
-/// The run covering `p` (a pointer into a live run of `seg`).
-///
-/// # Safety
-/// `seg` is the header of a live superblock and `p` points into one of its runs in use (a
-/// class or block run, whose units all name its descriptor: see [`map_all`]).
-#[inline]
-pub(super) unsafe fn run_of(seg: *mut Segment, p: usize) -> *mut Run {
-    // SAFETY: as for `run_at`: the unit of `p` lies in the unit map and names a descriptor.
-    unsafe {
-        let u = (p - (*seg).base) / UNIT;
-        (*seg).descs.add(map_get(seg, u) as usize)
-    }
+pub(super) unsafe fn run_at(base: usize, p: usize) -> *mut Run {
+    // SAFETY: `p` lies in a run in use of the superblock, so its unit's map entry names that
+    // run's descriptor (set by `map_all`).
+    desc_at(base, unsafe { map_get(base, (p - base) / UNIT) })
 }
 
 #[inline]
@@ -435,13 +443,14 @@ unsafe fn free_units(sp: *mut SpanPool, mut r: *mut Run) -> bool {
         (*r).fresh = 0;
         seg
     };
-    // SAFETY: the unit before `r` is in the superblock; map entries hold only indices of the
-    // descriptor array, and the checks confirm a free span of `sp` (node lock held).
+    // SAFETY: the unit before `r` is in the superblock; map entries name only descriptors of
+    // the superblock's array (each one written by `map_ends` or `map_all`; a superblock is
+    // always formatted with the same layout, so an entry left from an earlier use of a cached
+    // one still names a slot of the array), and the checks confirm a free span of `sp` (node
+    // lock held).
     unsafe {
         if (*r).first > (*seg).data_unit {
-            let p = (*seg)
-                .descs
-                .add(map_get(seg, ((*r).first - 1) as usize) as usize);
+            let p = desc_at((*seg).base, map_get((*seg).base, ((*r).first - 1) as usize));
             if (*p).state.load(Relaxed) == R_FREE
                 && (*p).nunits != 0
                 && (*p).first + (*p).nunits == (*r).first
@@ -458,7 +467,7 @@ unsafe fn free_units(sp: *mut SpanPool, mut r: *mut Run) -> bool {
     unsafe {
         let nx = (*r).first + (*r).nunits;
         if nx < (*seg).nunits {
-            let q = (*seg).descs.add(map_get(seg, nx as usize) as usize);
+            let q = desc_at((*seg).base, map_get((*seg).base, nx as usize));
             if (*q).state.load(Relaxed) == R_FREE && (*q).nunits != 0 && (*q).first == nx {
                 unlink_span(sp, q);
                 (*r).nunits += (*q).nunits;

@@ -138,6 +138,7 @@ pub fn stats() -> AllocStats {
             s.bytes_requested += st.requested.load(Relaxed);
             for (c, cs) in (*h).classes.iter().enumerate() {
                 let (a, f) = (cs.allocs.load(Relaxed), cs.frees.load(Relaxed));
+                s.bytes_requested += cs.requested.load(Relaxed);
                 s.allocs += a;
                 s.frees += f;
                 s.live_block_bytes += (a as i64 - f as i64) * SIZES[c] as i64;

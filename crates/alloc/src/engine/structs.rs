@@ -5,7 +5,7 @@
 use core::cell::UnsafeCell;
 use core::ptr::null_mut;
 use core::sync::atomic::{
-    AtomicBool, AtomicI64, AtomicPtr, AtomicU16, AtomicU32, AtomicU64,
+    AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
 
@@ -101,8 +101,9 @@ impl SpanPool {
 }
 
 /// Header of a superblock, at `os::header_of(base)` in its first page. The unit map (one u16
-/// per [`UNIT`]: the descriptor of the run covering it) starts at the second page, the run
-/// descriptors after it, the data after them.
+/// per [`UNIT`]: the descriptor of the run covering it, as its offset from the base in
+/// 128-byte steps) starts at the second page, the run descriptors after it (at a multiple of
+/// 128 bytes from the base), the data after them.
 ///
 /// Deviation from seed 003 (where a superblock serves one class of one thread): superblocks
 /// stay with their node and are carved into runs; a class's sub-allocator works on runs of
@@ -115,7 +116,7 @@ impl SpanPool {
 /// measurably change that (no hardware counters on this VM to tell TLB from cache misses).
 #[repr(C, align(64))]
 pub(super) struct Segment {
-    pub(super) kind: u32,
+    /// The node, first as in [`Large`] (see `node_of`).
     pub(super) node: u32,
     /// Units ([`UNIT`]) in the superblock; the first `data_unit` hold the header, the map
     /// and the descriptors.
@@ -127,10 +128,8 @@ pub(super) struct Segment {
     pub(super) desc_bump: u32,
     pub(super) desc_free: u32,
     pub(super) base: usize,
-    /// The unit map. Atomic (relaxed) because a thread that has just taken a run writes its
-    /// interior entries without the node lock while another, holding it, reads a neighbouring
-    /// span's end entry to coalesce; see `spans::map_get`.
-    pub(super) map: *mut AtomicU16,
+    /// The run descriptors (the unit map sits at `MAP_OFF` from the base; see
+    /// `spans::map_get`).
     pub(super) descs: *mut Run,
     /// Node cache link.
     pub(super) next: *mut Segment,
@@ -148,14 +147,18 @@ pub(super) struct Run {
     /// R_FREE, R_CLASS, R_CLASS_ALIGNED or R_BLOCK. Written by the owner of a class run (to
     /// R_CLASS_ALIGNED) and under the node lock; read by neighbours under the node lock.
     pub(super) state: AtomicU32,
-    /// Blocks handed out and not yet freed back (remote frees count once drained).
-    pub(super) used: u32,
+    /// Frees the run takes before it changes occupancy group: `used - lo` (wrapping), where
+    /// `used` is the blocks handed out and not yet freed back (remote frees count once
+    /// drained; see `class_run::used`). A free that finds it 0 regroups the run, so a local
+    /// free's whole bookkeeping is one decrement and its borrow.
+    pub(super) avail: u32,
     /// Class run: 0..NGROUPS (listed in that group), or G_ACTIVE / G_FULL / G_SPARE.
     /// Free span: its span bin.
     pub(super) group: u32,
     /// Lowest `used` that still belongs to the current group; below it the run moves down
-    /// (a free calls `regroup` when `used < lo`). 0 for the active run and the spare; for a
-    /// full run, `capacity + 1` less its slack (see `set_state_group`).
+    /// (a free regroups it when `used` drops below `lo`, i.e. finds `avail` 0). 0 for the
+    /// active run and the spare; for a full run, `capacity + 1` less its slack (see
+    /// `set_state_group`).
     pub(super) lo: u32,
     /// The heap whose sub-allocator serves this class run (null for block and free spans).
     pub(super) owner: AtomicPtr<Heap>,
@@ -191,7 +194,7 @@ pub(super) struct Run {
 }
 
 const _: () = assert!(core::mem::offset_of!(Run, cs_off) < 64);
-const _: () = assert!(core::mem::offset_of!(ClassState, stash) + 8 <= 64);
+const _: () = assert!(core::mem::offset_of!(ClassState, requested) + 8 <= 64);
 const _: () = assert!(core::mem::size_of::<Segment>() <= os::HEADER_STEP);
 const _: () = assert!(core::mem::size_of::<Run>() == 128);
 
@@ -235,7 +238,7 @@ pub(super) unsafe fn list_unlink(head: *mut *mut Run, r: *mut Run) {
 
 #[repr(C)]
 pub(super) struct Large {
-    pub(super) kind: u32,
+    /// The node, first as in [`Segment`] (see `node_of`).
     pub(super) node: u32,
     pub(super) map_len: usize,
     pub(super) requested: usize,
@@ -269,13 +272,15 @@ impl SpinLock {
     }
 }
 
+/// A recollection bin: a lock-free stack of blocks freed by other threads. Freers push with a
+/// compare-and-swap; the owner takes the whole list with one swap (a take-all stack has no
+/// ABA problem: nothing is ever popped singly).
 #[repr(C, align(64))]
 pub(super) struct Bin {
-    pub(super) lock: SpinLock,
-    pub(super) head: UnsafeCell<*mut Free>,
+    pub(super) head: AtomicPtr<Free>,
 }
 
-/// A heap's sub-allocator of one class. Two cache lines, aligned (104 bytes of fields): an
+/// A heap's sub-allocator of one class. Two cache lines, aligned (112 bytes of fields): an
 /// allocation or a free reads and writes only the first.
 #[repr(C, align(64))]
 pub(super) struct ClassState {
@@ -297,6 +302,9 @@ pub(super) struct ClassState {
     /// read misses than with the block reused at once). Emptied into its run when the heap
     /// is abandoned ([`flush_stash`](super::class_run::flush_stash)).
     pub(super) stash: AtomicPtr<Free>,
+    /// Bytes requested by this heap's allocations of this class (on the line an allocation
+    /// touches anyway; blocks of other sizes count in [`HeapStats::requested`]).
+    pub(super) requested: AtomicU64,
     /// One empty run kept back so that a class that drains and refills does not split and
     /// coalesce spans every time.
     pub(super) spare: *mut Run,
@@ -312,7 +320,8 @@ impl ClassState {
 
 #[repr(C)]
 pub(super) struct HeapStats {
-    /// Blocks of `SPAN_MIN` bytes or more handed out (class blocks: [`ClassState::allocs`]).
+    /// Blocks of `SPAN_MIN` bytes or more handed out (class blocks: [`ClassState::allocs`]),
+    /// and the bytes requested by them (class blocks: [`ClassState::requested`]).
     pub(super) allocs: AtomicU64,
     pub(super) requested: AtomicU64,
     pub(super) remote_sent: AtomicU64,
@@ -321,7 +330,10 @@ pub(super) struct HeapStats {
 
 #[repr(C, align(64))]
 pub(super) struct Shared {
-    /// Bit i: bin i may hold blocks.
+    /// Bit i < [`NBINS`]: bin i may hold blocks. Bit 63 ([`SLOW`](super::SLOW)): small
+    /// blocks may not take the fast path of [`alloc`](super::alloc) (not
+    /// [`FAST_SMALL`](super::config::FAST_SMALL)); set when the heap is created and kept for
+    /// its life, so the fast path tests this one word instead of a flag too.
     pub(super) pending: AtomicU64,
     /// 1 while a thread holds the heap (its owner, an adopter, or a collector of an abandoned heap).
     pub(super) claim: AtomicU32,
@@ -363,10 +375,6 @@ pub(super) struct Heap {
     /// when `node` has none.
     pub(super) mem_node: usize,
     pub(super) mismatch: u32,
-    /// Small blocks may take the fast path of [`alloc`](super::alloc)
-    /// ([`FAST_SMALL`](super::config::FAST_SMALL), copied here so that the fast path reads a
-    /// line of the heap instead of a global through the GOT).
-    pub(super) fast: bool,
     pub(super) classes: [ClassState; NCLASSES],
     pub(super) st: HeapStats,
     pub(super) pool_next: *mut Heap,

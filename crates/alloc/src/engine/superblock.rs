@@ -3,13 +3,12 @@
 //! cache or the OS.
 
 use core::ptr::null_mut;
-use core::sync::atomic::{AtomicU16, Ordering::Relaxed};
+use core::sync::atomic::Ordering::Relaxed;
 
 use super::config::{CACHE_MAX, HUGEPAGES, MPOL, SB_SIZE};
 use super::spans::{map_ends, new_desc};
 use super::structs::{NodeInner, NodeState, Run, Segment, NODES, NO_DESC, R_FREE};
-use super::{KIND_SB, PAGE, UNIT};
-use crate::classes::LINE;
+use super::{DESC_ALIGN, MAP_OFF, MAX_SUPERBLOCK, PAGE, UNIT};
 use crate::os;
 
 /// Takes a superblock out of `node`'s cache (null when it is empty). The caller holds the
@@ -49,7 +48,7 @@ pub(super) fn map_sb(node: usize) -> *mut Segment {
     if !unsafe { os::bind(p, size, node, MPOL.load(Relaxed)) } {
         ns.mbind_failures.fetch_add(1, Relaxed);
     }
-    if !os::mark(p as usize, true) {
+    if !os::mark(p as usize, os::REGION_SUPERBLOCK) {
         // SAFETY: ours, unused.
         unsafe { os::unmap(p, size) };
         return null_mut();
@@ -59,7 +58,6 @@ pub(super) fn map_sb(node: usize) -> *mut Segment {
     let seg = os::header_of(p as usize) as *mut Segment;
     // SAFETY: fresh zeroed mapping; the header slot lies in its first page.
     unsafe {
-        (*seg).kind = KIND_SB;
         (*seg).node = node as u32;
         (*seg).base = p as usize;
     }
@@ -95,13 +93,21 @@ pub(super) unsafe fn release_sb(seg: *mut Segment) {
     let size = SB_SIZE.load(Relaxed);
     // SAFETY: as above; the header is read before the mapping goes.
     let base = unsafe { (*seg).base };
-    os::mark(base, false);
+    os::mark(base, 0);
     // SAFETY: the superblock's mapping of `size` bytes is empty, unused (contract above), in no
     // cache and unmarked: nothing uses it afterwards.
     unsafe { os::unmap(base as *mut u8, size) };
     ns.os_bytes.fetch_sub(size as u64, Relaxed);
     ns.sb_total.fetch_sub(1, Relaxed);
 }
+
+// Every map entry of the largest superblock fits 16 bits: the end of its descriptor array
+// (map, then one 128-byte descriptor per page) is below 2^16 steps of DESC_ALIGN from its base.
+const _: () = assert!(core::mem::size_of::<Run>() == DESC_ALIGN);
+const _: () = assert!(
+    (MAP_OFF + MAX_SUPERBLOCK / UNIT * 2 + MAX_SUPERBLOCK / PAGE * DESC_ALIGN) / DESC_ALIGN
+        <= 1 << 16
+);
 
 /// Lays out a superblock just acquired; returns the free span of all its data pages (not yet
 /// listed).
@@ -118,9 +124,13 @@ pub(super) unsafe fn format_sb(seg: *mut Segment) -> *mut Run {
     let max_desc = size / PAGE;
     // SAFETY: `seg` is a mapped superblock header nobody else references (contract above).
     let base = unsafe { (*seg).base };
-    let desc_off = PAGE + (nunits * 2).div_ceil(LINE) * LINE;
-    let data_unit =
-        (desc_off + max_desc * core::mem::size_of::<Run>()).div_ceil(PAGE) * (PAGE / UNIT);
+    // The map at MAP_OFF, one u16 per unit; the descriptors after it at a multiple of
+    // DESC_ALIGN from the base, so that a map entry (the descriptor's offset / DESC_ALIGN)
+    // names a descriptor by address arithmetic.
+    let desc_off = MAP_OFF + (nunits * 2).div_ceil(DESC_ALIGN) * DESC_ALIGN;
+    let desc_end = desc_off + max_desc * core::mem::size_of::<Run>();
+    debug_assert!(desc_end / DESC_ALIGN <= 1 << 16);
+    let data_unit = desc_end.div_ceil(PAGE) * (PAGE / UNIT);
     // SAFETY: as above; the unit map and the descriptors lie in the superblock's first
     // `data_unit` units.
     unsafe {
@@ -129,7 +139,6 @@ pub(super) unsafe fn format_sb(seg: *mut Segment) -> *mut Run {
         (*seg).max_desc = max_desc as u32;
         (*seg).desc_bump = 0;
         (*seg).desc_free = NO_DESC;
-        (*seg).map = (base + PAGE) as *mut AtomicU16;
         (*seg).descs = (base + desc_off) as *mut Run;
         (*seg).next = null_mut();
     }
