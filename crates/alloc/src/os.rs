@@ -158,7 +158,7 @@ pub const REGION_LARGE: u8 = 2;
 /// (a static of this library is reached through the GOT: one load for each static read).
 #[repr(C)]
 struct Regions {
-    /// log2 of the region alignment; set once at init.
+    /// log2 of the region alignment; set once at init ([`set_region_shift`]).
     shift: AtomicUsize,
     map: [AtomicU8; MAP_BYTES],
 }
@@ -169,6 +169,14 @@ static REGIONS: Regions = Regions {
 /// log2 of the region alignment; set once at init, always in
 /// `MIN_REGION_SHIFT..=MAX_REGION_SHIFT` ([`region`] relies on it).
 pub(crate) static REGION_SHIFT: &AtomicUsize = &REGIONS.shift;
+
+/// Sets the region alignment to `2^shift`, clamped to `MIN_REGION_SHIFT..=MAX_REGION_SHIFT`
+/// (what [`region`] relies on). Called once at init, before any region is mapped.
+pub(crate) fn set_region_shift(shift: usize) {
+    REGIONS
+        .shift
+        .store(shift.clamp(MIN_REGION_SHIFT, MAX_REGION_SHIFT), Relaxed);
+}
 
 /// Records the kind of the region starting at `base` (`kind` 0: no region any more). False if
 /// the address is outside the range the map covers.
@@ -200,16 +208,21 @@ pub fn header_of(base: usize) -> usize {
 /// and one of the map.
 #[inline(always)]
 pub fn region(p: usize) -> Option<(usize, u8)> {
-    if p >> ADDR_BITS != 0 {
-        return None;
-    }
     let shift = REGIONS.shift.load(Relaxed);
-    // SAFETY: init stores a shift in MIN_REGION_SHIFT..=MAX_REGION_SHIFT (and the initial
-    // value is MIN_REGION_SHIFT); telling the compiler so spares the masking of the count.
+    // SAFETY: `set_region_shift` stores a shift in MIN_REGION_SHIFT..=MAX_REGION_SHIFT (and
+    // the initial value is MIN_REGION_SHIFT); telling the compiler so spares the masking of
+    // the count.
     unsafe { core::hint::assert_unchecked((MIN_REGION_SHIFT..=MAX_REGION_SHIFT).contains(&shift)) };
     let i = p >> shift;
-    // SAFETY: p < 2^ADDR_BITS and shift >= MIN_REGION_SHIFT, so i < MAP_BYTES (no bounds
-    // check: its panic branch would cost `free` a stack frame).
+    // One comparison with a constant instead of a test of the pointer's high bits before the
+    // shift: an index below MAP_BYTES whose slot lies beyond the 47-bit address space (a
+    // pointer of 2^47 or more, which no mapping of ours or of the system allocator has) is
+    // never marked (`mark` refuses such bases), so it reads 0.
+    if i >= MAP_BYTES {
+        return None;
+    }
+    // SAFETY: i < MAP_BYTES, checked above. No bounds check: its panic branch would cost
+    // `free` a stack frame.
     let kind = unsafe { REGIONS.map.get_unchecked(i) }.load(Acquire);
     if kind != 0 {
         Some((i << shift, kind))
@@ -596,6 +609,11 @@ mod tests {
         assert!(mark(p as usize, REGION_LARGE));
         assert_eq!(region_of(p as usize + 12345), Some(p as usize));
         assert_eq!(region(p as usize + 12345), Some((p as usize, REGION_LARGE)));
+        // Null and pointers beyond the 47-bit address space are never ours, whatever the
+        // shift (a slot index past the space's end is never marked).
+        for q in [0, 1 << 47, (1 << 47) + (p as usize), 1 << 52, usize::MAX] {
+            assert_eq!(region(q), None, "{q:#x}");
+        }
         assert!(mark(p as usize, 0));
         assert_eq!(region_of(p as usize + 12345), None);
         assert_eq!(region(p as usize + 12345), None);

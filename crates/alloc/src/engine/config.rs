@@ -164,11 +164,7 @@ fn init_slow() {
                 }
             }
             let region = SB_SIZE.load(Relaxed).next_power_of_two();
-            os::REGION_SHIFT.store(
-                (region.trailing_zeros() as usize)
-                    .clamp(os::MIN_REGION_SHIFT, os::MAX_REGION_SHIFT),
-                Relaxed,
-            );
+            os::set_region_shift(region.trailing_zeros() as usize);
             // SAFETY: only this thread writes NODEMAP, before READY is published.
             let map = unsafe { &mut *NODEMAP.0.get() };
             map.read_sysfs();

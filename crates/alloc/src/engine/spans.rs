@@ -119,7 +119,7 @@ unsafe fn entry_of(r: *mut Run) -> u16 {
 /// [`DESC_ALIGN`] from the base, see `format_sb`).
 #[inline(always)]
 fn desc_at(base: usize, e: u16) -> *mut Run {
-    (base + e as usize * DESC_ALIGN) as *mut Run
+    (base + (u32::from(e) * DESC_ALIGN as u32) as usize) as *mut Run
 }
 
 /// Points the first and last unit of a span at its descriptor (all a free span needs: the
