@@ -1,28 +1,29 @@
 #!/usr/bin/env python3
 """The loci engine workloads W1-W4 in DuckDB and Polars, on the very rows loci generated.
 
-loci exports each table as raw little-endian columns: 64-bit tables (W1-W3) as <dir>/<table>.k.u64
-(keys, uint64) and <dir>/<table>.v.i64 (values, int64) with `--format u64`; W4's 32-bit index
-tables as <table>.k.u32 / <table>.v.u32 with `--format u32`. This script loads them into each
-peer's native in-memory format in the same types (untimed: DuckDB UBIGINT/BIGINT, Polars
-UInt64/Int64), then times the query only, `--reps` times, and prints one JSON object per peer:
+loci exports each table (64-bit, every workload) as raw little-endian columns: <dir>/<table>.k.u64
+(keys, uint64) and <dir>/<table>.v.i64 (values, int64). This script loads them into each peer's
+native in-memory format in the same types (untimed: DuckDB UBIGINT/BIGINT, Polars UInt64/Int64),
+then times the query only, `--reps` times, and prints one JSON object per peer:
   {"system": "duckdb", "version": "...", "timed": "...", "times_s": [...], "checksum": {...}}
 
 What is timed, every rep: the query up to a materialised result (DuckDB: `fetchnumpy()` of every
 output row; Polars: the collected DataFrame). W2 computes count, sum, min, max and avg of v for
-every group; W1 the exact median of every group; W3 the join with count(*) and sum(r.p + s.q).
+every group; W1 the exact median of every group; W3 and W4 the join with count(*) and
+sum(r.p + s.q) (the peer's hash join builds on R and probes with S; loci compares its W4 index
+build + probe with it).
 
 The checksum is a digest of the result, with the same definitions as loci (loci_engine::wide),
 computed after the timed reps:
   tuple_hash(x1..xn) = h, where h = TUPLE_SEED and h = mix64(h ^ xi) for each field (64-bit
   two's-complement patterns, SplitMix64's finalizer); the digest is the wrapping sum over every
-  output tuple: W2 (key, count, sum, min, max), W1 (key, count, 2*median), W3 (key, r.p, s.q) of
-  every matched pair, with the count and sum(r.p + s.q). W2's avg is compared to a relative
+  output tuple: W2 (key, count, sum, min, max), W1 (key, count, 2*median), W3 and W4
+  (key, r.p, s.q) of every matched pair, with the count and sum(r.p + s.q). W2's avg is compared to a relative
   tolerance of 1e-9 through sum(avg) and sum(avg * w(key)), w(key) = (mix64(key ^ WEIGHT_SALT)
-  >> 11) / 2^53, which binds every avg to its key. W3's pair digest is computed by a separate,
-  untimed pass over the join's output in slices of S.
+  >> 11) / 2^53, which binds every avg to its key. The joins' pair digest is computed by a
+  separate, untimed pass over the join's output in slices of S.
 
-Usage: peers.py --workload w2 --format u64 --dir DIR --reps 3 --threads 2 --peers duckdb,polars
+Usage: peers.py --workload w2 --dir DIR --reps 3 --threads 2 --peers duckdb,polars
 """
 import argparse
 import json
@@ -36,11 +37,9 @@ WEIGHT_SALT = 0x13198A2E03707344
 SLICE = 1 << 25
 
 
-def cols(d, name, fmt, np, mmap):
-    kt, vt = ("<u8", "<i8") if fmt == "u64" else ("<u4", "<u4")
-    ke, ve = ("k.u64", "v.i64") if fmt == "u64" else ("k.u32", "v.u32")
+def cols(d, name, np, mmap):
     f = (lambda p, t: np.memmap(p, dtype=t, mode="r")) if mmap else (lambda p, t: np.fromfile(p, dtype=t))
-    return f(os.path.join(d, f"{name}.{ke}"), kt), f(os.path.join(d, f"{name}.{ve}"), vt)
+    return f(os.path.join(d, f"{name}.k.u64"), "<u8"), f(os.path.join(d, f"{name}.v.i64"), "<i8")
 
 
 def mix64(z, np):
@@ -95,7 +94,7 @@ def run_duckdb(args, np):
     con.execute("SET preserve_insertion_order = false")
 
     def table(name, file, vcol):
-        k, v = cols(args.dir, file, args.format, np, True)
+        k, v = cols(args.dir, file, np, True)
         con.register("src", {"k": k, vcol: v})
         con.execute(f"CREATE TABLE {name} AS SELECT * FROM src")
         con.unregister("src")
@@ -112,7 +111,7 @@ def run_duckdb(args, np):
     else:
         table("r", "r", "p")
         table("s", "s", "q")
-        q = "SELECT count(*) AS c, sum(r.p::BIGINT + s.q::BIGINT)::BIGINT AS x FROM r JOIN s ON r.k = s.k"
+        q = "SELECT count(*) AS c, sum(r.p + s.q)::BIGINT AS x FROM r JOIN s ON r.k = s.k"
         timed = "hash join (build R, probe S): count(*), sum(r.p + s.q)"
     times = []
     res = None
@@ -124,8 +123,6 @@ def run_duckdb(args, np):
         ck = agg_digest(res["k"], res["c"], res["s"], res["mn"], res["mx"], res["a"], np)
     elif args.workload == "w1":
         ck = median_digest(res["k"], res["c"], res["m"], np)
-    elif args.format == "u32":
-        ck = {"count": int(res["c"][0]), "checksum": int(res["x"][0])}
     else:
         n = con.execute("SELECT count(*) FROM s").fetchone()[0]
         h = 0
@@ -143,7 +140,7 @@ def run_polars(args, np):
     import polars as pl
 
     if args.workload in ("w1", "w2"):
-        k, v = cols(args.dir, "t", args.format, np, False)
+        k, v = cols(args.dir, "t", np, False)
         df = pl.DataFrame({"k": k, "v": v})
         del k, v
         if args.workload == "w2":
@@ -157,16 +154,16 @@ def run_polars(args, np):
                 return df.group_by("k").agg(pl.len().alias("c"), pl.col("v").median().alias("m"))
             timed = "group_by(k).agg(len, median): DataFrame of every group"
     else:
-        rk, rv = cols(args.dir, "r", args.format, np, False)
+        rk, rv = cols(args.dir, "r", np, False)
         r = pl.DataFrame({"k": rk, "p": rv})
         del rk, rv
-        sk, sv = cols(args.dir, "s", args.format, np, False)
+        sk, sv = cols(args.dir, "s", np, False)
         s = pl.DataFrame({"k": sk, "q": sv})
         del sk, sv
 
         def q():
             return r.lazy().join(s.lazy(), on="k").select(
-                pl.len().alias("c"), (pl.col("p").cast(pl.Int64) + pl.col("q").cast(pl.Int64)).sum().alias("x")).collect()
+                pl.len().alias("c"), (pl.col("p") + pl.col("q")).sum().alias("x")).collect()
         timed = "lazy join on k (build + probe): len, sum(p + q)"
     times = []
     res = None
@@ -179,8 +176,6 @@ def run_polars(args, np):
                         res["mx"].to_numpy(), res["a"].to_numpy(), np)
     elif args.workload == "w1":
         ck = median_digest(res["k"].to_numpy(), res["c"].to_numpy(), res["m"].to_numpy(), np)
-    elif args.format == "u32":
-        ck = {"count": int(res["c"][0]), "checksum": int(res["x"][0])}
     else:
         h = 0
         for lo in range(0, s.height, SLICE):
@@ -193,7 +188,6 @@ def run_polars(args, np):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", required=True, choices=["w1", "w2", "w3", "w4"])
-    ap.add_argument("--format", choices=["u64", "u32"], default="u64")
     ap.add_argument("--dir", required=True)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())

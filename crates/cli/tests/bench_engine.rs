@@ -1,5 +1,7 @@
 //! `loci bench w1|w2|w3|w4` end to end on tiny sizes: the scheduler axis (`--sched`), the rows
-//! and configs of the result JSON, the local-access ratio, and clear errors for bad choices.
+//! and configs of the result JSON, the local-access ratio, W4's four indexes on 64-bit keys
+//! giving one answer (and DuckDB's, when the peers' venv is there), and clear errors for bad
+//! choices.
 
 use std::path::Path;
 
@@ -75,7 +77,7 @@ fn joins_run_on_each_scheduler() {
     );
     assert!(ok, "{err}");
     let rs = rows(&json);
-    // 2 schedulers x 2 indexes x (build, probe).
+    // 2 schedulers x 2 indexes x (build, probe), on the default sparse keys.
     assert_eq!(rs.len(), 8);
     let probe: Vec<&Value> = rs
         .iter()
@@ -83,8 +85,111 @@ fn joins_run_on_each_scheduler() {
         .collect();
     assert_eq!(probe.len(), 4);
     for r in &probe {
+        assert!(r["case"].as_str().unwrap().starts_with("sparse/"), "{r}");
         assert_eq!(r["extra"]["checksum"]["count"], 32000, "{r}");
         assert!(r["local_access_ratio"].as_f64().is_some());
+    }
+}
+
+/// The join digest of a W4 row or a peer row: (count, payload sum, pair hash).
+fn join_digest(r: &Value) -> (u64, i64, u64) {
+    let c = &r["extra"]["checksum"];
+    (
+        c["count"].as_u64().unwrap(),
+        c["sum"].as_i64().unwrap(),
+        c["hash"].as_u64().unwrap(),
+    )
+}
+
+#[test]
+fn w4_indexes_agree_on_64_bit_keys_of_both_layouts() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("w4.json");
+    let (ok, _, err) = bench(
+        "w4 --rows 48000 --reps 1 --morsel-rows 5000 --threads sparse --mem first-touch \
+         --keys sparse,dense --seed 7",
+        &json,
+    );
+    assert!(ok, "{err}");
+    let rs = rows(&json);
+    // 2 key layouts x 4 indexes x (build, probe).
+    assert_eq!(rs.len(), 16);
+    let mut by_keys = Vec::new();
+    for keys in ["sparse", "dense"] {
+        let mut variants = Vec::new();
+        for v in ["sorted", "btree", "skiplist", "art"] {
+            for part in ["build", "probe"] {
+                let case = format!("{keys}/{v}/{part}");
+                let r = rs
+                    .iter()
+                    .find(|r| r["case"] == case.as_str())
+                    .unwrap_or_else(|| panic!("no row {case}"));
+                assert!(r["median_s"].as_f64().unwrap() > 0.0, "{r}");
+                variants.push(join_digest(r));
+            }
+        }
+        // Every index gave the same count, payload sum and pair hash; every S row matched.
+        assert!(
+            variants.iter().all(|d| *d == variants[0]),
+            "{keys}: {variants:?}"
+        );
+        assert_eq!(variants[0].0, 48000, "{keys}");
+        by_keys.push(variants[0]);
+    }
+    // Same ranks, different keys: the pair hashes differ, the payload sums do not.
+    assert_ne!(by_keys[0].2, by_keys[1].2);
+    assert_eq!(by_keys[0].1, by_keys[1].1);
+}
+
+/// The peers' venv with DuckDB, made by bench/peers/setup; None when it is not there.
+fn peers_venv() -> Option<std::path::PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2)?;
+    let py = root.join("bench/peers/.venv/bin/python");
+    let ok = std::process::Command::new(&py)
+        .args(["-c", "import duckdb, numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok.then_some(py)
+}
+
+#[test]
+fn w4_duckdb_gives_the_same_answer_on_the_same_64_bit_tables() {
+    if peers_venv().is_none() {
+        eprintln!(
+            "NOTE: skipped: bench/peers/.venv with duckdb is not there (bench/peers/setup makes it)"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for keys in ["sparse", "dense"] {
+        let json = dir.path().join(format!("w4-{keys}.json"));
+        let (ok, out, err) = bench(
+            &format!(
+                "w4 --rows 32000 --reps 1 --morsel-rows 3000 --threads sparse \
+                 --mem first-touch --keys {keys} --peers duckdb"
+            ),
+            &json,
+        );
+        assert!(ok, "{keys}: {out}\n{err}");
+        let rs = rows(&json);
+        let peer = rs
+            .iter()
+            .find(|r| r["system"] == "duckdb")
+            .expect("a duckdb row");
+        assert_eq!(peer["case"], format!("{keys}/peer hash join").as_str());
+        let want = join_digest(peer);
+        assert_eq!(want.0, 32000);
+        let loci: Vec<&Value> = rs.iter().filter(|r| r["system"] == "loci").collect();
+        assert_eq!(loci.len(), 8, "{keys}");
+        for r in loci {
+            assert_eq!(join_digest(r), want, "{keys}: {r}");
+        }
+        // The ratio lines compare loci's default (build + probe) and its best with DuckDB.
+        assert!(
+            out.contains(&format!("{keys}: loci default vs duckdb")),
+            "{out}"
+        );
+        assert!(out.contains("best of matrix vs duckdb"), "{out}");
     }
 }
 
@@ -130,13 +235,18 @@ fn w1_and_w3_agree_across_schedulers() {
 #[test]
 fn bad_choices_are_named_with_the_valid_ones() {
     // (arguments after `bench`, what the error must say)
-    let cases: [(&str, &[&str]); 6] = [
+    let cases: [(&str, &[&str]); 8] = [
         (
             "w2 --rows 100 --sched las,lass",
             &["lass", "las, nls, unpinned"],
         ),
         ("w1 --rows 100 --threads sparce", &["sparce", "compact"]),
         ("w2 --rows 100 --keys sparce", &["sparce", "sparse, dense"]),
+        ("w4 --rows 100 --keys dens", &["'dens'", "sparse, dense"]),
+        (
+            "w4 --rows 100 --variant sorted,hash",
+            &["'hash'", "sorted, btree, skiplist, art"],
+        ),
         (
             "w2 --rows 100 --mem first-touch-1",
             &["first-touch-1", "per-node[:NODES]", "--gen one-thread"],

@@ -3,7 +3,7 @@
 //! keys, one thread, best of 3. Prints both times and their ratio.
 //!
 //! `cargo run --release -p loci-engine --example probe [KEYS] [PROBES]`
-//! (defaults: 16M keys, the full-size W4 R; 16M probes).
+//! (defaults: 16M u64 keys, the full-size W4 R; 16M probes).
 
 use std::time::Instant;
 
@@ -21,20 +21,23 @@ fn main() {
         }
     };
     let (n, m) = (num(16 << 20), num(16 << 20));
-    // unique keys with gaps (every other value), probes uniform over twice the range: ~half hit
-    let keys: Vec<u32> = (0..n as u32).map(|i| i * 2).collect();
+    // unique 64-bit keys spread over the domain with gaps (rank i at i * step), probes at
+    // uniform ranks, exact or one off: ~half hit
+    let step = (u64::MAX / (n as u64 + 1)).max(2);
+    let keys: Vec<u64> = (0..n as u64).map(|i| i * step).collect();
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let probes: Vec<u32> = (0..m)
+    let probes: Vec<u64> = (0..m)
         .map(|_| {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            (x % (2 * n as u64)) as u32
+            let rank = x % n as u64;
+            rank * step + (x >> 63)
         })
         .collect();
     let index = Index::Sorted {
         keys: keys.clone(),
-        vals: keys.clone(),
+        vals: keys.iter().map(|&k| k as i64).collect(),
     };
     let best = |f: &dyn Fn() -> u64| {
         (0..3)

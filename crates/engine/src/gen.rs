@@ -14,9 +14,14 @@
 //!   the discrete CDF, with a guide table for O(1) expected lookups); key = `r - 1`.
 //! - **heavy-hitter**: half the rows have key 0, the rest uniform.
 //!
-//! Join tables (W3, W4): R has `r_rows` distinct keys `perm(i)` for a bijection `perm` of u32
-//! (so keys are sparse and unique), payload uniform in `[0, 2^30)`; S has `16 * r_rows` rows
-//! whose key is `perm(j)` for `j` uniform in `0..r_rows` (every S key matches exactly one R key).
+//! Join tables: R has `r_rows` unique keys, S has `16 * r_rows` rows whose key is the key of R's
+//! row `j` for `j` uniform in `0..r_rows` (every S key matches exactly one R key).
+//! - 64-bit (W3, W4: [`JoinSpec::fill_r64`], [`JoinSpec::fill_s64`]): R's row `i` has the key of
+//!   rank `i` by [`Keys`] (sparse: scattered over the u64 domain; dense: `i`), `i64` payloads
+//!   uniform in `[-2^31, 2^31)`.
+//! - 32-bit ([`JoinSpec::fill_r`], [`JoinSpec::fill_s`]: the 32-bit hash joins of
+//!   [`crate::join`] and their tests): R's key `perm32(i)` for a bijection of u32, payloads
+//!   uniform in `[0, 2^30)`.
 
 use crate::EngineError;
 
@@ -452,6 +457,25 @@ mod tests {
         let (mut sk, mut sv) = (vec![0; 16000], vec![0; 16000]);
         s.fill_s(0, &mut sk, &mut sv);
         assert!(sk.iter().all(|k| set.contains(k)));
+    }
+
+    #[test]
+    fn join64_keys_are_unique_in_r_and_every_s_key_matches() {
+        let s = JoinSpec::ratio16(1000, 9);
+        for kind in [Keys::Sparse, Keys::Dense] {
+            let (mut rk, mut rv) = (vec![0; 1000], vec![0; 1000]);
+            s.fill_r64(0, kind, &mut rk, &mut rv);
+            let set: std::collections::HashSet<u64> = rk.iter().copied().collect();
+            assert_eq!(set.len(), 1000, "{kind}");
+            let (mut sk, mut sv) = (vec![0; 16000], vec![0; 16000]);
+            s.fill_s64(0, kind, &mut sk, &mut sv);
+            assert!(sk.iter().all(|k| set.contains(k)), "{kind}");
+            match kind {
+                Keys::Dense => assert!(rk.iter().all(|&k| k < 1000)),
+                // scattered: some key above 2^63 (1000 keys all below has chance 2^-1000)
+                Keys::Sparse => assert!(rk.iter().any(|&k| k >> 63 == 1)),
+            }
+        }
     }
 
     #[test]

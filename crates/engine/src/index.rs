@@ -1,24 +1,31 @@
-//! W4: index nested-loop join. An index on R's key (R's keys must be unique: a primary key) is
-//! built once, then every S row looks its key up. Build and probe are timed apart by the caller.
+//! W4: index nested-loop join on the 64-bit tables (`u64` keys anywhere in the domain, `i64`
+//! payloads). An index on R's key (R's keys must be unique: a primary key) is built once, then
+//! every S row looks its key up. Build and probe are timed apart by the caller. The answer is
+//! W3's [`JoinDigest`]: the pair count, `sum(r.val + s.val)` and the wrapping sum of
+//! `tuple_hash([key, r.val, s.val])` over every matched pair.
 //!
 //! Index structures (well-kept crates where one exists):
-//! - `sorted`: sorted key and payload arrays (built by range-partitioning on the key's top bits
-//!   and sorting the partitions in parallel), probed by branch-free binary search;
+//! - `sorted`: sorted key and payload arrays (built by range-partitioning on the key's high bits
+//!   over `[min, max]`, both found inside the build, and sorting the partitions in parallel),
+//!   probed by binary searches in lock step;
 //! - `btree`: `std::collections::BTreeMap`, bulk-built from the sorted rows;
 //! - `skiplist`: `crossbeam_skiplist::SkipMap`, built concurrently by all workers;
-//! - `art`: `blart::TreeMap` (an adaptive radix tree) on big-endian key bytes, built by one
-//!   task on one worker (the crate's map is not concurrent).
+//! - `art`: `blart::TreeMap` (an adaptive radix tree) on the key's 8 big-endian bytes, built by
+//!   one task on one worker (the crate's map is not concurrent).
 //!
-//! Probes run on all workers against the shared, read-only index.
+//! No statistic of the data is kept beside the tables: the sorted build's key range is computed
+//! inside the build, so inside the timed region. Probes run on all workers against the shared,
+//! read-only index.
 
 use std::collections::BTreeMap;
 
 use crossbeam_skiplist::SkipMap;
 
 use crate::exec::Exec;
-use crate::join::{JoinResult, JoinRun};
-use crate::partition::{key_of, partition, val_of, RangePart};
+use crate::join::JoinRun;
+use crate::partition::partition_rows;
 use crate::storage::Table;
+use crate::wide::{JoinDigest, Row64};
 use crate::EngineError;
 
 /// Which index structure.
@@ -47,22 +54,23 @@ impl IndexKind {
     ];
 }
 
-/// A built index on R.
+/// A built index on R: key to payload.
 pub enum Index {
     Sorted {
-        keys: Vec<u32>,
-        vals: Vec<u32>,
+        keys: Vec<u64>,
+        vals: Vec<i64>,
     },
-    BTree(BTreeMap<u32, u32>),
+    BTree(BTreeMap<u64, i64>),
     /// Boxed: the map itself is large (its head tower), the other variants are a few words.
-    SkipList(Box<SkipMap<u32, u32>>),
-    Art(blart::TreeMap<[u8; 4], u32>),
+    SkipList(Box<SkipMap<u64, i64>>),
+    /// Keys as big-endian bytes, so the tree's byte order is the keys' order.
+    Art(blart::TreeMap<[u8; 8], i64>),
 }
 
 impl Index {
     /// Payload of key `k`.
     #[inline]
-    pub fn get(&self, k: u32) -> Option<u32> {
+    pub fn get(&self, k: u64) -> Option<i64> {
         match self {
             Index::Sorted { keys, vals } => {
                 let mut len = keys.len();
@@ -111,44 +119,15 @@ fn not_unique(rows: usize, distinct: usize) -> EngineError {
     ))
 }
 
-/// R's rows sorted by key, in parallel: range-partition on the top key bits, sort each
-/// partition. Errors on a duplicate key.
-fn sorted_rows(exec: &Exec, r: &Table) -> Result<Vec<u64>, EngineError> {
-    let Some((min, max)) = r.key_range else {
-        return Ok(vec![]);
-    };
-    let width = (max - min) as u64 + 1;
-    let bits = 64 - (width - 1).leading_zeros();
-    let f = RangePart::new(min, max, bits.saturating_sub(10));
-    let parts = partition(exec, r, &f)?;
-    let mut offsets = Vec::with_capacity(parts.len() + 1);
-    let mut total = 0usize;
-    for p in 0..parts.len() {
-        offsets.push(total);
-        total += parts.part(p).len();
+/// The index join runs on the 64-bit tables only.
+fn check64(t: &Table, which: &str) -> Result<(), EngineError> {
+    match t.morsels.iter().find(|m| m.width() != 8) {
+        Some(m) => Err(EngineError::Invalid(format!(
+            "{which} has {}-bit rows; the index join takes 64-bit tables (u64 keys, i64 payloads)",
+            m.width() * 8
+        ))),
+        None => Ok(()),
     }
-    let mut out = vec![0u64; total];
-    let base = crate::SendPtr(out.as_mut_ptr());
-    exec.for_each(
-        &parts.homes,
-        || (),
-        |_, p| {
-            let src = parts.part(p);
-            // SAFETY: partition p owns out[offsets[p]..offsets[p]+len]; ranges are disjoint.
-            let dst =
-                unsafe { std::slice::from_raw_parts_mut(base.ptr().add(offsets[p]), src.len()) };
-            dst.copy_from_slice(src);
-            dst.sort_unstable();
-        },
-    );
-    let dups = out
-        .windows(2)
-        .filter(|w| key_of(w[0]) == key_of(w[1]))
-        .count();
-    if dups > 0 {
-        return Err(not_unique(out.len(), out.len() - dups));
-    }
-    Ok(out)
 }
 
 /// Home nodes of a table's morsels.
@@ -156,19 +135,143 @@ fn homes(t: &Table) -> Vec<Option<u32>> {
     t.morsels.iter().map(|m| m.home).collect()
 }
 
-/// Builds the index of `kind` on R.
+/// Target rows per partition of the sorted build: a partition's rows (16 bytes each) sort in L2.
+const SORT_PART_ROWS: usize = 1 << 13;
+/// At most `2^MAX_SORT_BITS` partitions.
+const MAX_SORT_BITS: u32 = 12;
+
+/// Range partitioning of `[min, max]` into at most `2^bits` partitions of equal key width:
+/// `(k - min) >> shift`.
+#[derive(Clone, Copy)]
+struct KeyRange {
+    min: u64,
+    shift: u32,
+}
+
+impl KeyRange {
+    fn new(min: u64, max: u64, bits: u32) -> KeyRange {
+        let width_bits = 64 - (max - min).leading_zeros();
+        KeyRange {
+            min,
+            shift: width_bits.saturating_sub(bits),
+        }
+    }
+
+    #[inline(always)]
+    fn part(self, k: u64) -> usize {
+        // shift is 64 only when max - min needs all 64 bits and bits is 0: one partition.
+        k.wrapping_sub(self.min)
+            .checked_shr(self.shift)
+            .unwrap_or(0) as usize
+    }
+
+    /// Number of partitions for keys up to `max`.
+    fn parts(self, max: u64) -> usize {
+        self.part(max) + 1
+    }
+}
+
+/// R's keys and payloads sorted by key, in parallel: the key range (one pass, part of the
+/// build), a range partition on the high bits of `key - min`, a sort of each partition. Errors
+/// on a duplicate key.
+fn sorted_rows(exec: &Exec, r: &Table) -> Result<(Vec<u64>, Vec<i64>), EngineError> {
+    let n = r.rows();
+    let mm = exec.for_each(
+        &homes(r),
+        || (u64::MAX, 0u64),
+        |(lo, hi): &mut (u64, u64), i| {
+            for &k in r.morsels[i].keys64() {
+                *lo = (*lo).min(k);
+                *hi = (*hi).max(k);
+            }
+        },
+    );
+    let (min, max) = mm
+        .states
+        .into_iter()
+        .fold((u64::MAX, 0u64), |a, b| (a.0.min(b.0), a.1.max(b.1)));
+    if n == 0 || min > max {
+        return Ok((vec![], vec![]));
+    }
+    let mut bits = 0;
+    while bits < MAX_SORT_BITS && (n >> bits) > SORT_PART_ROWS {
+        bits += 1;
+    }
+    let f = KeyRange::new(min, max, bits);
+    let np = f.parts(max);
+    let parts = partition_rows::<Row64, _, _>(
+        exec,
+        r,
+        np,
+        |mo, h| {
+            for &k in mo.keys64() {
+                h[f.part(k)] += 1;
+            }
+        },
+        |mo, sink| {
+            for (&k, &v) in mo.keys64().iter().zip(mo.vals64()) {
+                sink.push(f.part(k), Row64 { k, v });
+            }
+        },
+    )?;
+    let mut offsets = Vec::with_capacity(np);
+    let mut total = 0usize;
+    for p in 0..np {
+        offsets.push(total);
+        total += parts.part(p).len();
+    }
+    debug_assert_eq!(total, n);
+    let mut keys = vec![0u64; n];
+    let mut vals = vec![0i64; n];
+    let (kp, vp) = (
+        crate::SendPtr(keys.as_mut_ptr()),
+        crate::SendPtr(vals.as_mut_ptr()),
+    );
+    let sorted = exec.for_each(
+        &parts.homes,
+        || (Vec::<Row64>::new(), 0usize),
+        |(rows, dups): &mut (Vec<Row64>, usize), p| {
+            rows.clear();
+            rows.extend_from_slice(parts.part(p));
+            rows.sort_unstable_by_key(|x| x.k);
+            let len = rows.len();
+            // SAFETY: partition p owns keys[offsets[p]..offsets[p] + len] and the same range of
+            // vals (its rows' count, laid out back to back in partition order); ranges of
+            // different partitions are disjoint, and `keys`/`vals` are not touched otherwise
+            // until this pass returns.
+            let (ko, vo) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(kp.ptr().add(offsets[p]), len),
+                    std::slice::from_raw_parts_mut(vp.ptr().add(offsets[p]), len),
+                )
+            };
+            for (j, x) in rows.iter().enumerate() {
+                ko[j] = x.k;
+                vo[j] = x.v;
+            }
+            // Partitions are disjoint key ranges: equal keys can only be neighbours inside one.
+            *dups += rows.windows(2).filter(|w| w[0].k == w[1].k).count();
+        },
+    );
+    let dups: usize = sorted.states.iter().map(|s| s.1).sum();
+    if dups > 0 {
+        return Err(not_unique(n, n - dups));
+    }
+    Ok((keys, vals))
+}
+
+/// Builds the index of `kind` on R (a 64-bit table with unique keys).
 pub fn build(exec: &Exec, r: &Table, kind: IndexKind) -> Result<Index, EngineError> {
+    check64(r, "R")?;
     Ok(match kind {
         IndexKind::Sorted => {
-            let rows = sorted_rows(exec, r)?;
-            Index::Sorted {
-                keys: rows.iter().map(|&x| key_of(x)).collect(),
-                vals: rows.iter().map(|&x| val_of(x)).collect(),
-            }
+            let (keys, vals) = sorted_rows(exec, r)?;
+            Index::Sorted { keys, vals }
         }
         IndexKind::BTree => {
-            let rows = sorted_rows(exec, r)?;
-            Index::BTree(rows.iter().map(|&x| (key_of(x), val_of(x))).collect())
+            let (keys, vals) = sorted_rows(exec, r)?;
+            // Sorted input: `from_iter` builds the tree in bulk.
+            Index::BTree(keys.into_iter().zip(vals).collect())
         }
         IndexKind::SkipList => {
             let m = SkipMap::new();
@@ -177,7 +280,7 @@ pub fn build(exec: &Exec, r: &Table, kind: IndexKind) -> Result<Index, EngineErr
                 || (),
                 |_, i| {
                     let mo = &r.morsels[i];
-                    for (&k, &v) in mo.keys().iter().zip(mo.vals()) {
+                    for (&k, &v) in mo.keys64().iter().zip(mo.vals64()) {
                         m.insert(k, v);
                     }
                 },
@@ -192,7 +295,7 @@ pub fn build(exec: &Exec, r: &Table, kind: IndexKind) -> Result<Index, EngineErr
             let (m, _) = exec.one(|| {
                 let mut m = blart::TreeMap::new();
                 for mo in &r.morsels {
-                    for (&k, &v) in mo.keys().iter().zip(mo.vals()) {
+                    for (&k, &v) in mo.keys64().iter().zip(mo.vals64()) {
                         m.insert(k.to_be_bytes(), v);
                     }
                 }
@@ -211,7 +314,7 @@ pub fn build(exec: &Exec, r: &Table, kind: IndexKind) -> Result<Index, EngineErr
 pub const PROBE_LANES: usize = 16;
 
 #[inline(always)]
-fn prefetch(p: *const u32) {
+fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is a hint; it never faults, whatever the address.
     unsafe {
@@ -231,7 +334,7 @@ fn prefetch(p: *const u32) {
 /// keys takes the same sequence of halvings, so one step moves every lane and prefetches the
 /// key each lane reads next, and the lanes' misses overlap instead of queueing. Measured
 /// against the one-at-a-time search by `cargo run --release -p loci-engine --example probe`.
-pub fn sorted_lookup(keys: &[u32], probes: &[u32], mut hit: impl FnMut(usize, usize)) {
+pub fn sorted_lookup(keys: &[u64], probes: &[u64], mut hit: impl FnMut(usize, usize)) {
     let n = keys.len();
     if n == 0 {
         return;
@@ -263,38 +366,32 @@ pub fn sorted_lookup(keys: &[u32], probes: &[u32], mut hit: impl FnMut(usize, us
     }
 }
 
-/// Probes the index with every S row: count and checksum as in W3.
-pub fn probe(exec: &Exec, index: &Index, s: &Table) -> (JoinResult, JoinRun) {
-    let probed = exec.for_each(&homes(s), JoinResult::default, |res, i| {
+/// Probes the index with every S row (a 64-bit table): the join's [`JoinDigest`], as W3's.
+pub fn probe(exec: &Exec, index: &Index, s: &Table) -> Result<(JoinDigest, JoinRun), EngineError> {
+    check64(s, "S")?;
+    let probed = exec.for_each(&homes(s), JoinDigest::default, |res, i| {
         let mo = &s.morsels[i];
+        let (sk, sv) = (mo.keys64(), mo.vals64());
         if let Index::Sorted { keys, vals } = index {
-            let sv = mo.vals();
-            sorted_lookup(keys, mo.keys(), |p, j| {
-                res.count += 1;
-                res.checksum = res.checksum.wrapping_add(vals[j] as u64 + sv[p] as u64);
-            });
+            sorted_lookup(keys, sk, |p, j| res.add_pair(sk[p], vals[j], sv[p]));
             return;
         }
-        for (&k, &v) in mo.keys().iter().zip(mo.vals()) {
-            if let Some(rv) = index.get(k) {
-                res.count += 1;
-                res.checksum = res.checksum.wrapping_add(rv as u64 + v as u64);
+        for (&k, &q) in sk.iter().zip(sv) {
+            if let Some(p) = index.get(k) {
+                res.add_pair(k, p, q);
             }
         }
     });
     let res = probed
         .states
         .into_iter()
-        .fold(JoinResult::default(), |a, b| JoinResult {
-            count: a.count + b.count,
-            checksum: a.checksum.wrapping_add(b.checksum),
-        });
-    (
+        .fold(JoinDigest::default(), JoinDigest::merge);
+    Ok((
         res,
         JoinRun {
             probe_trace: probed.trace,
         },
-    )
+    ))
 }
 
 #[cfg(test)]
@@ -302,7 +399,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn naive(keys: &[u32], probes: &[u32]) -> Vec<(usize, usize)> {
+    fn naive(keys: &[u64], probes: &[u64]) -> Vec<(usize, usize)> {
         probes
             .iter()
             .enumerate()
@@ -310,7 +407,7 @@ mod tests {
             .collect()
     }
 
-    fn lockstep(keys: &[u32], probes: &[u32]) -> Vec<(usize, usize)> {
+    fn lockstep(keys: &[u64], probes: &[u64]) -> Vec<(usize, usize)> {
         let mut out = vec![];
         sorted_lookup(keys, probes, |i, j| out.push((i, j)));
         out
@@ -318,32 +415,53 @@ mod tests {
 
     #[test]
     fn lockstep_search_edges() {
-        // empty index, one key, keys at both ends, probes below/above every key, a probe
-        // group that is not a multiple of the lane count
+        // empty index, one key, keys at both ends of the domain, probes below/above every key,
+        // a probe group that is not a multiple of the lane count
         assert!(lockstep(&[], &[1, 2, 3]).is_empty());
         assert_eq!(lockstep(&[7], &[6, 7, 8, 7]), vec![(1, 0), (3, 0)]);
-        let keys: Vec<u32> = (0..1000).map(|i| i * 3 + 1).collect();
-        let probes: Vec<u32> = vec![0, 1, 2, 2998, 2999, u32::MAX, 4, 1500, 1501];
+        assert_eq!(
+            lockstep(&[0, u64::MAX], &[u64::MAX, 0, 1, u64::MAX - 1]),
+            vec![(0, 1), (1, 0)]
+        );
+        let keys: Vec<u64> = (0..1000u64).map(|i| i * (3 << 40) + 1).collect();
+        let mut probes: Vec<u64> = vec![0, 1, 2, u64::MAX, 1 << 63, 4];
+        probes.extend(keys.iter().step_by(7).flat_map(|&k| [k - 1, k, k + 1]));
         assert_eq!(lockstep(&keys, &probes), naive(&keys, &probes));
-        let all: Vec<u32> = (0..3100).collect();
-        assert_eq!(lockstep(&keys, &all), naive(&keys, &all));
-        assert_eq!(lockstep(&keys, &all).len(), 1000);
+        assert_eq!(lockstep(&keys, &keys).len(), 1000);
+    }
+
+    #[test]
+    fn key_range_partitions_cover_the_whole_domain() {
+        // max - min needs all 64 bits: with 0 bits, one partition (no shift by 64)
+        let f = KeyRange::new(0, u64::MAX, 0);
+        assert_eq!((f.parts(u64::MAX), f.part(0), f.part(u64::MAX)), (1, 0, 0));
+        let f = KeyRange::new(0, u64::MAX, 4);
+        assert_eq!((f.parts(u64::MAX), f.part(1 << 60), f.part(0)), (16, 1, 0));
+        // one key: one partition
+        let f = KeyRange::new(5, 5, 12);
+        assert_eq!(f.parts(5), 1);
+        // dense keys 0..1000 over 2^3 partitions keep key order
+        let f = KeyRange::new(0, 999, 3);
+        assert!(f.parts(999) <= 8);
+        assert!((0..999).all(|k| f.part(k) <= f.part(k + 1)));
     }
 
     proptest! {
         #[test]
         fn lockstep_search_equals_binary_search(
-            mut keys in proptest::collection::vec(any::<u32>(), 0..300),
-            probes in proptest::collection::vec(any::<u32>(), 0..100),
+            mut keys in proptest::collection::vec(
+                prop_oneof![Just(0u64), Just(u64::MAX), Just(1u64 << 63), any::<u64>()], 0..300),
+            probes in proptest::collection::vec(any::<u64>(), 0..100),
             extra in proptest::collection::vec(any::<prop::sample::Index>(), 0..40),
         ) {
             keys.sort_unstable();
             keys.dedup();
-            // half the probes hit: draw some from the keys themselves
+            // some probes hit: draw them from the keys themselves (duplicates among them too)
             let mut probes = probes;
             if !keys.is_empty() {
                 probes.extend(extra.iter().map(|ix| keys[ix.index(keys.len())]));
             }
+            probes.extend([0, u64::MAX]);
             prop_assert_eq!(lockstep(&keys, &probes), naive(&keys, &probes));
         }
     }

@@ -12,7 +12,8 @@
 //! - [`partition`]: two-pass radix partitioning into node-homed partitions.
 //! - [`agg`]: W2 (count/sum/min/max/avg by key) and W1 (exact median by key).
 //! - [`join`]: W3 hash join, shared table and partitioned (per-node) variants.
-//! - [`index`]: W4 index nested-loop join over sorted array, B-tree, skip list or ART.
+//! - [`index`]: W4 index nested-loop join on the 64-bit tables over sorted array, B-tree, skip
+//!   list or ART (`[u8; 8]` big-endian keys), answered by W3's join digest.
 //! - [`wide`]: the 64-bit tables (`u64` keys anywhere in the domain, `i64` values) and their
 //!   operators: W2 and W1 by hash partitioning and open addressing, W3 partitioned hash join, and
 //!   the order-independent answer digests the benchmark compares with the peers.
@@ -318,8 +319,8 @@ pub fn generate_agg(
     Ok(t)
 }
 
-/// Generates the join tables R and S: 32-bit (`keys` None) or 64-bit with keys laid out as
-/// `keys`.
+/// Generates the join tables R and S: 64-bit with keys laid out as `keys` (W3, W4), or 32-bit
+/// (`keys` None: the 32-bit hash joins of [`join`] and their tests).
 pub fn generate_join(
     exec: &Exec,
     spec: JoinSpec,

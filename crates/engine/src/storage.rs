@@ -7,9 +7,9 @@
 //! share, [`MemPlan::part`]) without rounding morsel sizes to pages. Columns of one morsel share
 //! the mapping: keys first, values at the next page boundary.
 //!
-//! Two row layouts share the type: `(key: u32, val: u32)` (width 4: W4's index tables, the
-//! VM checks) and `(key: u64, val: i64)` (width 8: the 64-bit tables of [`crate::wide`], what the
-//! benchmarks W1-W3 run on). A morsel knows its width; the accessors of the other width panic.
+//! Two row layouts share the type: `(key: u32, val: u32)` (width 4: the 32-bit operators of
+//! [`crate::agg`] and [`crate::join`], the VM checks) and `(key: u64, val: i64)` (width 8: the
+//! 64-bit tables of [`crate::wide`] and [`crate::index`], what the benchmarks W1-W4 run on). A morsel knows its width; the accessors of the other width panic.
 
 use std::io;
 

@@ -373,14 +373,16 @@ pub struct JoinDigest {
 }
 
 impl JoinDigest {
+    /// Adds the matched pair `(key, r.val = p, s.val = q)`.
     #[inline(always)]
-    fn add_pair(&mut self, k: u64, p: i64, q: i64) {
+    pub fn add_pair(&mut self, k: u64, p: i64, q: i64) {
         self.count += 1;
         self.sum = self.sum.wrapping_add(p.wrapping_add(q));
         self.hash = self.hash.wrapping_add(tuple_hash(&[k, p as u64, q as u64]));
     }
 
-    fn merge(self, o: JoinDigest) -> JoinDigest {
+    /// Both digests' pairs (the digests of two disjoint sets of pairs, in any order).
+    pub fn merge(self, o: JoinDigest) -> JoinDigest {
         JoinDigest {
             count: self.count + o.count,
             sum: self.sum.wrapping_add(o.sum),

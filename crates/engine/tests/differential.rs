@@ -9,9 +9,10 @@ use loci_engine::agg::{w1, w1_lists, w2};
 use loci_engine::exec::flat_topology;
 use loci_engine::index::{build, probe, IndexKind};
 use loci_engine::join::{w3_partitioned, w3_shared};
+use loci_engine::wide;
 use loci_engine::{
     generate, generate_agg, generate_join, reference, AggSpec, Dist, Exec, Fill, Gen, JoinSpec,
-    Locality, MemPolicy, Sched, Strategy, Table, TableMem,
+    Keys, Locality, MemPolicy, Sched, Strategy, Table, TableMem,
 };
 use proptest::prelude::*;
 
@@ -62,18 +63,27 @@ fn check_agg(pool: &Exec, t: &Table, what: &str) {
     assert_eq!(w1_lists(pool, t).unwrap().0, want1, "w1 lists {what}");
 }
 
-/// Both hash joins and a probe of every index kind (built on `r`, unique keys) against the
-/// reference join; the reference's match count.
+/// Both 32-bit hash joins against the reference join; the reference's match count.
 fn check_joins(pool: &Exec, r: &Table, s: &Table, what: &str) -> u64 {
     let (rk, rv) = r.to_vecs();
     let (sk, sv) = s.to_vecs();
     let want = reference::join(&rk, &rv, &sk, &sv);
     assert_eq!(w3_shared(pool, r, s).unwrap().0, want, "shared {what}");
     assert_eq!(w3_partitioned(pool, r, s).unwrap().0, want, "part {what}");
+    want.count
+}
+
+/// W4 on 64-bit tables: a probe of every index kind (built on `r`, unique keys) and W3's hash
+/// join against the reference join digest; the reference's match count.
+fn check_index_joins(pool: &Exec, r: &Table, s: &Table, what: &str) -> u64 {
+    let (rk, rv) = r.to_vecs64();
+    let (sk, sv) = s.to_vecs64();
+    let want = wide::reference::join(&rk, &rv, &sk, &sv);
+    assert_eq!(wide::w3(pool, r, s).unwrap().0, want, "w3 {what}");
     for kind in IndexKind::ALL {
         let idx = build(pool, r, kind).unwrap();
         assert_eq!(idx.len(), rk.len(), "{kind} {what}");
-        assert_eq!(probe(pool, &idx, s).0, want, "{kind} {what}");
+        assert_eq!(probe(pool, &idx, s).unwrap().0, want, "{kind} {what}");
     }
     want.count
 }
@@ -124,6 +134,10 @@ fn matrix_matches_reference() {
             let js = JoinSpec::ratio16(400, 8);
             let (r, s) = generate_join(pool, js, None, 700, &pol).unwrap();
             check_joins(pool, &r, &s, &what);
+            for keys in [Keys::Sparse, Keys::Dense] {
+                let (r, s) = generate_join(pool, js, Some(keys), 700, &pol).unwrap();
+                check_index_joins(pool, &r, &s, &format!("{what} {keys}"));
+            }
         }
     }
 }
@@ -179,6 +193,11 @@ fn joins_match_reference_on_every_configuration() {
                 let (r, s) = generate_join(pool, spec, None, morsel, &pol).unwrap();
                 let what = format!("{} {pol} r={r_rows}", name(pool));
                 assert_eq!(check_joins(pool, &r, &s, &what), spec.s_rows as u64);
+                for keys in [Keys::Sparse, Keys::Dense] {
+                    let (r, s) = generate_join(pool, spec, Some(keys), morsel, &pol).unwrap();
+                    let what = format!("{what} {keys}");
+                    assert_eq!(check_index_joins(pool, &r, &s, &what), spec.s_rows as u64);
+                }
             }
         }
     }
@@ -202,14 +221,34 @@ fn joins_edge_cases_on(pool: &Exec) {
     assert_eq!(want.count, 2 + 2 + 1 + 2);
     assert_eq!(w3_shared(pool, &r, &s).unwrap().0, want);
     assert_eq!(w3_partitioned(pool, &r, &s).unwrap().0, want);
-    // Index joins need unique R keys and say so.
+    // Index joins take 64-bit tables and say so.
+    for kind in IndexKind::ALL {
+        let e = build(pool, &r, kind).err().expect("32-bit R rejected");
+        assert!(e.to_string().contains("64-bit"), "{kind}: {e}");
+    }
+    // Index joins need unique R keys and say so; duplicates on the probe side are fine.
+    let rk = [5u64, 9, u64::MAX, 0, 5];
+    let rv = [1i64, 2, i64::MIN, i64::MAX, 3];
+    let r = Table::from_rows64(&rk, &rv, 2).unwrap();
     for kind in IndexKind::ALL {
         let e = build(pool, &r, kind)
             .err()
             .expect("duplicates rejected")
             .to_string();
-        assert!(e.contains("unique"), "{kind}: {e}");
+        assert!(
+            e.contains("unique") && e.contains("4 distinct"),
+            "{kind}: {e}"
+        );
     }
+    let r = Table::from_rows64(&rk[..4], &rv[..4], 3).unwrap();
+    let sk = [u64::MAX, 0, 0, 8, u64::MAX, 9, 1];
+    let sv = [-1i64, i64::MIN, 2, 3, i64::MAX, 4, 5];
+    let s = Table::from_rows64(&sk, &sv, 2).unwrap();
+    assert_eq!(check_index_joins(pool, &r, &s, "edges"), 5);
+    let s32 = Table::from_rows(&[5], &[1], 2).unwrap();
+    let idx = build(pool, &r, IndexKind::Sorted).unwrap();
+    let e = probe(pool, &idx, &s32).expect_err("32-bit S rejected");
+    assert!(e.to_string().contains("S has 32-bit rows"), "{e}");
 }
 
 #[test]

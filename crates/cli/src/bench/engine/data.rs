@@ -5,7 +5,6 @@ use std::time::Instant;
 
 use indicatif::ProgressBar;
 use loci_engine::index::{self, IndexKind};
-use loci_engine::join::JoinResult;
 use loci_engine::storage::local_access_ratio;
 use loci_engine::wide::{self, AggDigest, JoinDigest, MedianDigest};
 use loci_engine::{generate_agg, generate_join, Exec, Table, TableMem, Trace};
@@ -20,9 +19,8 @@ use super::{Case, EngineArgs, Sizes, Workload};
 pub(super) enum Answer {
     Agg(AggDigest),
     Median(MedianDigest),
-    Join64(JoinDigest),
-    /// W4 on the 32-bit index tables: count and sum of `r.val + s.val`.
-    Join(JoinResult),
+    /// W3 and W4: count, payload sum and the digest of every matched pair.
+    Join(JoinDigest),
 }
 
 impl Answer {
@@ -33,8 +31,7 @@ impl Answer {
                 "groups": d.groups, "hash": d.hash, "avg_sum": d.avg_sum, "avg_wsum": d.avg_wsum,
             }),
             Answer::Median(d) => json!({ "groups": d.groups, "hash": d.hash }),
-            Answer::Join64(j) => json!({ "count": j.count, "sum": j.sum, "hash": j.hash }),
-            Answer::Join(j) => json!({ "count": j.count, "checksum": j.checksum }),
+            Answer::Join(j) => json!({ "count": j.count, "sum": j.sum, "hash": j.hash }),
         }
     }
 
@@ -84,17 +81,16 @@ impl Data {
         a: &EngineArgs,
         mem: &TableMem,
     ) -> anyhow::Result<Data> {
-        Ok(match (d.dist, d.keys) {
-            (Some(dist), Some(keys)) => {
+        Ok(match d.dist {
+            Some(dist) => {
                 let spec = sz.agg(dist, a.seed);
-                let t = generate_agg(pool, spec, Some(keys), a.morsel_rows, mem)?;
+                let t = generate_agg(pool, spec, Some(d.keys), a.morsel_rows, mem)?;
                 let place = t.placement(16)?;
                 Data::Agg { t, place }
             }
-            (_, keys) => {
+            None => {
                 let spec = sz.join(a.seed);
-                // W3 on the 64-bit tables (keys given), W4 on the 32-bit index tables.
-                let (r, s) = generate_join(pool, spec, keys, a.morsel_rows, mem)?;
+                let (r, s) = generate_join(pool, spec, Some(d.keys), a.morsel_rows, mem)?;
                 let place = s.placement(16)?;
                 Data::Join { r, s, place }
             }
@@ -132,7 +128,7 @@ impl Data {
                 (Data::Join { r, s, .. }, Workload::W3) => {
                     let (j, run) = wide::w3(pool, r, s)?;
                     times.push(t0.elapsed().as_secs_f64());
-                    (Answer::Join64(j), run.trace)
+                    (Answer::Join(j), run.trace)
                 }
                 (Data::Join { r, s, .. }, Workload::W4) => {
                     let kind: IndexKind = v.parse()?;
@@ -140,7 +136,7 @@ impl Data {
                     let tb = t0.elapsed().as_secs_f64();
                     build_times.push(tb);
                     let t1 = Instant::now();
-                    let (j, run) = index::probe(pool, &idx, s);
+                    let (j, run) = index::probe(pool, &idx, s)?;
                     times.push(t1.elapsed().as_secs_f64());
                     drop(idx);
                     (Answer::Join(j), run.probe_trace)
@@ -152,16 +148,16 @@ impl Data {
         }
         let (ans, trace) = last.expect("reps >= 1");
         let label = format!("{}/{v}", case.label());
-        let (table, place, rows) = match self {
-            Data::Agg { t, place } => (t, place, t.rows()),
-            Data::Join { s, place, .. } => (s, place, s.rows()),
+        let (table, place, rows, r_rows) = match self {
+            Data::Agg { t, place } => (t, place, t.rows(), 0),
+            Data::Join { r, s, place } => (s, place, s.rows(), r.rows()),
         };
         let lar = local_access_ratio(table, place, &trace.touched);
         let mut row = Row::from_times("loci", times).work(rows as f64, "rows/s");
         row.local_access_ratio = lar;
         if w == Workload::W4 {
             let mut out = vec![(row.case(&format!("{label}/probe")), ans.clone())];
-            let mut b = Row::from_times("loci", build_times).work(rows as f64 / 16.0, "rows/s");
+            let mut b = Row::from_times("loci", build_times).work(r_rows as f64, "rows/s");
             b.local_access_ratio = None;
             out.push((b.case(&format!("{label}/build")), ans));
             return Ok(out);

@@ -13,12 +13,14 @@
 //! Allocators other than glibc run in a child process of the bench under `LD_PRELOAD` of the
 //! Debian library, like `loci run --alloc`.
 //!
-//! W1-W3 run on 64-bit tables (`u64` keys, `i64` values; `--keys sparse` scatters the distinct
+//! W1-W4 run on 64-bit tables (`u64` keys, `i64` values; `--keys sparse` scatters the distinct
 //! keys over the u64 domain, `--keys dense` uses `0..G`), the peers get the very same columns in
 //! the same types, and every answer is compared through an order-independent digest of every
-//! output tuple (loci_engine::wide). W4 keeps the 32-bit index tables. The peer ratio uses loci's
-//! default configuration, fixed before the run ([`DEFAULT_CONFIG`]); the best of the matrix is
-//! printed beside it, labelled.
+//! output tuple (loci_engine::wide; W3 and W4 share the join digest: count, payload sum and a
+//! hash of every matched (key, r payload, s payload)). W4 times its index build and probe apart
+//! and compares build + probe with the peers' hash join. The peer ratio uses loci's default
+//! configuration, fixed before the run ([`DEFAULT_CONFIG`]); the best of the matrix is printed
+//! beside it, labelled.
 //!
 //! Here: the flags, the matrix and its checks. [`data`]: a configuration's data, its timed runs
 //! and their answers; [`child`]: an allocator's matrix in an `LD_PRELOAD` child; [`peers`]:
@@ -87,9 +89,9 @@ pub struct EngineArgs {
     /// heavy-hitter, uniform.
     #[arg(long, value_delimiter = ',', default_value = "zipf")]
     pub dist: Vec<String>,
-    /// Key layouts of the 64-bit tables (w1, w2, w3), comma separated: sparse (the distinct keys
-    /// are a seeded bijective hash of their rank, scattered over the whole u64 domain) or dense
-    /// (keys 0..G, a labelled side case). Values are i64 either way.
+    /// Key layouts of the 64-bit tables (w1-w4), comma separated: sparse (the distinct keys are a
+    /// seeded bijective hash of their rank, scattered over the whole u64 domain) or dense (keys
+    /// 0..G, or 0..|R| for the joins: a labelled side case). Values are i64 either way.
     #[arg(long, value_delimiter = ',', default_value = "sparse")]
     pub keys: Vec<String>,
     #[command(flatten)]
@@ -123,8 +125,8 @@ pub struct EngineArgs {
     /// w3: partitioned; w4: sorted, btree, skiplist, art.
     #[arg(long, value_delimiter = ',')]
     pub variant: Vec<String>,
-    /// Peer systems run on the same rows in this invocation: duckdb, polars (w4 compares
-    /// with their hash join of the same tables).
+    /// Peer systems run on the same rows in this invocation: duckdb, polars (w4 compares loci's
+    /// index build + probe with their hash join of the same tables, which builds and probes).
     #[arg(long, value_delimiter = ',')]
     pub peers: Vec<String>,
     /// Seed of the data generators.
@@ -325,23 +327,16 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
     );
 
     let dist_list: Vec<Case> = match w {
-        Workload::W4 => vec![Case {
-            dist: None,
-            keys: None,
-        }],
-        Workload::W3 => keyss
+        Workload::W3 | Workload::W4 => keyss
             .iter()
-            .map(|k| Case {
-                dist: None,
-                keys: Some(*k),
-            })
+            .map(|&keys| Case { dist: None, keys })
             .collect(),
         _ => dists
             .iter()
-            .flat_map(|d| {
-                keyss.iter().map(|k| Case {
-                    dist: Some(*d),
-                    keys: Some(*k),
+            .flat_map(|&d| {
+                keyss.iter().map(move |&keys| Case {
+                    dist: Some(d),
+                    keys,
                 })
             })
             .collect(),
@@ -456,21 +451,19 @@ fn sched_threads(scheds: &[Sched], threads: &[Strategy]) -> Vec<(Sched, Strategy
     out
 }
 
-/// One data case of a run: distribution (w1, w2) and key layout (w1, w2, w3); w4 has neither.
+/// One data case of a run: distribution (w1, w2; None for the joins) and key layout.
 #[derive(Debug, Clone, Copy)]
 struct Case {
     dist: Option<Dist>,
-    keys: Option<Keys>,
+    keys: Keys,
 }
 
 impl Case {
-    /// `zipf/sparse`, `sparse` (w3) or `w4`: the prefix of the rows' case labels.
+    /// `zipf/sparse` (w1, w2) or `sparse` (w3, w4): the prefix of the rows' case labels.
     fn label(&self) -> String {
-        match (self.dist, self.keys) {
-            (Some(d), Some(k)) => format!("{d}/{k}"),
-            (None, Some(k)) => k.to_string(),
-            (Some(d), None) => d.to_string(),
-            (None, None) => "w4".into(),
+        match self.dist {
+            Some(d) => format!("{d}/{}", self.keys),
+            None => self.keys.to_string(),
         }
     }
 }

@@ -12,18 +12,17 @@ use loci_report::{Report, Row};
 use super::{Answer, Case, EngineArgs, Sizes, Workload};
 use crate::bench::common;
 
-/// Writes one column of `t` as raw little-endian values (u32 for 32-bit tables, u64 keys and
-/// i64 values for 64-bit ones), morsel by morsel (no copy of the table).
+/// Writes one column of the 64-bit table `t` as raw little-endian values (u64 keys, i64
+/// values), morsel by morsel (no copy of the table).
 fn write_col(t: &Table, path: &Path, keys: bool) -> anyhow::Result<()> {
     let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
     let mut f = std::io::BufWriter::with_capacity(1 << 20, f);
     let mut b = Vec::with_capacity(1 << 19);
     for m in &t.morsels {
-        match (m.width(), keys) {
-            (8, true) => put_le(&mut f, &mut b, m.keys64(), u64::to_le_bytes)?,
-            (8, false) => put_le(&mut f, &mut b, m.vals64(), i64::to_le_bytes)?,
-            (_, true) => put_le(&mut f, &mut b, m.keys(), u32::to_le_bytes)?,
-            (_, false) => put_le(&mut f, &mut b, m.vals(), u32::to_le_bytes)?,
+        if keys {
+            put_le(&mut f, &mut b, m.keys64(), u64::to_le_bytes)?;
+        } else {
+            put_le(&mut f, &mut b, m.vals64(), i64::to_le_bytes)?;
         }
     }
     f.flush()
@@ -48,15 +47,10 @@ fn put_le<T: Copy, const N: usize>(
     Ok(())
 }
 
-/// Exports `t` as `<name>.k.u64` + `<name>.v.i64` (64-bit) or `<name>.k.u32` + `<name>.v.u32`.
+/// Exports the 64-bit table `t` as `<name>.k.u64` + `<name>.v.i64`.
 fn export(t: &Table, dir: &Path, name: &str) -> anyhow::Result<()> {
-    let (k, v) = if t.morsels.first().is_some_and(|m| m.width() == 8) {
-        ("k.u64", "v.i64")
-    } else {
-        ("k.u32", "v.u32")
-    };
-    write_col(t, &dir.join(format!("{name}.{k}")), true)?;
-    write_col(t, &dir.join(format!("{name}.{v}")), false)?;
+    write_col(t, &dir.join(format!("{name}.k.u64")), true)?;
+    write_col(t, &dir.join(format!("{name}.v.i64")), false)?;
     Ok(())
 }
 
@@ -92,30 +86,25 @@ pub(super) fn run_peers(
     let result = (|| -> anyhow::Result<()> {
         for d in cases {
             // Same rows as loci's runs: the generators are independent of placement and threads.
-            let format = match (d.dist, d.keys) {
-                (Some(dist), Some(keys)) => {
+            match d.dist {
+                Some(dist) => {
                     let spec = sz.agg(dist, a.seed);
-                    let t = generate_agg(&pool, spec, Some(keys), a.morsel_rows, &ft)?;
+                    let t = generate_agg(&pool, spec, Some(d.keys), a.morsel_rows, &ft)?;
                     export(&t, &dir, "t")?;
-                    "u64"
                 }
-                (_, keys) => {
+                None => {
                     let spec = sz.join(a.seed);
-                    let (r, s) = generate_join(&pool, spec, keys, a.morsel_rows, &ft)?;
-                    let f = if keys.is_some() { "u64" } else { "u32" };
+                    let (r, s) = generate_join(&pool, spec, Some(d.keys), a.morsel_rows, &ft)?;
                     export(&r, &dir, "r")?;
                     export(&s, &dir, "s")?;
-                    f
                 }
-            };
+            }
             let key = d.label();
             let want = answers.iter().find(|x| x.0 == key).map(|x| &x.1);
-            let peer_workload = if w == Workload::W4 { "w3" } else { w.name() };
             eprintln!("running peers {} on {key}", a.peers.join(","));
             let mut child = Command::new(pdir.join(".venv/bin/python"))
                 .arg(pdir.join("peers.py"))
-                .args(["--workload", peer_workload])
-                .args(["--format", format])
+                .args(["--workload", w.name()])
                 .arg("--dir")
                 .arg(&dir)
                 .args(["--reps", &sz.reps.to_string()])
@@ -141,7 +130,7 @@ pub(super) fn run_peers(
                     }
                 }
                 let case = match w {
-                    Workload::W4 => "w4/peer hash join".to_string(),
+                    Workload::W4 => format!("{key}/peer hash join"),
                     _ => format!("{key}/peer"),
                 };
                 rep.results.push(

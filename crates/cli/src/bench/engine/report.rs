@@ -100,7 +100,7 @@ pub fn peer_ratios(rep: &Report) -> Vec<String> {
                 }
             )),
             None => out.push(format!(
-                "{prefix}: loci default vs {}: not run (the default configuration {} is not in                  this matrix)",
+                "{prefix}: loci default vs {}: not run (the default configuration {} is not in this matrix)",
                 p.system,
                 DEFAULT_CONFIG
                     .iter()
