@@ -138,8 +138,7 @@ unsafe fn remote_free(h: *mut Heap, owner: *mut Heap, r: *mut Run, blk: usize) {
     // blocks left by exited threads (a consumer freeing what finished producers allocated;
     // `general`'s main thread freeing the workers' last blocks) cost a claim instead of a bin
     // push and take, an atomic read-modify-write of the pending mask and a drain each. If the
-    // claim is taken (an
-    // adopter, another collector), the block goes to a bin as below.
+    // claim is taken (an adopter, another collector), the block goes to a bin as below.
     // SAFETY: `owner` is a heap (heaps are never unmapped).
     if unsafe { (*owner).shared.abandoned.load(Acquire) && (*owner).shared.try_claim() } {
         // SAFETY: the claim is held; the block is live, so its run (used >= 1) cannot have
