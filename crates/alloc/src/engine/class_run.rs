@@ -6,6 +6,7 @@
 use core::ptr::null_mut;
 use core::sync::atomic::Ordering::Relaxed;
 
+use super::deallocate::flush_outbox;
 use super::heap::drain;
 use super::spans::{map_all, node_free, node_units, run_at};
 use super::structs::{
@@ -410,6 +411,9 @@ pub(super) unsafe fn alloc_class(h: *mut Heap, c: usize, size: usize) -> *mut u8
 /// As for [`alloc_class`].
 #[cold]
 unsafe fn refill(h: *mut Heap, c: usize, size: usize) -> *mut u8 {
+    // A thread that allocates hands its gathered frees of other heaps over here at the latest.
+    // SAFETY: `h` is this thread's heap, claim held (contract above).
+    unsafe { flush_outbox(h) };
     // SAFETY: `h`'s class state and runs are changed only by its claim holder, the caller;
     // the active run, once no longer active, is full and in no list.
     unsafe {

@@ -1,8 +1,10 @@
 //! The free paths: [`free`] with its call-free fast path (a class block of the calling
 //! thread's own run, freed at its start) and everything else ([`free_full`]: foreign, large,
-//! span and aligned blocks, and frees of another thread's blocks, which go to the owner's
-//! recollection bin or, when the owner has exited, straight into its run).
+//! span and aligned blocks, and frees of another thread's blocks, which gather in the freeing
+//! thread's outbox and go to the owner's recollection bin a chain at a time or, when the owner
+//! has exited, straight into its run).
 
+use core::ptr::null_mut;
 use core::sync::atomic::{
     AtomicU64,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
@@ -12,7 +14,7 @@ use super::blocks::{free_block, free_large};
 use super::class_run::{block_start, count_free, local_free, regroup, run_class_state};
 use super::heap::{collect, tls_heap};
 use super::spans::run_at;
-use super::structs::{Free, Heap, Run, R_BLOCK, R_CLASS};
+use super::structs::{Free, Heap, Outbox, Run, R_BLOCK, R_CLASS};
 use super::{__libc_free, bump, NBINS};
 use crate::os;
 
@@ -118,8 +120,15 @@ pub unsafe extern "C" fn free_full(p: *mut u8) {
     }
 }
 
+/// Blocks an outbox holds before it is handed over (see [`Outbox`]).
+pub(super) const OUTBOX_BLOCKS: u32 = 64;
+/// Bytes an outbox holds before it is handed over: with class blocks below 8 KiB, at most
+/// this plus one block stays out of the owner's reach while the freeing thread is idle.
+pub(super) const OUTBOX_BYTES: u32 = 64 << 10;
+
 /// Frees a block of another thread's heap (or of an abandoned or shared heap): into its run
-/// when the claim of `owner` is free to take and `owner` is abandoned, else into a bin.
+/// when the claim of `owner` is free to take and `owner` is abandoned, else into this
+/// thread's outbox (a thread without a heap: straight into a bin).
 ///
 /// # Safety
 /// `h` is null or the calling thread's heap; `owner` is the heap of class run `r` (not the
@@ -150,24 +159,74 @@ unsafe fn remote_free(h: *mut Heap, owner: *mut Heap, r: *mut Run, blk: usize) {
         }
         return;
     }
-    let i = if h.is_null() {
-        NBINS - 1
-    } else {
-        // SAFETY: this thread's heap.
-        unsafe { (*h).id % NBINS }
+    let f = blk as *mut Free;
+    if h.is_null() {
+        // SAFETY: `owner` is a heap; `f` is a freed block, linked to nothing else.
+        unsafe { hand_over(owner, NBINS - 1, f, f) };
+        return;
+    }
+    // SAFETY: `h` is this thread's heap, whose claim it holds: the outbox's one writer. The
+    // block is freed once, so its first word may hold the outbox's link; `r` is its run.
+    unsafe {
+        let ob = &mut (*h).outbox;
+        if ob.owner != owner {
+            flush_outbox(h);
+            ob.owner = owner;
+        }
+        (*f).next = ob.head;
+        if ob.head.is_null() {
+            ob.tail = f;
+        }
+        ob.head = f;
+        ob.count += 1;
+        ob.bytes += (*r).bsize;
+        if ob.count >= OUTBOX_BLOCKS || ob.bytes >= OUTBOX_BYTES {
+            flush_outbox(h);
+        }
+    }
+}
+
+/// Hands this thread's outbox (if any) to its owner's bin.
+///
+/// # Safety
+/// `h` is the calling thread's heap, whose claim it holds.
+pub(super) unsafe fn flush_outbox(h: *mut Heap) {
+    // SAFETY: the claim holder is the outbox's one writer (contract above).
+    let ob = unsafe { &mut (*h).outbox };
+    if ob.head.is_null() {
+        return;
+    }
+    let (owner, head, tail) = (ob.owner, ob.head, ob.tail);
+    *ob = Outbox {
+        owner: null_mut(),
+        head: null_mut(),
+        tail: null_mut(),
+        count: 0,
+        bytes: 0,
     };
+    // SAFETY: `owner` is the heap of every block in the chain `head..tail` (freed once each,
+    // linked only here); `h` is a heap.
+    unsafe { hand_over(owner, (*h).id % NBINS, head, tail) };
+}
+
+/// Pushes the chain of freed blocks `head..tail` (linked through their first words) onto bin
+/// `i` of `owner`, marks the bin pending, and collects `owner` if its thread is gone.
+///
+/// # Safety
+/// `owner` is a heap, `i < NBINS`; the chain's blocks are blocks of `owner`'s class runs,
+/// freed once, in no other list; `tail` is the chain's last block.
+unsafe fn hand_over(owner: *mut Heap, i: usize, head: *mut Free, tail: *mut Free) {
     // SAFETY: `owner` is a heap.
     let bin = unsafe { &(*owner).bins[i] };
-    let f = blk as *mut Free;
-    let mut head = bin.head.load(Relaxed);
+    let mut cur = bin.head.load(Relaxed);
     loop {
-        // SAFETY: the block is freed once, so its first word may hold the link; it is not
-        // in the bin until the exchange below publishes it.
-        unsafe { (*f).next = head };
-        // Release: the link (and the block's last writes) are visible to the owner's take.
-        match bin.head.compare_exchange_weak(head, f, Release, Relaxed) {
+        // SAFETY: the chain is not in the bin until the exchange below publishes it, so its
+        // tail's link is ours to write.
+        unsafe { (*tail).next = cur };
+        // Release: the links (and the blocks' last writes) are visible to the owner's take.
+        match bin.head.compare_exchange_weak(cur, head, Release, Relaxed) {
             Ok(_) => break,
-            Err(now) => head = now,
+            Err(now) => cur = now,
         }
     }
     // SAFETY: `owner` is a heap.

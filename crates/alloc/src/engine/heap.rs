@@ -12,6 +12,7 @@ use super::class_run::{file, flush_stash, local_free};
 use super::config::{
     current_node, ensure_init, home, memoryless_fallback, nodemap, FAST_SMALL, KEY, MULTI_NODE,
 };
+use super::deallocate::flush_outbox;
 use super::spans::{node_free, run_at};
 use super::structs::{Heap, NODES};
 use super::{bump, PAGE, SLOW};
@@ -223,7 +224,10 @@ pub(super) unsafe fn collect(h: *mut Heap) {
 /// The caller holds `h`'s claim and gives it up.
 unsafe fn abandon(h: *mut Heap) {
     // SAFETY: the caller holds `h`'s claim.
-    unsafe { drain(h) };
+    unsafe {
+        flush_outbox(h);
+        drain(h);
+    }
     for c in 0..NCLASSES {
         // SAFETY: `h`'s class state and runs are changed only by its claim holder, the
         // caller; the stashed block goes back to its run first, then the active run, no

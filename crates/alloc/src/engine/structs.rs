@@ -381,6 +381,24 @@ pub(super) struct Heap {
     pub(super) all_next: *mut Heap,
     pub(super) shared: Shared,
     pub(super) bins: [Bin; NBINS],
+    /// Blocks of another heap this thread has freed and not yet handed over.
+    pub(super) outbox: Outbox,
+}
+
+/// Frees of another heap's blocks, gathered by the freeing thread and handed to the owner's
+/// bin as one chain (one compare-and-swap and one pending-mask update per chain, not per
+/// block: a producer/consumer pair otherwise trades two contended cache lines on every free).
+/// Written only by the heap's claim holder; all zero is empty. Handed over when it holds
+/// [`OUTBOX_BLOCKS`](super::deallocate::OUTBOX_BLOCKS) blocks or
+/// [`OUTBOX_BYTES`](super::deallocate::OUTBOX_BYTES) bytes, when a block of another owner
+/// comes, when the thread refills a run of its own, and when its heap is abandoned.
+pub(super) struct Outbox {
+    /// The heap every block here belongs to (null when empty).
+    pub(super) owner: *mut Heap,
+    pub(super) head: *mut Free,
+    pub(super) tail: *mut Free,
+    pub(super) count: u32,
+    pub(super) bytes: u32,
 }
 
 pub(super) struct NodeInner {
