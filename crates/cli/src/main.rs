@@ -8,6 +8,7 @@ mod deploy;
 mod os_cmd;
 mod plan_cmd;
 mod run_cmd;
+mod stats;
 mod stream;
 mod topo;
 pub mod topo_args;

@@ -200,3 +200,58 @@ fn bad_choices_are_named_with_the_valid_ones() {
         assert!(err.contains(want), "{args}: {err}");
     }
 }
+
+/// A result row of the shape `loci bench tpch --json` writes (without the engine's facts).
+fn row(alloc: &str, case: &str, times: &[f64]) -> Value {
+    let mut sorted = times.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    serde_json::json!({
+        "system": "postgres", "case": case, "times_s": times,
+        "median_s": sorted[times.len() / 2], "min_s": sorted[0], "max_s": sorted[times.len() - 1],
+        "config": {"alloc": alloc, "mem": "first-touch", "thp": "default", "threads": "os"},
+        "extra": {"rounds": (0..times.len()).collect::<Vec<_>>()},
+    })
+}
+
+#[test]
+fn summary_reprints_a_saved_result_and_refuses_another_bench() {
+    let dir = tempfile::tempdir().unwrap();
+    // Five rounds drifting 20%; jemalloc 5% faster than the default in each.
+    let base = [1.0, 1.05, 1.1, 1.15, 1.2];
+    let fast: Vec<f64> = base.iter().map(|t| 0.95 * t).collect();
+    let result = |workload: &str| {
+        serde_json::json!({
+            "workload": workload,
+            "params": {"answers": "22 queries identical"},
+            "machine": {"nodes": 1, "cpus": 2},
+            "results": [
+                row("glibc", "postgres geomean", &base),
+                row("jemalloc", "postgres geomean", &fast),
+            ],
+        })
+    };
+    let saved = dir.path().join("tpch.json");
+    std::fs::write(&saved, result("tpch").to_string()).unwrap();
+    let (ok, out, err) = loci(&["bench", "tpch", "--summary", saved.to_str().unwrap()]);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("tpch postgres search"), "{out}");
+    let g = out.lines().find(|l| l.contains("geomean  ")).unwrap();
+    assert!(
+        g.contains("0.950x") && g.contains("faster beyond noise"),
+        "{out}"
+    );
+    assert!(out.contains("tpch answers: 22 queries identical"), "{out}");
+
+    let other = dir.path().join("w1.json");
+    std::fs::write(&other, result("w1").to_string()).unwrap();
+    let (ok, _, err) = loci(&["bench", "tpch", "--summary", other.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("w1.json: a result of `loci bench w1`, not of tpch"),
+        "{err}"
+    );
+    std::fs::write(&other, "[1, 2]").unwrap();
+    let (ok, _, err) = loci(&["bench", "tpch", "--summary", other.to_str().unwrap()]);
+    assert!(!ok && err.contains("not a loci bench result"), "{err}");
+    let (ok, _, err) = loci(&["bench", "tpch", "--summary", "x.json", "--sf", "1"]);
+    assert!(!ok && err.contains("--sf"), "{err}");
+}

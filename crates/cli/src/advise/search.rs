@@ -1,55 +1,19 @@
 //! The measured part of `loci advise`: successive halving over the candidates within a time
 //! budget, repetitions interleaved across candidates, and a verdict per candidate from a
-//! bootstrap interval of its paired ratio to the default.
-//!
-//! Pairing: the default runs in every pass over the candidates, so each run of a candidate has a
-//! run of the default from the same pass, minutes apart at most. The statistic is the median of
-//! the per-pass ratios `candidate / default`; a slow drift of the machine (page-cache or huge-page
-//! fragmentation over a long search) moves both sides of a pair alike and cancels, where a ratio
-//! of pooled medians would credit it to whichever candidate ran early. The interval resamples the
-//! pairs with replacement, 4000 times, and keeps the central `1 - 0.05/m` of the medians, `m` the
-//! number of candidates compared with the default (a Bonferroni correction, so that with eight
-//! candidates and nothing mattering, the chance of any false "better" stays near 5%). A candidate
-//! is better only when the whole interval lies below 1 and its median ratio is at least
-//! [`MIN_EFFECT`] away from 1; worse symmetrically.
+//! bootstrap interval of its paired ratio to the default (the statistic of [`crate::stats`]:
+//! the default runs in every pass over the candidates, and a candidate's run is paired with the
+//! default's run of the same pass).
 
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-/// The smallest difference from the default reported as a difference (2%).
-pub const MIN_EFFECT: f64 = 0.02;
-/// Pairs a candidate needs before a verdict: a bootstrap over fewer understates the spread.
-pub const MIN_RUNS: usize = 5;
+use crate::stats::judge;
+pub use crate::stats::{median, paired_ratios, Samples, Verdict, MIN_EFFECT, MIN_RUNS};
+
 /// The fewest runs per candidate in the first round, the screening round, when trials are long:
 /// survivors collect [`MIN_RUNS`] in the rounds that follow.
 pub const SCREEN_RUNS: usize = 3;
-const RESAMPLES: usize = 4000;
-
-/// How a candidate compares with the default.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Verdict {
-    Default,
-    Better,
-    Worse,
-    /// Within the noise.
-    Same,
-    /// Dropped by successive halving before it was measured often enough to compare, or failed.
-    Dropped,
-}
-
-impl Verdict {
-    pub fn word(self) -> &'static str {
-        match self {
-            Verdict::Default => "baseline",
-            Verdict::Better => "better",
-            Verdict::Worse => "worse",
-            Verdict::Same => "same (noise)",
-            Verdict::Dropped => "too few runs",
-        }
-    }
-}
 
 /// One candidate's measurements and verdict. `score`: lower is better (a time, or the negated
 /// figure when a higher one is better).
@@ -66,81 +30,6 @@ pub struct Outcome {
     pub verdict: Verdict,
     /// The halving round in which it was dropped (`None`: it reached the end).
     pub dropped_in: Option<usize>,
-}
-
-/// The median (mean of the middle two for an even count).
-pub fn median(v: &[f64]) -> f64 {
-    loci_report::median(v).unwrap_or(f64::NAN)
-}
-
-/// Bootstrap interval of the median of `ratios` at confidence `1 - alpha`.
-pub fn median_interval(ratios: &[f64], alpha: f64, seed: u64) -> (f64, f64) {
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let mut buf = vec![0.0; ratios.len()];
-    let mut medians: Vec<f64> = (0..RESAMPLES)
-        .map(|_| {
-            for x in buf.iter_mut() {
-                *x = ratios[rng.usize(..ratios.len())];
-            }
-            median(&buf)
-        })
-        .collect();
-    medians.sort_by(f64::total_cmp);
-    let at = |q: f64| medians[((q * (RESAMPLES - 1) as f64).round() as usize).min(RESAMPLES - 1)];
-    (at(alpha / 2.0), at(1.0 - alpha / 2.0))
-}
-
-/// The per-pass ratios of a candidate's samples to the default's sample of the same pass.
-pub fn paired_ratios(cand: &Samples, base: &Samples) -> Vec<f64> {
-    cand.iter()
-        .filter_map(|(pass, v)| base.at(pass).map(|b| v / b))
-        .collect()
-}
-
-/// Judges `cand` against `base` (both lower-is-better scores, paired by pass), `m` candidates
-/// compared in all.
-pub fn judge(cand: &Samples, base: &Samples, m: usize, seed: u64) -> (f64, (f64, f64), Verdict) {
-    let ratios = paired_ratios(cand, base);
-    let ratio = median(&ratios);
-    if ratios.len() < MIN_RUNS {
-        return (ratio, (f64::NAN, f64::NAN), Verdict::Dropped);
-    }
-    let ci = median_interval(&ratios, 0.05 / m.max(1) as f64, seed);
-    let verdict = if ci.1 < 1.0 && ratio <= 1.0 - MIN_EFFECT {
-        Verdict::Better
-    } else if ci.0 > 1.0 && ratio >= 1.0 + MIN_EFFECT {
-        Verdict::Worse
-    } else {
-        Verdict::Same
-    };
-    (ratio, ci, verdict)
-}
-
-/// One candidate's scores, each with the pass it was measured in.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Samples {
-    pub values: Vec<f64>,
-    pub passes: Vec<usize>,
-}
-
-impl Samples {
-    pub fn push(&mut self, pass: usize, v: f64) {
-        self.passes.push(pass);
-        self.values.push(v);
-    }
-    /// The score measured in `pass`, if any.
-    pub fn at(&self, pass: usize) -> Option<f64> {
-        self.passes
-            .iter()
-            .position(|&p| p == pass)
-            .map(|k| self.values[k])
-    }
-    pub fn iter(&self) -> impl Iterator<Item = (usize, f64)> + '_ {
-        self.passes.iter().copied().zip(self.values.iter().copied())
-    }
-    pub fn runs(&self) -> usize {
-        self.values.len()
-    }
 }
 
 impl From<&Outcome> for Samples {
@@ -334,50 +223,6 @@ mod tests {
         );
         let s = Schedule::fit(4, Duration::from_millis(100), Duration::from_secs(60));
         assert_eq!(s.first_reps, 50);
-    }
-
-    fn samples(values: impl IntoIterator<Item = f64>) -> Samples {
-        let mut s = Samples::default();
-        for (p, v) in values.into_iter().enumerate() {
-            s.push(p, v);
-        }
-        s
-    }
-
-    #[test]
-    fn interval_brackets_a_clear_ratio() {
-        let a = samples((0..20).map(|i| 2.0 + 0.01 * i as f64));
-        let b = samples((0..20).map(|i| 1.0 + 0.01 * (19 - i) as f64));
-        let (r, (lo, hi), v) = judge(&a, &b, 1, 3);
-        assert!(lo > 1.6 && hi < 2.4 && lo <= hi, "{lo} {hi}");
-        assert!((r - 1.9).abs() < 0.2, "{r}");
-        assert_eq!(v, Verdict::Worse);
-    }
-
-    #[test]
-    fn drift_between_passes_cancels_in_the_pairs() {
-        // The machine slows 3% per pass. The candidate equals the default but ran only in the
-        // first 6 passes (dropped, then the default ran on): pooled medians would call it 8%
-        // faster; the pairs see no difference.
-        let drift = |p: usize| 1.0 + 0.03 * p as f64;
-        let base = samples((0..12).map(drift));
-        let cand = samples((0..6).map(drift));
-        let pooled = median(&cand.values) / median(&base.values);
-        assert!(pooled < 0.95, "{pooled}");
-        let (r, _, v) = judge(&cand, &base, 1, 5);
-        assert!((r - 1.0).abs() < 1e-12, "{r}");
-        assert_eq!(v, Verdict::Same);
-    }
-
-    #[test]
-    fn a_candidate_without_pairs_gets_no_verdict() {
-        let base = samples([1.0; 10]);
-        let mut cand = Samples::default();
-        for p in 20..30 {
-            cand.push(p, 0.5);
-        }
-        let (_, _, v) = judge(&cand, &base, 1, 1);
-        assert_eq!(v, Verdict::Dropped);
     }
 
     #[test]

@@ -25,6 +25,9 @@ use clap::{Args, ValueEnum};
 use loci_report::{Machine, Report, Row};
 
 use crate::bench::common;
+use crate::stats::{
+    corrected_interval, judge, paired_ratios, Samples, Verdict, MIN_EFFECT, MIN_RUNS,
+};
 
 #[derive(Args, Debug)]
 pub struct TpchArgs {
@@ -64,6 +67,17 @@ pub struct TpchArgs {
     /// run loaded (kept in /var/tmp/loci-tpch-postgres-UID/sfS).
     #[arg(long)]
     pub reload: bool,
+    /// Run nothing: print the table and summary (configuration search included) of a result
+    /// that `loci bench tpch --json` saved.
+    #[arg(
+        long,
+        value_name = "FILE.json",
+        conflicts_with_all = [
+            "sf", "engines", "queries", "thp", "warm", "no_default", "reload", "alloc", "threads",
+            "mem", "quick", "reps",
+        ]
+    )]
+    pub summary: Option<PathBuf>,
 }
 
 /// TPC-H's sweep without flags: the engines' own threads, unpinned, on first-touch memory.
@@ -363,6 +377,9 @@ fn pg_client_args(c: &postgres::Cluster) -> Vec<OsString> {
 }
 
 pub fn run(a: TpchArgs) -> anyhow::Result<Report> {
+    if let Some(p) = &a.summary {
+        return saved(p);
+    }
     let sf =
         data::check_scale(
             a.sf.as_deref()
@@ -434,8 +451,8 @@ pub fn run(a: TpchArgs) -> anyhow::Result<Report> {
     let mut check = answers::Check::default();
     for name in &engines {
         let engine = Engine::prepare(name, paths.as_ref(), &run)?;
-        // times[config][query] over rounds; facts of each config's last session.
-        let mut times: Vec<BTreeMap<u32, Vec<f64>>> = vec![BTreeMap::new(); cfgs.len()];
+        // times[config][query], each with its round; facts of each config's last session.
+        let mut times: Vec<BTreeMap<u32, Samples>> = vec![BTreeMap::new(); cfgs.len()];
         let mut facts = vec![serde_json::Value::Null; cfgs.len()];
         for round in 0..reps {
             // Rotate the order each round so drift (page cache, heat) spreads over configurations.
@@ -456,7 +473,7 @@ pub fn run(a: TpchArgs) -> anyhow::Result<Report> {
                     }
                 }
                 for (q, t) in s.times {
-                    times[i].entry(q).or_default().push(t);
+                    times[i].entry(q).or_default().push(round, t);
                 }
                 facts[i] = s.facts;
             }
@@ -481,13 +498,36 @@ fn label(c: &Config) -> String {
     format!("{}/{}/{}/{}", c.alloc, c.mem, c.thp, c.threads)
 }
 
+/// A saved result (`--summary`): read back, and checked to be one of this bench.
+fn saved(p: &Path) -> anyhow::Result<Report> {
+    let text = std::fs::read_to_string(p)
+        .with_context(|| format!("--summary {}: cannot read it", p.display()))?;
+    let rep: Report = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "--summary {}: not a loci bench result (the JSON that `loci bench tpch --json` writes)",
+            p.display()
+        )
+    })?;
+    if rep.workload != "tpch" {
+        bail!(
+            "--summary {}: a result of `loci bench {}`, not of tpch; give a file that \
+             `loci bench tpch --json` wrote",
+            p.display(),
+            rep.workload
+        );
+    }
+    Ok(rep)
+}
+
 /// Rows of one engine and configuration: one per query (case `ENGINE qNN`) and the geometric
-/// mean over the queries (case `ENGINE geomean`, one value per round).
+/// mean over the queries (case `ENGINE geomean`, one value per round in which every query
+/// ran). Each row names the round of each of its times (`extra.rounds`): the search pairs a
+/// configuration's time with the default's of the same round.
 fn push_rows(
     rep: &mut Report,
     engine: &str,
     cfg: &Config,
-    times: &BTreeMap<u32, Vec<f64>>,
+    times: &BTreeMap<u32, Samples>,
     facts: &serde_json::Value,
 ) {
     let honoured = allocator_honoured(&cfg.alloc, facts);
@@ -500,19 +540,42 @@ fn push_rows(
             .extra("thp_enabled", facts["thp_enabled"].clone())
             .extra("allocator_preloaded", honoured)
     };
-    for (q, t) in times {
+    let mut rows = |case: String, s: &Samples| {
         rep.results.push(with_facts(
-            Row::from_times(engine, t.clone()).case(&format!("{engine} q{q:02}")),
-        ));
+            Row::from_times(engine, s.values.clone())
+                .case(&case)
+                .extra("rounds", &s.passes),
+        ))
+    };
+    for (q, s) in times {
+        rows(format!("{engine} q{q:02}"), s);
     }
-    let rounds = times.values().map(Vec::len).min().unwrap_or(0);
-    let geo: Vec<f64> = (0..rounds)
-        .map(|r| geomean(times.values().map(|t| t[r])))
-        .collect();
-    if !geo.is_empty() {
-        rep.results.push(with_facts(
-            Row::from_times(engine, geo).case(&format!("{engine} geomean")),
-        ));
+    let mut geo = Samples::default();
+    let mut rounds: Vec<usize> = times.values().flat_map(|s| s.passes.clone()).collect();
+    rounds.sort_unstable();
+    rounds.dedup();
+    for r in rounds {
+        let each: Option<Vec<f64>> = times.values().map(|s| s.at(r)).collect();
+        if let Some(each) = each {
+            geo.push(r, geomean(each.into_iter()));
+        }
+    }
+    if geo.runs() > 0 {
+        rows(format!("{engine} geomean"), &geo);
+    }
+}
+
+/// A row's times with the round each was measured in: its `extra.rounds`, or in results saved
+/// before rows named their rounds, the position in `times_s` (one time per round, in order).
+fn by_round(r: &Row) -> Samples {
+    let named = r
+        .extra
+        .get("rounds")
+        .and_then(|v| serde_json::from_value::<Vec<usize>>(v.clone()).ok())
+        .filter(|p| p.len() == r.times_s.len());
+    Samples {
+        values: r.times_s.clone(),
+        passes: named.unwrap_or_else(|| (0..r.times_s.len()).collect()),
     }
 }
 
@@ -578,11 +641,11 @@ pub fn summary(rep: &Report) -> String {
 }
 
 /// An engine's configuration search: for the geometric mean and each query, the fastest
-/// configuration against the default, with the ratio's noise interval over every pair of rounds
-/// (its min over the default's max .. its max over the default's min), a verdict (faster or
-/// slower beyond noise when the whole interval is below or above 1), and how many
-/// configurations are beyond noise either way. Empty unless the engine ran more than one
-/// configuration.
+/// configuration against the default by the project's paired statistic ([`crate::stats`], as
+/// `loci advise`): the median of its per-round ratios to the default's time of the same round,
+/// a bootstrap interval of that median corrected for the number of configurations, a verdict
+/// (none under [`MIN_RUNS`] rounds), and how many configurations are faster or slower beyond
+/// noise. Empty unless the engine ran more than one configuration.
 fn search(rep: &Report, engine: &str) -> String {
     let mut cases = vec![format!("{engine} geomean")];
     cases.extend((1..=22).map(|q| format!("{engine} q{q:02}")));
@@ -594,36 +657,56 @@ fn search(rep: &Report, engine: &str) -> String {
         let Some(base) = rows.iter().find(|r| baseline(r)) else {
             continue;
         };
-        let others: Vec<&&Row> = rows.iter().filter(|r| !baseline(r)).collect();
-        let Some(best) = others
-            .iter()
-            .min_by(|a, b| a.median_s.total_cmp(&b.median_s))
-        else {
+        let others: Vec<&Row> = rows.iter().copied().filter(|r| !baseline(r)).collect();
+        if others.is_empty() {
             continue;
-        };
+        }
         rounds = base.times_s.len();
         configs = others.len();
-        let interval = |r: &Row| (r.min_s / base.max_s, r.max_s / base.min_s);
-        let (lo, hi) = interval(best);
-        let verdict = match () {
-            _ if rounds < 2 => "one round: no interval",
-            _ if hi < 1.0 => "faster beyond noise",
-            _ if lo > 1.0 => "slower beyond noise",
-            _ => "within noise",
+        let b = by_round(base);
+        // Seeds as advise's: the default is candidate 0.
+        let seed = |i: usize| 0x5eed + 1 + i as u64;
+        let judged: Vec<(usize, f64, (f64, f64), Verdict)> = others
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let (ratio, ci, v) = judge(&by_round(r), &b, configs, seed(i));
+                (i, ratio, ci, v)
+            })
+            .collect();
+        let (i, ratio, mut ci, v) = *judged
+            .iter()
+            .min_by(|x, y| x.1.total_cmp(&y.1))
+            .expect("at least one configuration");
+        let best = others[i];
+        let pairs = paired_ratios(&by_round(best), &b);
+        if v == Verdict::Dropped && pairs.len() >= 2 {
+            // Too few rounds for a verdict: the interval is still shown, for what it is worth.
+            ci = corrected_interval(&pairs, configs, seed(i));
+        }
+        let verdict = match v {
+            Verdict::Better => "faster beyond noise",
+            Verdict::Worse => "slower beyond noise",
+            Verdict::Same | Verdict::Default => "within noise",
+            Verdict::Dropped => "too few rounds",
         };
-        let faster = others.iter().filter(|r| interval(r).1 < 1.0).count();
-        let slower = others.iter().filter(|r| interval(r).0 > 1.0).count();
+        let count = |w: Verdict| judged.iter().filter(|x| x.3 == w).count();
         lines.push(format!(
-            "  {:<8} {:<26} {:<34} {:>6.3}x  {:<12} {:<22} {faster}/{slower}\n",
+            "  {:<8} {:<26} {:<34} {:>6.3}x  {:<12} {:<20} {}/{}\n",
             case.trim_start_matches(engine).trim(),
             format!(
                 "{:.4} [{:.4}..{:.4}]",
                 base.median_s, base.min_s, base.max_s
             ),
             best.config.values().cloned().collect::<Vec<_>>().join("/"),
-            best.median_s / base.median_s,
-            format!("{lo:.3}..{hi:.3}"),
+            ratio,
+            match ci.0.is_nan() {
+                true => "-".to_string(),
+                false => format!("{:.3}..{:.3}", ci.0, ci.1),
+            },
             verdict,
+            count(Verdict::Better),
+            count(Verdict::Worse),
         ));
     }
     if lines.is_empty() {
@@ -631,9 +714,13 @@ fn search(rep: &Report, engine: &str) -> String {
     }
     format!(
         "tpch {engine} search: the fastest of {configs} configurations against the default, {rounds} \
-         rounds; interval = its time over the default's across every pair of rounds; last column: \
-         configurations faster/slower than the default beyond noise\n  {:<8} {:<26} {:<34} \
-         {:>7}  {:<12} {:<22} {}\n{}",
+         rounds; ratio = median over rounds of its time over the default's in the same round; \
+         interval = bootstrap of that median at {:.2}% confidence (Bonferroni over the \
+         configurations, as loci advise); a verdict needs {MIN_RUNS} rounds, the interval clear \
+         of 1 and the ratio {:.0}% from 1; last column: configurations faster/slower than the \
+         default beyond noise\n  {:<8} {:<26} {:<34} {:>7}  {:<12} {:<20} {}\n{}",
+        100.0 * (1.0 - 0.05 / configs.max(1) as f64),
+        MIN_EFFECT * 100.0,
         "case",
         "default s [min..max]",
         "fastest configuration",
@@ -724,48 +811,162 @@ mod tests {
         assert_eq!(loci::supported(&[22, 18, 6]), vec![18, 6]);
     }
 
-    #[test]
-    fn the_search_names_the_fastest_configuration_and_whether_it_is_beyond_noise() {
+    /// A report of planted rows, written as the bench writes them: per configuration, times
+    /// of q01 and q02 by round (`(round, seconds)`).
+    /// Times of one query, each with its round.
+    type Timed = Vec<(usize, f64)>;
+
+    fn planted(engine: &str, runs: &[(&str, Timed, Timed)]) -> Report {
         let mut rep = Report::new("tpch", serde_json::json!({}), Machine::default());
-        let cfg = |alloc: &str| Config {
-            alloc: alloc.into(),
-            ..Config::default_config()
-        };
-        for (alloc, geo, q1) in [
-            ("glibc", [1.0, 1.1, 0.9], [2.0, 2.1, 1.9]),
-            // Faster in every round of the geomean, within noise on q01.
-            ("jemalloc", [0.7, 0.8, 0.75], [1.95, 2.05, 2.0]),
-            // Slower beyond noise on q01.
-            ("tcmalloc", [1.0, 1.05, 0.95], [3.0, 3.1, 2.9]),
-        ] {
-            for (case, t) in [("postgres geomean", geo), ("postgres q01", q1)] {
-                rep.results
-                    .push(cfg(alloc).row(Row::from_times("postgres", t.to_vec()).case(case)));
+        for (alloc, q1, q2) in runs {
+            let cfg = Config {
+                alloc: alloc.to_string(),
+                ..Config::default_config()
+            };
+            let mut times = BTreeMap::new();
+            for (q, v) in [(1, q1), (2, q2)] {
+                let mut s = Samples::default();
+                for &(r, t) in v {
+                    s.push(r, t);
+                }
+                times.insert(q, s);
             }
+            push_rows(&mut rep, engine, &cfg, &times, &serde_json::Value::Null);
         }
+        rep
+    }
+
+    fn line_of(s: &str, case: &str) -> String {
+        s.lines()
+            .find(|l| l.trim_start().starts_with(case))
+            .unwrap_or_else(|| panic!("no {case} in {s}"))
+            .to_string()
+    }
+
+    #[test]
+    fn the_search_pairs_configurations_by_round_so_drift_cancels() {
+        // Six rounds over which the machine slows by 20%. jemalloc is 5% faster than the default
+        // in every round (its rounds recorded in reverse order: pairing is by round, not by
+        // position); tcmalloc equals the default within 2% on q01 and is 1.5x slower on q02.
+        let drift = |r: usize| 1.0 + 0.04 * r as f64;
+        let rounds = 0..6;
+        let noise = [1.01, 0.99, 1.02, 0.98, 1.0, 1.01];
+        let by = |f: &dyn Fn(usize) -> f64| rounds.clone().map(|r| (r, f(r))).collect::<Vec<_>>();
+        let rep = planted(
+            "postgres",
+            &[
+                ("glibc", by(&|r| 2.0 * drift(r)), by(&|r| drift(r))),
+                (
+                    "jemalloc",
+                    by(&|r| 0.95 * 2.0 * drift(r)).into_iter().rev().collect(),
+                    by(&|r| 0.95 * drift(r)).into_iter().rev().collect(),
+                ),
+                (
+                    "tcmalloc",
+                    by(&|r| 2.0 * drift(r) * noise[r]),
+                    by(&|r| 1.5 * drift(r)),
+                ),
+            ],
+        );
+        // Through the JSON a run saves and `--summary` reads.
+        let rep: Report = serde_json::from_str(&serde_json::to_string(&rep).unwrap()).unwrap();
         let s = search(&rep, "postgres");
-        let line = |case: &str| {
-            s.lines()
-                .find(|l| l.trim_start().starts_with(case))
-                .unwrap_or_else(|| panic!("no {case} in {s}"))
-                .to_string()
-        };
-        let g = line("geomean");
+        let g = line_of(&s, "geomean");
         assert!(g.contains("jemalloc/first-touch/default/os"), "{g}");
-        assert!(g.contains("0.750x") && g.contains("0.636..0.889"), "{g}");
+        assert!(g.contains("0.950x") && g.contains("0.950..0.950"), "{g}");
         assert!(
-            g.contains("faster beyond noise") && g.ends_with("1/0"),
+            g.contains("faster beyond noise") && g.ends_with("1/1"),
             "{g}"
         );
-        let q = line("q01");
-        assert!(q.contains("jemalloc") && q.contains("within noise"), "{q}");
-        assert!(q.ends_with("0/1"), "{q}");
+        let q = line_of(&s, "q01");
         assert!(
-            s.contains("of 2 configurations") && s.contains("3 rounds"),
+            q.contains("jemalloc") && q.contains("faster beyond noise"),
+            "{q}"
+        );
+        assert!(q.ends_with("1/0"), "tcmalloc is within noise on q01: {q}");
+        assert!(line_of(&s, "q02").ends_with("1/1"), "{s}");
+        // The unpaired interval (fastest round over the default's slowest .. slowest over its
+        // fastest) straddles 1 by the drift and would call jemalloc's 5% noise.
+        let row = |alloc: &str| {
+            rep.rows_of(Some("postgres q01"))
+                .find(|r| r.config["alloc"] == alloc)
+                .unwrap()
+                .clone()
+        };
+        let (j, d) = (row("jemalloc"), row("glibc"));
+        assert!(j.min_s / d.max_s < 1.0 && j.max_s / d.min_s > 1.0);
+        assert!(
+            s.contains("of 2 configurations") && s.contains("6 rounds"),
             "{s}"
         );
+
+        // Four rounds: the ratios are given, but no verdict however clear they are.
+        let four = |f: &dyn Fn(usize) -> f64| (0..4).map(|r| (r, f(r))).collect::<Vec<_>>();
+        let rep = planted(
+            "duckdb",
+            &[
+                ("glibc", four(&|r| drift(r)), four(&|r| drift(r))),
+                (
+                    "mimalloc",
+                    four(&|r| 0.8 * drift(r)),
+                    four(&|r| 0.8 * drift(r)),
+                ),
+            ],
+        );
+        let g = line_of(&search(&rep, "duckdb"), "geomean");
+        assert!(g.contains("0.800x") && g.contains("0.800..0.800"), "{g}");
+        assert!(g.contains("too few rounds") && g.ends_with("0/0"), "{g}");
+
         // One configuration only: no search.
-        assert_eq!(search(&rep, "duckdb"), "");
+        let rep = planted("datafusion", &[("glibc", four(&drift), four(&drift))]);
+        assert_eq!(search(&rep, "datafusion"), "");
+    }
+
+    #[test]
+    fn rows_name_their_rounds_and_older_results_pair_by_position() {
+        let rep = planted(
+            "postgres",
+            &[(
+                "glibc",
+                vec![(0, 1.0), (2, 3.0)],
+                vec![(0, 1.0), (1, 2.0), (2, 3.0)],
+            )],
+        );
+        let geo = rep.rows_of(Some("postgres geomean")).next().unwrap();
+        // Round 1 lacks q01: the geometric mean has rounds 0 and 2 only.
+        assert_eq!(by_round(geo).passes, vec![0, 2]);
+        assert!((geo.times_s[1] - 3.0).abs() < 1e-12, "{:?}", geo.times_s);
+        let mut old = geo.clone();
+        old.extra.remove("rounds");
+        assert_eq!(by_round(&old).passes, vec![0, 1]);
+    }
+
+    #[test]
+    fn summary_reads_back_a_saved_result_and_refuses_another_bench() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.json");
+        let mut rep = Report::new("tpch", serde_json::json!({}), Machine::default());
+        rep.write_json(&p).unwrap();
+        assert_eq!(
+            run(args(&format!("--summary {}", p.display()))).unwrap(),
+            rep
+        );
+        rep.workload = "w1".into();
+        rep.write_json(&p).unwrap();
+        let e = format!("{:#}", saved(&p).unwrap_err());
+        assert!(e.contains("`loci bench w1`, not of tpch"), "{e}");
+        std::fs::write(&p, "{\"rows\": 1}").unwrap();
+        let e = format!("{:#}", saved(&p).unwrap_err());
+        assert!(
+            e.contains("not a loci bench result") && e.contains("r.json"),
+            "{e}"
+        );
+        let e = format!("{:#}", saved(&dir.path().join("none.json")).unwrap_err());
+        assert!(e.contains("none.json: cannot read it"), "{e}");
+        // A saved result is read, not combined with the flags of a run.
+        let e = Cli::try_parse_from(["tpch", "--summary", "r.json", "--sf", "1"]);
+        assert!(e.is_err());
+        <Cli as clap::CommandFactory>::command().debug_assert();
     }
 
     #[test]
