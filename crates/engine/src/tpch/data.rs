@@ -130,54 +130,76 @@ impl Block {
     }
 }
 
+/// Declares a table's column indexes as `pub const NAME: usize`, numbered from 0 in the order
+/// listed (the order `build` lays the columns out in).
+macro_rules! columns {
+    ($($(#[$doc:meta])* $name:ident),+ $(,)?) => {
+        columns!(@at 0usize; $($(#[$doc])* $name),+);
+    };
+    (@at $i:expr; $(#[$doc:meta])* $name:ident $(, $($rest:tt)*)?) => {
+        $(#[$doc])*
+        pub const $name: usize = $i;
+        $(columns!(@at $i + 1; $($rest)*);)?
+    };
+    (@at $i:expr;) => {};
+}
+
 /// Columns of `lineitem`.
 pub mod l {
-    pub const ORDERKEY: usize = 0;
-    pub const SUPPKEY: usize = 1;
-    /// u16, scaled by 100.
-    pub const QUANTITY: usize = 2;
-    /// i64 cents.
-    pub const EXTENDEDPRICE: usize = 3;
-    /// u8, scaled by 100.
-    pub const DISCOUNT: usize = 4;
-    /// u8, scaled by 100.
-    pub const TAX: usize = 5;
-    /// u8 letter.
-    pub const RETURNFLAG: usize = 6;
-    /// u8 letter.
-    pub const LINESTATUS: usize = 7;
-    /// i32 days.
-    pub const SHIPDATE: usize = 8;
+    columns! {
+        ORDERKEY,
+        SUPPKEY,
+        /// u16, scaled by 100.
+        QUANTITY,
+        /// i64 cents.
+        EXTENDEDPRICE,
+        /// u8, scaled by 100.
+        DISCOUNT,
+        /// u8, scaled by 100.
+        TAX,
+        /// u8 letter.
+        RETURNFLAG,
+        /// u8 letter.
+        LINESTATUS,
+        /// i32 days.
+        SHIPDATE,
+    }
 }
 
 /// Columns of `orders`.
 pub mod o {
-    pub const ORDERKEY: usize = 0;
-    pub const CUSTKEY: usize = 1;
-    /// i64 cents.
-    pub const TOTALPRICE: usize = 2;
-    /// i32 days.
-    pub const ORDERDATE: usize = 3;
-    /// i32.
-    pub const SHIPPRIORITY: usize = 4;
+    columns! {
+        ORDERKEY,
+        CUSTKEY,
+        /// i64 cents.
+        TOTALPRICE,
+        /// i32 days.
+        ORDERDATE,
+        /// i32.
+        SHIPPRIORITY,
+    }
 }
 
 /// Columns of `customer`.
 pub mod c {
-    pub const CUSTKEY: usize = 0;
-    /// u8.
-    pub const NATIONKEY: usize = 1;
-    /// [u8; 10] (`char(10)`).
-    pub const MKTSEGMENT: usize = 2;
-    /// [u8; 25] (`varchar(25)`).
-    pub const NAME: usize = 3;
+    columns! {
+        CUSTKEY,
+        /// u8.
+        NATIONKEY,
+        /// [u8; 10] (`char(10)`).
+        MKTSEGMENT,
+        /// [u8; 25] (`varchar(25)`).
+        NAME,
+    }
 }
 
 /// Columns of `supplier`.
 pub mod s {
-    pub const SUPPKEY: usize = 0;
-    /// u8.
-    pub const NATIONKEY: usize = 1;
+    columns! {
+        SUPPKEY,
+        /// u8.
+        NATIONKEY,
+    }
 }
 
 /// Width of `c_mktsegment` (`char(10)`).
@@ -565,4 +587,20 @@ fn gen_supplier(
         nat.push(u8::try_from(r.s_nationkey).map_err(gen_err("s_nationkey"))?);
     }
     Block::build(plan, key.len(), &[ColBuf::of(&key), ColBuf::of(&nat)], home)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_are_numbered_in_the_order_listed() {
+        assert_eq!(
+            [l::ORDERKEY, l::SUPPKEY, l::QUANTITY, l::TAX, l::SHIPDATE],
+            [0, 1, 2, 5, 8]
+        );
+        assert_eq!([o::ORDERKEY, o::ORDERDATE, o::SHIPPRIORITY], [0, 3, 4]);
+        assert_eq!([c::CUSTKEY, c::MKTSEGMENT, c::NAME], [0, 2, 3]);
+        assert_eq!([s::SUPPKEY, s::NATIONKEY], [0, 1]);
+    }
 }
