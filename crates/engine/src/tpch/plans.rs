@@ -363,8 +363,9 @@ pub(super) fn q5(exec: &Exec, data: &Data) -> Answer {
     for n in data.nation.iter().filter(|n| n.region == region) {
         in_region[n.key as usize] = true;
     }
-    let nation_of = |key_col: usize, nat_col: usize| {
-        move |b: &Block, v: &mut Vec<(u32, u8)>| {
+    // Key-indexed nation of the region's customers or suppliers (NO_NATION for the others).
+    let region_nation = |blocks: &[Block], max_key: u32, key_col: usize, nat_col: usize| {
+        build_dense(exec, blocks, max_key, NO_NATION, |b, v| {
             let keys = b.col::<u32>(key_col);
             let nats = b.col::<u8>(nat_col);
             v.extend(
@@ -372,22 +373,10 @@ pub(super) fn q5(exec: &Exec, data: &Data) -> Answer {
                     .filter(|&r| in_region[nats[r] as usize])
                     .map(|r| (keys[r], nats[r])),
             );
-        }
+        })
     };
-    let cust = build_dense(
-        exec,
-        &data.customer,
-        data.max_custkey,
-        NO_NATION,
-        nation_of(c::CUSTKEY, c::NATIONKEY),
-    );
-    let supp = build_dense(
-        exec,
-        &data.supplier,
-        data.max_suppkey,
-        NO_NATION,
-        nation_of(s::SUPPKEY, s::NATIONKEY),
-    );
+    let cust = region_nation(&data.customer, data.max_custkey, c::CUSTKEY, c::NATIONKEY);
+    let supp = region_nation(&data.supplier, data.max_suppkey, s::SUPPKEY, s::NATIONKEY);
     // Per morsel pair: join table on the 1994 orders of the region's customers (slot: the
     // customer's nation, NO_NATION none), probed by every line item; a line counts when its
     // supplier's nation is that nation (branch-free: others add 0 to the NO_NATION slot).
