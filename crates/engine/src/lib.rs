@@ -11,7 +11,7 @@
 //!   is a task queued on its home node's core group.
 //! - [`partition`]: two-pass radix partitioning into node-homed partitions.
 //! - [`agg`]: W2 (count/sum/min/max/avg by key) and W1 (exact median by key).
-//! - [`join`]: W3 hash join, shared table and partitioned (per-node) variants.
+//! - [`join`]: join result types (W3, the hash join, is in [`wide`]).
 //! - [`index`]: W4 index nested-loop join on the 64-bit tables over sorted array, B-tree, skip
 //!   list or ART (`[u8; 8]` big-endian keys), answered by W3's join digest.
 //! - [`wide`]: the 64-bit tables (`u64` keys anywhere in the domain, `i64` values) and their

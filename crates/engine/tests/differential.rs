@@ -8,7 +8,6 @@
 use loci_engine::agg::{w1, w1_lists, w2};
 use loci_engine::exec::flat_topology;
 use loci_engine::index::{build, probe, IndexKind};
-use loci_engine::join::{w3_partitioned, w3_shared};
 use loci_engine::wide;
 use loci_engine::{
     generate, generate_agg, generate_join, reference, AggSpec, Dist, Exec, Fill, Gen, JoinSpec,
@@ -61,16 +60,6 @@ fn check_agg(pool: &Exec, t: &Table, what: &str) {
     let want1 = reference::w1(&k, &v);
     assert_eq!(w1(pool, t).unwrap().0, want1, "w1 {what}");
     assert_eq!(w1_lists(pool, t).unwrap().0, want1, "w1 lists {what}");
-}
-
-/// Both 32-bit hash joins against the reference join; the reference's match count.
-fn check_joins(pool: &Exec, r: &Table, s: &Table, what: &str) -> u64 {
-    let (rk, rv) = r.to_vecs();
-    let (sk, sv) = s.to_vecs();
-    let want = reference::join(&rk, &rv, &sk, &sv);
-    assert_eq!(w3_shared(pool, r, s).unwrap().0, want, "shared {what}");
-    assert_eq!(w3_partitioned(pool, r, s).unwrap().0, want, "part {what}");
-    want.count
 }
 
 /// W4 on 64-bit tables: a probe of every index kind (built on `r`, unique keys) and W3's hash
@@ -132,8 +121,6 @@ fn matrix_matches_reference() {
                 }
             }
             let js = JoinSpec::ratio16(400, 8);
-            let (r, s) = generate_join(pool, js, None, 700, &pol).unwrap();
-            check_joins(pool, &r, &s, &what);
             for keys in [Keys::Sparse, Keys::Dense] {
                 let (r, s) = generate_join(pool, js, Some(keys), 700, &pol).unwrap();
                 check_index_joins(pool, &r, &s, &format!("{what} {keys}"));
@@ -190,12 +177,9 @@ fn joins_match_reference_on_every_configuration() {
             for r_rows in [0usize, 1, 300, 20_000] {
                 let spec = JoinSpec::ratio16(r_rows, 3 + i as u64);
                 let morsel = [1000, 4097, 50_000, 777, 3000, 2500, 6001][i];
-                let (r, s) = generate_join(pool, spec, None, morsel, &pol).unwrap();
-                let what = format!("{} {pol} r={r_rows}", name(pool));
-                assert_eq!(check_joins(pool, &r, &s, &what), spec.s_rows as u64);
                 for keys in [Keys::Sparse, Keys::Dense] {
                     let (r, s) = generate_join(pool, spec, Some(keys), morsel, &pol).unwrap();
-                    let what = format!("{what} {keys}");
+                    let what = format!("{} {pol} r={r_rows} {keys}", name(pool));
                     assert_eq!(check_index_joins(pool, &r, &s, &what), spec.s_rows as u64);
                 }
             }
@@ -211,17 +195,8 @@ fn joins_handle_duplicates_misses_and_the_empty_marker() {
 }
 
 fn joins_edge_cases_on(pool: &Exec) {
-    let rk = [5u32, 5, u32::MAX, 7, u32::MAX];
-    let rv = [1u32, 2, u32::MAX, 3, 4];
-    let sk = [5u32, u32::MAX, 8, 7, 5];
-    let sv = [10u32, u32::MAX, 1, 2, 3];
-    let r = Table::from_rows(&rk, &rv, 2).unwrap();
-    let s = Table::from_rows(&sk, &sv, 3).unwrap();
-    let want = reference::join(&rk, &rv, &sk, &sv);
-    assert_eq!(want.count, 2 + 2 + 1 + 2);
-    assert_eq!(w3_shared(pool, &r, &s).unwrap().0, want);
-    assert_eq!(w3_partitioned(pool, &r, &s).unwrap().0, want);
     // Index joins take 64-bit tables and say so.
+    let r = Table::from_rows(&[5, 7, u32::MAX], &[1, 2, u32::MAX], 2).unwrap();
     for kind in IndexKind::ALL {
         let e = build(pool, &r, kind).err().expect("32-bit R rejected");
         assert!(e.to_string().contains("64-bit"), "{kind}: {e}");
@@ -344,11 +319,6 @@ proptest! {
         let t = Table::from_rows(&keys, &vals, morsel).unwrap();
         prop_assert_eq!(w2(pool, &t).unwrap().0, reference::w2(&keys, &vals));
         prop_assert_eq!(w1(pool, &t).unwrap().0, reference::w1(&keys, &vals));
-        let s = Table::from_rows(&vals.iter().map(|v| v % 60).collect::<Vec<_>>(), &keys, morsel).unwrap();
-        let (sk, sv) = s.to_vecs();
-        let want = reference::join(&keys, &vals, &sk, &sv);
-        prop_assert_eq!(w3_shared(pool, &t, &s).unwrap().0, want);
-        prop_assert_eq!(w3_partitioned(pool, &t, &s).unwrap().0, want);
     }
 }
 
