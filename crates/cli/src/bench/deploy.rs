@@ -277,11 +277,7 @@ pub fn run(a: DeployArgs) -> anyhow::Result<Report> {
         .rows
         .unwrap_or(if a.common.quick { 1_000_000 } else { 8_000_000 });
     let parts = a.partitions.unwrap_or(4 * cpus).max(1);
-    let reps = a
-        .common
-        .reps
-        .unwrap_or(if a.common.quick { 1 } else { 3 })
-        .max(1);
+    let reps = a.common.reps_or(1, 3).max(1);
     let paths = Paths::setup()?;
     let workers: Vec<usize> = a
         .designs

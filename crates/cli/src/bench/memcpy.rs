@@ -20,7 +20,7 @@ pub fn run(a: MemcpyArgs) -> anyhow::Result<Report> {
     } else {
         a.bytes
     };
-    let reps = a.common.reps.unwrap_or(if a.common.quick { 3 } else { 5 });
+    let reps = a.common.reps_or(3, 5);
     anyhow::ensure!(bytes > 0, "--bytes must be positive");
     anyhow::ensure!(reps > 0, "--reps must be positive");
     let src = super::memcpy_source(bytes);

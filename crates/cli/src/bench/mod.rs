@@ -78,6 +78,13 @@ pub struct Common {
     pub plot: Option<PathBuf>,
 }
 
+impl Common {
+    /// `--reps` when given, else the workload's default: `quick` under `--quick`, else `full`.
+    pub fn reps_or(&self, quick: usize, full: usize) -> usize {
+        self.reps.unwrap_or(if self.quick { quick } else { full })
+    }
+}
+
 /// A workload's defaults for [`Matrix`]: the thread placements and memory policies it sweeps
 /// without flags.
 pub trait MatrixDefaults: Clone + std::fmt::Debug + Send + Sync + 'static {

@@ -513,7 +513,7 @@ pub fn run(a: &AllocArgs, threads: usize) -> anyhow::Result<Report> {
             bail!("--program {p}: unknown; valid: {}", PROGRAMS.join(", "));
         }
     }
-    let reps = a.common.reps.unwrap_or(if quick { 3 } else { 5 });
+    let reps = a.common.reps_or(3, 5);
     anyhow::ensure!(reps > 0, "--reps must be positive");
     let (exe, chosen) = choose_allocators(a)?;
     anyhow::ensure!(!chosen.is_empty(), "no allocator of --peers can run here");

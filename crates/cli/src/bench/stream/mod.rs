@@ -117,7 +117,7 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
     } else {
         full_bytes
     });
-    let reps = a.common.reps.unwrap_or(if a.common.quick { 1 } else { 3 });
+    let reps = a.common.reps_or(1, 3);
     anyhow::ensure!(bytes > 0 && reps > 0, "--bytes and --reps must be positive");
     // Allowed cpus (affinity, cgroup quota): the parallel peer's pipeline count and the limit's cores.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -156,7 +156,7 @@ fn case_reps(min: usize, bytes: usize) -> usize {
 
 pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
     let quick = a.common.quick;
-    let reps = a.common.reps.unwrap_or(if quick { 3 } else { 5 });
+    let reps = a.common.reps_or(3, 5);
     anyhow::ensure!(reps > 0, "--reps must be positive");
     let size = if quick { a.size.min(64 << 20) } else { a.size };
     let side = ((size / 4) as f64).cbrt().floor() as usize;
