@@ -1,7 +1,8 @@
 //! Differential tests: every memory placement, scheduler (LAS, NLS, unpinned), locality
 //! (balanced, strict), thread placement, worker count and morsel size gives the same answer as
-//! the single-thread reference, on every dataset and the edge cases (empty input, one group, all-distinct keys, skew, sparse keys, the
-//! all-ones row that packs to the hash table's empty marker). Allocators: `allocators_agree`
+//! the single-thread reference, on every dataset and the edge cases (empty input, one group,
+//! all-distinct keys, skew, sparse keys, extreme keys and values, duplicate join keys and
+//! misses). Allocators: `allocators_agree`
 //! re-runs the matrix and edge-case tests under each Debian allocator library found
 //! (LD_PRELOAD), as `loci bench --alloc` does.
 
