@@ -141,12 +141,13 @@ fn w4_indexes_agree_on_64_bit_keys_of_both_layouts() {
     assert_eq!(by_keys[0].1, by_keys[1].1);
 }
 
-/// The peers' venv with DuckDB, made by bench/peers/setup; None when it is not there.
-fn peers_venv() -> Option<std::path::PathBuf> {
+/// The peers' venv, made by bench/peers/setup, when it imports `modules` (e.g. "duckdb,
+/// numpy"); None when it is not there.
+fn peers_venv(modules: &str) -> Option<std::path::PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2)?;
     let py = root.join("bench/peers/.venv/bin/python");
     let ok = std::process::Command::new(&py)
-        .args(["-c", "import duckdb, numpy"])
+        .args(["-c", &format!("import {modules}")])
         .output()
         .is_ok_and(|o| o.status.success());
     ok.then_some(py)
@@ -154,7 +155,7 @@ fn peers_venv() -> Option<std::path::PathBuf> {
 
 #[test]
 fn w4_duckdb_gives_the_same_answer_on_the_same_64_bit_tables() {
-    if peers_venv().is_none() {
+    if peers_venv("duckdb, numpy").is_none() {
         eprintln!(
             "NOTE: skipped: bench/peers/.venv with duckdb is not there (bench/peers/setup makes it)"
         );
@@ -236,7 +237,7 @@ fn w1_and_w3_agree_across_schedulers() {
 #[test]
 fn bad_choices_are_named_with_the_valid_ones() {
     // (arguments after `bench`, what the error must say)
-    let cases: [(&str, &[&str]); 8] = [
+    let cases: [(&str, &[&str]); 10] = [
         (
             "w2 --rows 100 --sched las,lass",
             &["lass", "las, nls, unpinned"],
@@ -253,6 +254,11 @@ fn bad_choices_are_named_with_the_valid_ones() {
             &["first-touch-1", "per-node[:NODES]", "--gen one-thread"],
         ),
         ("w2 --rows 100 --gen one", &["'one'", "workers, one-thread"]),
+        ("w1 --rows 100 --values i64,f32", &["'f32'", "i64, f64"]),
+        (
+            "w3 --rows 100 --values f64",
+            &["--values f64", "w3 joins i64 payloads"],
+        ),
         ("w2 --rows 100 --workers 100000", &["allowed cpus"]),
     ];
     for (args, says) in cases {
@@ -292,4 +298,74 @@ fn locality_option_is_recorded_agrees_and_rejects_bad_names() {
         err.contains("balanced, strict") && err.contains("strikt"),
         "{err}"
     );
+}
+
+/// W2/W1 on `--values i64,f64`: rows labelled by value type, every configuration agrees within a
+/// type, the two types give different digests, and DuckDB and Polars (when the venv has them)
+/// agree with loci on the same doubles (the run fails otherwise).
+#[test]
+fn f64_values_are_labelled_and_agree_across_configurations_and_peers() {
+    let peers = peers_venv("duckdb, polars, numpy").is_some();
+    if !peers {
+        eprintln!(
+            "NOTE: the peer half is skipped: bench/peers/.venv with duckdb and polars is not there \
+             (bench/peers/setup makes it)"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for w in ["w2", "w1"] {
+        let json = dir.path().join(format!("{w}.json"));
+        let (ok, out, err) = bench(
+            &format!(
+                "{w} --rows 40000 --groups 900 --reps 1 --morsel-rows 3000 --threads sparse,os \
+                 --mem first-touch --values i64,f64 --seed 11{}",
+                if peers { " --peers duckdb,polars" } else { "" }
+            ),
+            &json,
+        );
+        assert!(ok, "{w}: {out}\n{err}");
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(
+            v["params"]["values"],
+            serde_json::json!(["i64", "f64"]),
+            "{w}"
+        );
+        let rs = rows(&json);
+        let variant = if w == "w2" { "hash" } else { "partition" };
+        let mut digests = Vec::new();
+        for values in ["i64", "f64"] {
+            let case = format!("zipf/sparse/{values}/{variant}");
+            let loci: Vec<&Value> = rs.iter().filter(|r| r["case"] == case.as_str()).collect();
+            // threads sparse and os, one memory policy: one row each, the same digest.
+            assert_eq!(loci.len(), 2, "{w} {case}: {out}");
+            let ck = &loci[0]["extra"]["checksum"];
+            assert_eq!(loci[1]["extra"]["checksum"], *ck, "{w} {case}");
+            assert_eq!(ck["groups"], 900, "{w} {case}");
+            digests.push(ck["hash"].clone());
+            if peers {
+                for p in ["duckdb", "polars"] {
+                    let pc = format!("zipf/sparse/{values}/peer");
+                    let r = rs
+                        .iter()
+                        .find(|r| r["system"] == p && r["case"] == pc.as_str())
+                        .unwrap_or_else(|| panic!("{w}: no {p} row {pc}: {out}"));
+                    // Groups and hash are exact on both value types; the float sums agreed
+                    // within the tolerance, or the run would have failed.
+                    assert_eq!(
+                        r["extra"]["checksum"]["hash"], ck["hash"],
+                        "{w} {p} {values}"
+                    );
+                    assert_eq!(r["extra"]["checksum"]["groups"], 900, "{w} {p} {values}");
+                    assert!(
+                        out.contains(&format!("zipf/sparse/{values}: loci default vs {p}")),
+                        "{out}"
+                    );
+                }
+            }
+        }
+        assert_ne!(
+            digests[0], digests[1],
+            "{w}: i64 and f64 hash different fields"
+        );
+    }
 }

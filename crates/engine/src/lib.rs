@@ -14,7 +14,7 @@
 //! - [`join`]: join result types (W3, the hash join, is in [`wide`]).
 //! - [`index`]: W4 index nested-loop join on the 64-bit tables over sorted array, B-tree, skip
 //!   list or ART (`[u8; 8]` big-endian keys), answered by W3's join digest.
-//! - [`wide`]: the 64-bit tables (`u64` keys anywhere in the domain, `i64` values) and their
+//! - [`wide`]: the 64-bit tables (`u64` keys anywhere in the domain, `i64` or `f64` values) and their
 //!   operators: W2 and W1 by hash partitioning and open addressing, W3 partitioned hash join, and
 //!   the order-independent answer digests the benchmark compares with the peers.
 //! - [`tpch`]: TPC-H Q1, Q3, Q5, Q6 and Q18 as physical plans over typed columnar morsels
@@ -65,7 +65,7 @@ pub mod tpch;
 pub mod wide;
 
 pub use exec::{parse_sched, Exec, Locality, Pass};
-pub use gen::{AggGen, AggSpec, Dist, JoinSpec, Keys};
+pub use gen::{AggGen, AggSpec, Dist, JoinSpec, Keys, Values};
 /// Where a table's pages go: loci-place's memory policies.
 pub use loci_place::MemPolicy;
 use loci_place::PartOrder;
@@ -193,6 +193,8 @@ pub enum Fill<'a> {
     U32(&'a FillRows<'a, u32, u32>),
     /// `(u64, i64)` rows; no statistic is kept (the 64-bit operators use none).
     U64(&'a FillRows<'a, u64, i64>),
+    /// `(u64, f64)` rows; no statistic either.
+    F64(&'a FillRows<'a, u64, f64>),
 }
 
 /// `fill(start_row, keys, vals)` for one column layout.
@@ -209,6 +211,11 @@ impl Fill<'_> {
             }
             Fill::U64(f) => {
                 let (k, v) = mo.cols64_mut();
+                f(start, k, v);
+                None
+            }
+            Fill::F64(f) => {
+                let (k, v) = mo.cols64f_mut();
                 f(start, k, v);
                 None
             }
@@ -230,7 +237,7 @@ pub fn generate(
 ) -> Result<(Table, Trace), EngineError> {
     let width = match fill {
         Fill::U32(_) => 4,
-        Fill::U64(_) => 8,
+        Fill::U64(_) | Fill::F64(_) => 8,
     };
     let plan = storage::resolve(exec.topology(), &mem.policy)?;
     let mut table = Table::alloc_width(rows, morsel_rows, &plan, width)?;
@@ -295,8 +302,8 @@ pub fn generate(
     Ok((table, Trace { touched }))
 }
 
-/// Generates an aggregation dataset: a 32-bit table (`keys` None), or a 64-bit one whose keys
-/// are the ranks of `spec`'s distribution laid out as `keys`.
+/// Generates an aggregation dataset: a 32-bit table (`keys` None), or a 64-bit one with `i64`
+/// values whose keys are the ranks of `spec`'s distribution laid out as `keys`.
 pub fn generate_agg(
     exec: &Exec,
     spec: AggSpec,
@@ -304,16 +311,42 @@ pub fn generate_agg(
     morsel_rows: usize,
     mem: &TableMem,
 ) -> Result<Table, EngineError> {
+    match keys {
+        None => {
+            let g = AggGen::new(spec)?;
+            let f = Fill::U32(&|s, k, v| g.fill(s, k, v));
+            Ok(generate(exec, spec.rows, morsel_rows, mem, f)?.0)
+        }
+        Some(keys) => generate_agg64(exec, spec, keys, Values::I64, morsel_rows, mem),
+    }
+}
+
+/// Generates a 64-bit aggregation dataset: keys as [`generate_agg`], values of type `values`
+/// ([`gen::val64`] or [`gen::val_f64`] of the same row).
+pub fn generate_agg64(
+    exec: &Exec,
+    spec: AggSpec,
+    keys: Keys,
+    values: Values,
+    morsel_rows: usize,
+    mem: &TableMem,
+) -> Result<Table, EngineError> {
     let g = AggGen::new(spec)?;
     let (rows, m) = (spec.rows, morsel_rows);
-    let (t, _) = match keys {
-        None => generate(exec, rows, m, mem, Fill::U32(&|s, k, v| g.fill(s, k, v)))?,
-        Some(keys) => generate(
+    let (t, _) = match values {
+        Values::I64 => generate(
             exec,
             rows,
             m,
             mem,
             Fill::U64(&|s, k, v| g.fill64(s, keys, k, v)),
+        )?,
+        Values::F64 => generate(
+            exec,
+            rows,
+            m,
+            mem,
+            Fill::F64(&|s, k, v| g.fill64(s, keys, k, v)),
         )?,
     };
     Ok(t)

@@ -24,8 +24,9 @@ pub fn w1(keys: &[u32], vals: &[u32]) -> Vec<GroupMedian> {
 }
 
 /// Sorts each group's values and makes its answer with `median(key, count, lo, hi)`: `lo` and
-/// `hi` are the two middle values (the same one for an odd count). Keys in order.
-pub fn medians<K: Ord + Copy, V: Ord + Copy, T>(
+/// `hi` are the two middle values (the same one for an odd count). Keys in order. Values are
+/// integers or NaN-free floats.
+pub fn medians<K: Ord + Copy, V: PartialOrd + Copy, T>(
     keys: &[K],
     vals: &[V],
     median: impl Fn(K, u64, V, V) -> T,
@@ -33,7 +34,7 @@ pub fn medians<K: Ord + Copy, V: Ord + Copy, T>(
     groups(keys, vals)
         .into_iter()
         .map(|(key, mut v)| {
-            v.sort_unstable();
+            v.sort_unstable_by(|a, b| a.partial_cmp(b).expect("values are not NaN"));
             let n = v.len();
             median(key, n as u64, v[(n - 1) / 2], v[n / 2])
         })

@@ -8,8 +8,10 @@
 //! the mapping: keys first, values at the next page boundary.
 //!
 //! Two row layouts share the type: `(key: u32, val: u32)` (width 4: the 32-bit operators of
-//! [`crate::agg`] and [`crate::join`], the VM checks) and `(key: u64, val: i64)` (width 8: the
-//! 64-bit tables of [`crate::wide`] and [`crate::index`], what the benchmarks W1-W4 run on). A morsel knows its width; the accessors of the other width panic.
+//! [`crate::agg`] and [`crate::join`], the VM checks) and `(key: u64, val: i64 or f64)` (width 8:
+//! the 64-bit tables of [`crate::wide`] and [`crate::index`], what the benchmarks W1-W4 run on). A
+//! morsel knows its width; the accessors of the other width panic. Whether 8-byte values are
+//! `i64` or `f64` is the caller's to know.
 
 use std::io;
 
@@ -134,6 +136,16 @@ impl Morsel {
         self.cols_mut_of("cols64_mut")
     }
 
+    /// The f64 value column (width 8; the caller knows the table holds doubles).
+    pub fn vals_f64(&self) -> &[f64] {
+        self.val_col("vals_f64")
+    }
+
+    /// The u64 keys and f64 values, writable (width 8).
+    pub fn cols64f_mut(&mut self) -> (&mut [u64], &mut [f64]) {
+        self.cols_mut_of("cols64f_mut")
+    }
+
     /// Number of rows.
     pub fn rows(&self) -> usize {
         self.rows
@@ -244,6 +256,15 @@ impl Table {
         Table::from_plain(keys, vals, morsel_rows)
     }
 
+    /// A 64-bit table of f64 values from plain vectors (tests, small inputs).
+    pub fn from_rows64f(
+        keys: &[u64],
+        vals: &[f64],
+        morsel_rows: usize,
+    ) -> Result<Table, EngineError> {
+        Table::from_plain(keys, vals, morsel_rows)
+    }
+
     /// Either width from plain vectors: `K` and `V` (u32/u32 or u64/i64) set the width.
     fn from_plain<K: Copy, V: Copy>(
         keys: &[K],
@@ -276,6 +297,11 @@ impl Table {
 
     /// All keys and values of a 64-bit table, in row order (tests, export).
     pub fn to_vecs64(&self) -> (Vec<u64>, Vec<i64>) {
+        self.columns()
+    }
+
+    /// All keys and f64 values of a 64-bit table of doubles, in row order (tests).
+    pub fn to_vecs64f(&self) -> (Vec<u64>, Vec<f64>) {
         self.columns()
     }
 

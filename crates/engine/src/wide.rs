@@ -1,6 +1,8 @@
-//! The 64-bit tables: `u64` keys anywhere in the domain and `i64` values, as users have them, and
-//! the operators the benchmarks time on them (W2, W1, W3). No statistic of the data is used: no
-//! key range, no distinct count; a plan is chosen from the row count alone.
+//! The 64-bit tables: `u64` keys anywhere in the domain and `i64` or `f64` values, as users have
+//! them, and the operators the benchmarks time on them (W2, W1, W3). No statistic of the data is
+//! used: no key range, no distinct count; a plan is chosen from the row count alone. W2 and W1 are
+//! generic over the value type ([`Value64`], implemented for `i64` and `f64`); the joins carry
+//! `i64` payloads.
 //!
 //! - **Hashing**: [`hash64`], one xor-shift and one 64-bit multiply (Fibonacci hashing with the
 //!   high half folded in): the top bits pick the radix partition, the next bits the slot.
@@ -23,21 +25,127 @@
 //! - **Digests** ([`AggDigest`], [`MedianDigest`], [`JoinDigest`]): the wrapping sum of
 //!   [`tuple_hash`] over every output tuple, so a row in the wrong group, a lost group or a
 //!   wrong value changes them, in any output order; `bench/peers/peers.py` computes the very
-//!   same from the peers' results. `avg` (a float) is compared separately to a relative
-//!   tolerance, through two sums that bind each avg to its key.
+//!   same from the peers' results. What floating point makes order-dependent (avg; for `f64`
+//!   values also sum and median) is compared separately within [`RTOL`], through two sums that
+//!   bind each value to its key ([`key_weight`]).
 
 use crate::exec::Exec;
-use crate::gen::mix64;
+use crate::gen::{self, mix64};
 use crate::partition::{partition_rows, Partitioned};
-use crate::storage::Table;
+use crate::storage::{Morsel, Table};
 use crate::{EngineError, Trace};
 
 /// One 64-bit row, as partitions hold it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(C)]
-pub struct Row64 {
+pub struct Row64<V = i64> {
     pub k: u64,
-    pub v: i64,
+    pub v: V,
+}
+
+/// A value type of the 64-bit aggregation tables (`--values`): what W2 and W1 need of it.
+/// Values are never NaN (the generators make none).
+pub trait Value64: Copy + Default + PartialOrd + Send + Sync + std::fmt::Debug + 'static {
+    /// Whether sums and medians are exact (`i64`: hashed into the digests) or rounded in an
+    /// order-dependent way (`f64`: compared within [`RTOL`]).
+    const EXACT: bool;
+    /// The value of row `i` of data seeded by `seed` ([`gen::val64`], [`gen::val_f64`]).
+    fn at(seed: u64, i: u64) -> Self;
+    /// A 64-bit morsel's value column, read as this type.
+    fn col(m: &Morsel) -> &[Self];
+    /// The running sum: wrapping for `i64`, IEEE addition for `f64`.
+    fn plus(self, o: Self) -> Self;
+    /// The smaller of two values.
+    fn lesser(self, o: Self) -> Self;
+    /// The larger of two values.
+    fn greater(self, o: Self) -> Self;
+    /// As a double (avg, the digests' float sums).
+    fn to_f64(self) -> f64;
+    /// The pattern [`tuple_hash`] takes: two's complement for `i64`; for `f64` its bits with
+    /// `-0.0` as `+0.0` (which zero a min or max keeps is up to the system).
+    fn bits(self) -> u64;
+    /// Moves the `n`-th smallest value to `v[n]`, smaller ones before it (any order).
+    fn select_nth(v: &mut [Self], n: usize);
+}
+
+impl Value64 for i64 {
+    const EXACT: bool = true;
+    #[inline(always)]
+    fn at(seed: u64, i: u64) -> i64 {
+        gen::val64(seed, i)
+    }
+    #[inline(always)]
+    fn col(m: &Morsel) -> &[i64] {
+        m.vals64()
+    }
+    #[inline(always)]
+    fn plus(self, o: i64) -> i64 {
+        self.wrapping_add(o)
+    }
+    #[inline(always)]
+    fn lesser(self, o: i64) -> i64 {
+        Ord::min(self, o)
+    }
+    #[inline(always)]
+    fn greater(self, o: i64) -> i64 {
+        Ord::max(self, o)
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    #[inline(always)]
+    fn bits(self) -> u64 {
+        self as u64
+    }
+    #[inline]
+    fn select_nth(v: &mut [i64], n: usize) {
+        v.select_nth_unstable(n);
+    }
+}
+
+impl Value64 for f64 {
+    const EXACT: bool = false;
+    #[inline(always)]
+    fn at(seed: u64, i: u64) -> f64 {
+        gen::val_f64(seed, i)
+    }
+    #[inline(always)]
+    fn col(m: &Morsel) -> &[f64] {
+        m.vals_f64()
+    }
+    #[inline(always)]
+    fn plus(self, o: f64) -> f64 {
+        self + o
+    }
+    #[inline(always)]
+    fn lesser(self, o: f64) -> f64 {
+        if o < self {
+            o
+        } else {
+            self
+        }
+    }
+    #[inline(always)]
+    fn greater(self, o: f64) -> f64 {
+        if o > self {
+            o
+        } else {
+            self
+        }
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self
+    }
+    #[inline(always)]
+    fn bits(self) -> u64 {
+        (self + 0.0).to_bits()
+    }
+    #[inline]
+    fn select_nth(v: &mut [f64], n: usize) {
+        v.select_nth_unstable_by(n, f64::total_cmp);
+    }
 }
 
 /// The hash of a key: its top bits are well mixed (partition), and so are the bits below them
@@ -74,12 +182,12 @@ fn part_of(h: u64, bits: u32) -> usize {
     }
 }
 
-/// Hash-partitions a 64-bit table into `2^bits` partitions of [`Row64`].
-pub fn partition64(
+/// Hash-partitions a 64-bit table (values read as `V`) into `2^bits` partitions of [`Row64`].
+pub fn partition64<V: Value64>(
     exec: &Exec,
     table: &Table,
     bits: u32,
-) -> Result<Partitioned<Row64>, EngineError> {
+) -> Result<Partitioned<Row64<V>>, EngineError> {
     partition_rows(
         exec,
         table,
@@ -90,7 +198,7 @@ pub fn partition64(
             }
         },
         |mo, sink| {
-            for (&k, &v) in mo.keys64().iter().zip(mo.vals64()) {
+            for (&k, &v) in mo.keys64().iter().zip(V::col(mo)) {
                 sink.push(part_of(hash64(k), bits), Row64 { k, v });
             }
         },
@@ -99,31 +207,39 @@ pub fn partition64(
 
 /// count, sum, min, max and avg of one group.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Group64 {
+pub struct Group64<V = i64> {
     pub key: u64,
     pub count: u64,
-    pub sum: i64,
-    pub min: i64,
-    pub max: i64,
+    pub sum: V,
+    pub min: V,
+    pub max: V,
     /// `sum / count`, in f64.
     pub avg: f64,
 }
 
-/// Exact median of one group, kept as `lo + hi` of the two middle values (twice the median).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Median64 {
+/// Exact median of one group, kept as `lo + hi` of the two middle values (twice the median; for
+/// `f64` the median `(lo + hi) / 2` is this halved, exactly, as DuckDB computes it).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Median64<V = i64> {
     pub key: u64,
     pub count: u64,
-    pub twice_median: i64,
+    pub twice_median: V,
+}
+
+impl<V: Value64> Median64<V> {
+    /// The median, as a double.
+    pub fn median(&self) -> f64 {
+        self.twice_median.to_f64() / 2.0
+    }
 }
 
 #[derive(Clone, Copy)]
-struct Acc {
+struct Acc<V> {
     key: u64,
     count: u64,
-    sum: i64,
-    min: i64,
-    max: i64,
+    sum: V,
+    min: V,
+    max: V,
 }
 
 /// Key -> dense group id, by linear probing over `u32` ids (`id + 1`; 0 = empty). The keys live
@@ -226,14 +342,14 @@ impl Run64 {
     }
 }
 
-/// W2 on a 64-bit table: every group's count, sum, min, max and avg (unsorted).
-pub fn w2(exec: &Exec, table: &Table) -> Result<(Vec<Group64>, Run64), EngineError> {
+/// W2 on a 64-bit table of `V` values: every group's count, sum, min, max and avg (unsorted).
+pub fn w2<V: Value64>(exec: &Exec, table: &Table) -> Result<(Vec<Group64<V>>, Run64), EngineError> {
     let bits = agg_bits(table.rows());
-    let parts = partition64(exec, table, bits)?;
+    let parts = partition64::<V>(exec, table, bits)?;
     let (outs, _) = exec.map(
         &parts.homes,
-        || (GroupIds::new(), Vec::<Acc>::new(), 0usize),
-        |(ids, accs, prev): &mut (GroupIds, Vec<Acc>, usize), p| {
+        || (GroupIds::new(), Vec::<Acc<V>>::new(), 0usize),
+        |(ids, accs, prev): &mut (GroupIds, Vec<Acc<V>>, usize), p| {
             ids.reset(bits, *prev);
             accs.clear();
             for r in parts.part(p) {
@@ -251,9 +367,9 @@ pub fn w2(exec: &Exec, table: &Table) -> Result<(Vec<Group64>, Run64), EngineErr
                 } else {
                     let a = &mut accs[g];
                     a.count += 1;
-                    a.sum = a.sum.wrapping_add(r.v);
-                    a.min = a.min.min(r.v);
-                    a.max = a.max.max(r.v);
+                    a.sum = a.sum.plus(r.v);
+                    a.min = a.min.lesser(r.v);
+                    a.max = a.max.greater(r.v);
                 }
             }
             *prev = accs.len();
@@ -264,7 +380,7 @@ pub fn w2(exec: &Exec, table: &Table) -> Result<(Vec<Group64>, Run64), EngineErr
                     sum: a.sum,
                     min: a.min,
                     max: a.max,
-                    avg: a.sum as f64 / a.count as f64,
+                    avg: a.sum.to_f64() / a.count as f64,
                 })
                 .collect::<Vec<_>>()
         },
@@ -277,37 +393,52 @@ pub fn w2(exec: &Exec, table: &Table) -> Result<(Vec<Group64>, Run64), EngineErr
 
 /// Median of a group's values (reorders them): `lo + hi` of the two middle values.
 #[inline]
-fn twice_median(vals: &mut [i64]) -> i64 {
+fn twice_median<V: Value64>(vals: &mut [V]) -> V {
     let n = vals.len();
-    let (left, mid, _) = vals.select_nth_unstable(n / 2);
-    let hi = *mid;
+    V::select_nth(vals, n / 2);
+    let (left, rest) = vals.split_at(n / 2);
+    let hi = rest[0];
     if n % 2 == 1 {
-        hi.wrapping_mul(2)
+        hi.plus(hi)
     } else {
-        let lo = *left.iter().max().expect("n >= 2 for even counts");
-        lo.wrapping_add(hi)
+        let (&first, left) = left.split_first().expect("n >= 2 for even counts");
+        left.iter().fold(first, |m, &x| m.greater(x)).plus(hi)
     }
 }
 
 /// Per-worker scratch of W1.
-#[derive(Default)]
-struct MedianScratch {
+struct MedianScratch<V> {
     keys: Vec<u64>,
     /// Per group: row count, then (prefix sums) first slot.
     start: Vec<u32>,
     gid: Vec<u32>,
-    vals: Vec<i64>,
+    vals: Vec<V>,
     prev: usize,
 }
 
-/// W1 on a 64-bit table: every group's exact median (unsorted).
-pub fn w1(exec: &Exec, table: &Table) -> Result<(Vec<Median64>, Run64), EngineError> {
+impl<V> Default for MedianScratch<V> {
+    fn default() -> Self {
+        MedianScratch {
+            keys: Vec::new(),
+            start: Vec::new(),
+            gid: Vec::new(),
+            vals: Vec::new(),
+            prev: 0,
+        }
+    }
+}
+
+/// W1 on a 64-bit table of `V` values: every group's exact median (unsorted).
+pub fn w1<V: Value64>(
+    exec: &Exec,
+    table: &Table,
+) -> Result<(Vec<Median64<V>>, Run64), EngineError> {
     let bits = agg_bits(table.rows());
-    let parts = partition64(exec, table, bits)?;
+    let parts = partition64::<V>(exec, table, bits)?;
     let (outs, _) = exec.map(
         &parts.homes,
-        || (GroupIds::new(), MedianScratch::default()),
-        |(ids, s): &mut (GroupIds, MedianScratch), p| {
+        || (GroupIds::new(), MedianScratch::<V>::default()),
+        |(ids, s): &mut (GroupIds, MedianScratch<V>), p| {
             let rows = parts.part(p);
             ids.reset(bits, s.prev);
             s.keys.clear();
@@ -334,7 +465,7 @@ pub fn w1(exec: &Exec, table: &Table) -> Result<(Vec<Median64>, Run64), EngineEr
             }
             s.start.push(acc);
             s.vals.clear();
-            s.vals.resize(rows.len(), 0);
+            s.vals.resize(rows.len(), V::default());
             {
                 let mut at: Vec<u32> = s.start[..ng].to_vec();
                 for (r, &g) in rows.iter().zip(&s.gid) {
@@ -394,8 +525,8 @@ impl JoinDigest {
 /// W3 on 64-bit tables: partitioned hash join of R (build) and S (probe) on key.
 pub fn w3(exec: &Exec, r: &Table, s: &Table) -> Result<(JoinDigest, Run64), EngineError> {
     let bits = join_bits(r.rows());
-    let pr = partition64(exec, r, bits)?;
-    let ps = partition64(exec, s, bits)?;
+    let pr = partition64::<i64>(exec, r, bits)?;
+    let ps = partition64::<i64>(exec, s, bits)?;
     let cap = (pr.max_len().max(1) * 2).next_power_of_two();
     let joined = exec.for_each(
         &pr.homes,
@@ -441,7 +572,7 @@ pub fn w3(exec: &Exec, r: &Table, s: &Table) -> Result<(JoinDigest, Run64), Engi
 
 /// Start value of [`tuple_hash`].
 pub const TUPLE_SEED: u64 = 0x243f_6a88_85a3_08d3;
-/// Salt of the avg weights of [`AggDigest`].
+/// Salt of [`key_weight`].
 pub const WEIGHT_SALT: u64 = 0x1319_8a2e_0370_7344;
 
 /// The hash of one output tuple (each field as its 64-bit two's-complement pattern):
@@ -455,78 +586,125 @@ pub fn tuple_hash(fields: &[u64]) -> u64 {
     h
 }
 
-/// The weight that binds a group's avg to its key in [`AggDigest::avg_wsum`]: in `[0, 1)`.
+/// The weight that binds a group's float results to its key in the weighted sums of
+/// [`AggDigest`] and [`MedianDigest`]: in `[0, 1)`.
 #[inline(always)]
-pub fn avg_weight(key: u64) -> f64 {
+pub fn key_weight(key: u64) -> f64 {
     (mix64(key ^ WEIGHT_SALT) >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+/// Relative tolerance of the float comparisons of the digests (sums of doubles in different
+/// orders): `|a - b| <= RTOL * max(|a|, |b|, 1)`.
+pub const RTOL: f64 = 1e-9;
+
+/// Whether two float sums of a digest agree within [`RTOL`].
+#[inline]
+pub fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= RTOL * a.abs().max(b.abs()).max(1.0)
+}
+
+/// A float result `x` of every group, summed plain and weighted by [`key_weight`]: `(sum(x),
+/// sum(x * w(key)))`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct FloatSums {
+    pub sum: f64,
+    pub wsum: f64,
+}
+
+impl FloatSums {
+    #[inline]
+    fn add(&mut self, key: u64, x: f64) {
+        self.sum += x;
+        self.wsum += x * key_weight(key);
+    }
+
+    /// Both sums within [`RTOL`].
+    pub fn agrees(&self, o: &FloatSums) -> bool {
+        close(self.sum, o.sum) && close(self.wsum, o.wsum)
+    }
 }
 
 /// Order-independent digest of a W2 answer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AggDigest {
     pub groups: u64,
-    /// Wrapping sum of `tuple_hash([key, count, sum, min, max])`: compared exactly.
+    /// Wrapping sum of `tuple_hash` over every group, compared exactly: `[key, count, sum, min,
+    /// max]` for `i64` values, `[key, count, min, max]` for `f64` ones (their sums round in the
+    /// order of addition).
     pub hash: u64,
-    /// Sum of every group's avg.
-    pub avg_sum: f64,
-    /// Sum of `avg * avg_weight(key)`.
-    pub avg_wsum: f64,
+    /// Every group's sum as f64 ([`FloatSums`]).
+    pub sum: FloatSums,
+    /// Every group's avg.
+    pub avg: FloatSums,
 }
-
-/// Relative tolerance of the avg comparison (float sums in different orders).
-pub const AVG_RTOL: f64 = 1e-9;
 
 impl AggDigest {
     /// Digest of a W2 answer.
-    pub fn of(groups: &[Group64]) -> AggDigest {
+    pub fn of<V: Value64>(groups: &[Group64<V>]) -> AggDigest {
         let mut d = AggDigest {
             groups: groups.len() as u64,
             hash: 0,
-            avg_sum: 0.0,
-            avg_wsum: 0.0,
+            sum: FloatSums::default(),
+            avg: FloatSums::default(),
         };
         for g in groups {
-            d.hash = d.hash.wrapping_add(tuple_hash(&[
-                g.key,
-                g.count,
-                g.sum as u64,
-                g.min as u64,
-                g.max as u64,
-            ]));
-            d.avg_sum += g.avg;
-            d.avg_wsum += g.avg * avg_weight(g.key);
+            let (c, mn, mx) = (g.count, g.min.bits(), g.max.bits());
+            let h = if V::EXACT {
+                tuple_hash(&[g.key, c, g.sum.bits(), mn, mx])
+            } else {
+                tuple_hash(&[g.key, c, mn, mx])
+            };
+            d.hash = d.hash.wrapping_add(h);
+            d.sum.add(g.key, g.sum.to_f64());
+            d.avg.add(g.key, g.avg);
         }
         d
     }
 
-    /// Whether two digests agree: groups and hash exactly, the avg sums within [`AVG_RTOL`] of
-    /// the larger magnitude (at least 1).
+    /// Whether two digests agree: groups and hash exactly, the float sums within [`RTOL`].
     pub fn agrees(&self, o: &AggDigest) -> bool {
-        let close = |a: f64, b: f64| (a - b).abs() <= AVG_RTOL * a.abs().max(b.abs()).max(1.0);
         self.groups == o.groups
             && self.hash == o.hash
-            && close(self.avg_sum, o.avg_sum)
-            && close(self.avg_wsum, o.avg_wsum)
+            && self.sum.agrees(&o.sum)
+            && self.avg.agrees(&o.avg)
     }
 }
 
-/// Order-independent digest of a W1 answer (exact).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Order-independent digest of a W1 answer.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MedianDigest {
     pub groups: u64,
-    /// Wrapping sum of `tuple_hash([key, count, twice_median])`.
+    /// Wrapping sum of `tuple_hash` over every group, compared exactly: `[key, count,
+    /// twice_median]` for `i64` values, `[key, count]` for `f64` ones (DuckDB's `(lo + hi) / 2`
+    /// and Polars' `lo + (hi - lo) / 2` differ in the last bit).
     pub hash: u64,
+    /// Every group's median ([`FloatSums`]).
+    pub median: FloatSums,
 }
 
 impl MedianDigest {
     /// Digest of a W1 answer.
-    pub fn of(groups: &[Median64]) -> MedianDigest {
-        MedianDigest {
+    pub fn of<V: Value64>(groups: &[Median64<V>]) -> MedianDigest {
+        let mut d = MedianDigest {
             groups: groups.len() as u64,
-            hash: groups.iter().fold(0u64, |h, g| {
-                h.wrapping_add(tuple_hash(&[g.key, g.count, g.twice_median as u64]))
-            }),
+            hash: 0,
+            median: FloatSums::default(),
+        };
+        for g in groups {
+            let h = if V::EXACT {
+                tuple_hash(&[g.key, g.count, g.twice_median.bits()])
+            } else {
+                tuple_hash(&[g.key, g.count])
+            };
+            d.hash = d.hash.wrapping_add(h);
+            d.median.add(g.key, g.median());
         }
+        d
+    }
+
+    /// Whether two digests agree: groups and hash exactly, the median sums within [`RTOL`].
+    pub fn agrees(&self, o: &MedianDigest) -> bool {
+        self.groups == o.groups && self.hash == o.hash && self.median.agrees(&o.median)
     }
 }
 
@@ -534,32 +712,32 @@ impl MedianDigest {
 pub mod reference {
     use crate::reference::{groups, join_pairs, medians};
 
-    use super::{Group64, JoinDigest, Median64};
+    use super::{Group64, JoinDigest, Median64, Value64};
 
-    /// W2 by a BTreeMap, in key order.
-    pub fn w2(keys: &[u64], vals: &[i64]) -> Vec<Group64> {
+    /// W2 by a BTreeMap, in key order (sums in row order).
+    pub fn w2<V: Value64>(keys: &[u64], vals: &[V]) -> Vec<Group64<V>> {
         groups(keys, vals)
             .into_iter()
             .map(|(key, v)| {
-                let sum = v.iter().fold(0i64, |a, &x| a.wrapping_add(x));
+                let sum = v[1..].iter().fold(v[0], |a, &x| a.plus(x));
                 Group64 {
                     key,
                     count: v.len() as u64,
                     sum,
-                    min: *v.iter().min().expect("non-empty"),
-                    max: *v.iter().max().expect("non-empty"),
-                    avg: sum as f64 / v.len() as f64,
+                    min: v[1..].iter().fold(v[0], |a, &x| a.lesser(x)),
+                    max: v[1..].iter().fold(v[0], |a, &x| a.greater(x)),
+                    avg: sum.to_f64() / v.len() as f64,
                 }
             })
             .collect()
     }
 
     /// W1 by sorting each group, in key order.
-    pub fn w1(keys: &[u64], vals: &[i64]) -> Vec<Median64> {
+    pub fn w1<V: Value64>(keys: &[u64], vals: &[V]) -> Vec<Median64<V>> {
         medians(keys, vals, |key, count, lo, hi| Median64 {
             key,
             count,
-            twice_median: lo.wrapping_add(hi),
+            twice_median: lo.plus(hi),
         })
     }
 
@@ -575,10 +753,10 @@ pub mod reference {
 mod tests {
     use super::*;
     use crate::exec::flat_topology;
-    use crate::gen::{AggSpec, Dist, JoinSpec, Keys};
-    use crate::{generate_agg, generate_join, MemPolicy, Sched, Strategy};
+    use crate::gen::{AggSpec, Dist, JoinSpec, Keys, Values};
+    use crate::{generate_agg, generate_agg64, generate_join, MemPolicy, Sched, Strategy};
 
-    fn sorted2(mut g: Vec<Group64>) -> Vec<Group64> {
+    fn sorted2<V>(mut g: Vec<Group64<V>>) -> Vec<Group64<V>> {
         g.sort_by_key(|x| x.key);
         g
     }
@@ -589,6 +767,34 @@ mod tests {
             Exec::new(&t, Sched::Las, Strategy::sparse(), None).unwrap(),
             Exec::new(&t, Sched::Nls, Strategy::os(), Some(1)).unwrap(),
         ]
+    }
+
+    /// f64 groups against the reference: key, count, min and max exactly (bits, -0.0 as +0.0),
+    /// sum and avg within RTOL of the larger magnitude (the order of addition may differ).
+    fn assert_f64_groups(got: Vec<Group64<f64>>, want: &[Group64<f64>], what: &str) {
+        let got = sorted2(got);
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (g, w) in got.iter().zip(want) {
+            assert_eq!(
+                (g.key, g.count, g.min.bits(), g.max.bits()),
+                (w.key, w.count, w.min.bits(), w.max.bits()),
+                "{what}"
+            );
+            assert!(close(g.sum, w.sum), "{what}: sum {} vs {}", g.sum, w.sum);
+            assert!(close(g.avg, w.avg), "{what}: avg {} vs {}", g.avg, w.avg);
+        }
+    }
+
+    /// f64 medians against the reference: exact (the two middle values are data values, and
+    /// `lo + hi` rounds once either way).
+    fn assert_f64_medians(mut got: Vec<Median64<f64>>, want: &[Median64<f64>], what: &str) {
+        got.sort_by_key(|x| x.key);
+        let bits = |m: &[Median64<f64>]| -> Vec<(u64, u64, u64)> {
+            m.iter()
+                .map(|x| (x.key, x.count, x.twice_median.bits()))
+                .collect()
+        };
+        assert_eq!(bits(&got), bits(want), "{what}");
     }
 
     #[test]
@@ -612,15 +818,53 @@ mod tests {
                             .unwrap();
                     let (k, v) = t.to_vecs64();
                     let want = reference::w2(&k, &v);
-                    let (got, _) = w2(&ex, &t).unwrap();
+                    let (got, _) = w2::<i64>(&ex, &t).unwrap();
                     let d = AggDigest::of(&got);
                     assert!(d.agrees(&AggDigest::of(&want)), "{keys} {dist}");
                     assert_eq!(sorted2(got), want, "{keys} {dist}");
                     let want1 = reference::w1(&k, &v);
-                    let (mut got1, _) = w1(&ex, &t).unwrap();
-                    assert_eq!(MedianDigest::of(&got1), MedianDigest::of(&want1));
+                    let (mut got1, _) = w1::<i64>(&ex, &t).unwrap();
+                    assert!(MedianDigest::of(&got1).agrees(&MedianDigest::of(&want1)));
                     got1.sort_by_key(|x| x.key);
                     assert_eq!(got1, want1, "{keys} {dist}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f64_w2_and_w1_match_the_reference() {
+        for ex in execs() {
+            for keys in [Keys::Sparse, Keys::Dense] {
+                for (rows, groups, dist) in [
+                    (200_000, 5_000, Dist::Zipf),
+                    (120_000, 100_000, Dist::Uniform),
+                    (50_000, 1, Dist::HeavyHitter),
+                ] {
+                    let spec = AggSpec {
+                        rows,
+                        groups,
+                        dist,
+                        seed: 5,
+                    };
+                    let mem = MemPolicy::FirstTouch.into();
+                    let t = generate_agg64(&ex, spec, keys, Values::F64, 10_000, &mem).unwrap();
+                    let (k, v) = t.to_vecs64f();
+                    // The doubles are the i64 draws / 100, with fractions, of both signs.
+                    let ti = generate_agg64(&ex, spec, keys, Values::I64, 10_000, &mem).unwrap();
+                    let (ki, vi) = ti.to_vecs64();
+                    assert_eq!(k, ki);
+                    assert!(v.iter().zip(&vi).all(|(&f, &i)| f == i as f64 / 100.0));
+                    assert!(v.iter().any(|&x| x < 0.0) && v.iter().any(|&x| x.fract() != 0.0));
+                    let what = format!("{keys} {dist}");
+                    let want = reference::w2(&k, &v);
+                    let (got, _) = w2::<f64>(&ex, &t).unwrap();
+                    assert!(AggDigest::of(&got).agrees(&AggDigest::of(&want)), "{what}");
+                    assert_f64_groups(got, &want, &what);
+                    let want1 = reference::w1(&k, &v);
+                    let (got1, _) = w1::<f64>(&ex, &t).unwrap();
+                    assert!(MedianDigest::of(&got1).agrees(&MedianDigest::of(&want1)));
+                    assert_f64_medians(got1, &want1, &what);
                 }
             }
         }
@@ -632,14 +876,19 @@ mod tests {
         let keys = [0u64, u64::MAX, 0, 5, u64::MAX, 1 << 63];
         let vals = [i64::MIN, i64::MAX, 3, -4, -1, 0];
         let t = Table::from_rows64(&keys, &vals, 4).unwrap();
-        assert_eq!(sorted2(w2(ex, &t).unwrap().0), reference::w2(&keys, &vals));
-        let mut m = w1(ex, &t).unwrap().0;
+        assert_eq!(
+            sorted2(w2::<i64>(ex, &t).unwrap().0),
+            reference::w2(&keys, &vals)
+        );
+        let mut m = w1::<i64>(ex, &t).unwrap().0;
         m.sort_by_key(|x| x.key);
         // i64::MIN + 3 and i64::MAX + (-1): no overflow in the median of two values here.
         assert_eq!(m, reference::w1(&keys, &vals));
         let e = Table::from_rows64(&[], &[], 4).unwrap();
-        assert!(w2(ex, &e).unwrap().0.is_empty());
-        assert!(w1(ex, &e).unwrap().0.is_empty());
+        assert!(w2::<i64>(ex, &e).unwrap().0.is_empty());
+        assert!(w1::<i64>(ex, &e).unwrap().0.is_empty());
+        assert!(w2::<f64>(ex, &e).unwrap().0.is_empty());
+        assert!(w1::<f64>(ex, &e).unwrap().0.is_empty());
         assert_eq!(w3(ex, &e, &e).unwrap().0, JoinDigest::default());
         // Duplicate R keys, misses, key 0 and u64::MAX.
         let rk = [0u64, 0, u64::MAX, 9];
@@ -651,6 +900,66 @@ mod tests {
         let got = w3(ex, &r, &s).unwrap().0;
         assert_eq!(got, reference::join(&rk, &rv, &sk, &sv));
         assert_eq!(got.count, 7);
+    }
+
+    #[test]
+    fn f64_edge_values_negatives_and_groups_of_one() {
+        let ex = &execs()[0];
+        let tiny = f64::from_bits(1); // the smallest subnormal
+                                      // Key 1: 1e300 and -1e300 (sum 0, median 0); key 2: one value (a group of one); key 3:
+                                      // negatives only, an even count; key 4: signed zeros and subnormals; key u64::MAX: the
+                                      // extremes with a finite sum; key 0: two decimals that do not add exactly.
+        let rows: [(u64, f64); 16] = [
+            (1, 1e300),
+            (2, -7.25),
+            (3, -0.5),
+            (1, -1e300),
+            (4, -0.0),
+            (3, -1e-300),
+            (4, tiny),
+            (3, -3.0),
+            (u64::MAX, f64::MAX),
+            (3, -2.75),
+            (4, 0.0),
+            (u64::MAX, -f64::MAX),
+            (0, 0.1),
+            (4, -tiny),
+            (0, 0.2),
+            (u64::MAX, f64::MIN_POSITIVE),
+        ];
+        let (k, v): (Vec<u64>, Vec<f64>) = rows.iter().copied().unzip();
+        for morsel in [1, 3, 16] {
+            let t = Table::from_rows64f(&k, &v, morsel).unwrap();
+            let want = reference::w2(&k, &v);
+            let got = w2::<f64>(ex, &t).unwrap().0;
+            assert_f64_groups(got.clone(), &want, "edges");
+            assert!(AggDigest::of(&got).agrees(&AggDigest::of(&want)));
+            let g = |key| *want.iter().find(|g| g.key == key).unwrap();
+            assert_eq!(
+                (g(2).count, g(2).sum, g(2).min, g(2).max),
+                (1, -7.25, -7.25, -7.25)
+            );
+            assert_eq!((g(3).min, g(3).max, g(3).count), (-3.0, -1e-300, 4));
+            assert_eq!((g(4).min, g(4).max), (-tiny, tiny));
+            assert_eq!(g(u64::MAX).min, -f64::MAX);
+            assert_eq!(g(0).sum, 0.1 + 0.2);
+            let m = w1::<f64>(ex, &t).unwrap().0;
+            let want1 = reference::w1(&k, &v);
+            assert_f64_medians(m.clone(), &want1, "edges");
+            let med = |key| {
+                m.iter()
+                    .find(|x: &&Median64<f64>| x.key == key)
+                    .unwrap()
+                    .median()
+            };
+            // (lo + hi) / 2 of the two middle values, DuckDB's formula.
+            assert_eq!(med(1), 0.0);
+            assert_eq!(med(2), -7.25);
+            assert_eq!(med(3), (-2.75 + -0.5) / 2.0);
+            assert_eq!(med(4), 0.0);
+            assert_eq!(med(0), (0.1 + 0.2) / 2.0);
+            assert_eq!(med(u64::MAX), f64::MIN_POSITIVE);
+        }
     }
 
     #[test]
@@ -670,6 +979,34 @@ mod tests {
         let c = AggDigest::of(&[g(1, 20), g(2, 10)]);
         assert!(!a.agrees(&c));
         assert_eq!(tuple_hash(&[]), TUPLE_SEED);
+    }
+
+    #[test]
+    fn f64_digests_tolerate_rounding_and_catch_wrong_groups() {
+        let g = |key, sum: f64, min: f64| Group64 {
+            key,
+            count: 3,
+            sum,
+            min,
+            max: 9.5,
+            avg: sum / 3.0,
+        };
+        let a = AggDigest::of(&[g(1, 10.1, -0.0), g(2, 20.2, 1.0)]);
+        // The other order of addition: the last bit of a sum differs; a min of +0.0 for -0.0.
+        let near = 10.1f64.next_up();
+        assert!(a.agrees(&AggDigest::of(&[g(2, 20.2, 1.0), g(1, near, 0.0)])));
+        // Sums swapped between the groups, a min changed, a sum off by 1e-6: all caught.
+        assert!(!a.agrees(&AggDigest::of(&[g(1, 20.2, -0.0), g(2, 10.1, 1.0)])));
+        assert!(!a.agrees(&AggDigest::of(&[g(1, 10.1, -0.0), g(2, 20.2, 1.5)])));
+        assert!(!a.agrees(&AggDigest::of(&[g(1, 10.1 + 1e-6, -0.0), g(2, 20.2, 1.0)])));
+        let m = |key, twice_median: f64| Median64 {
+            key,
+            count: 2,
+            twice_median,
+        };
+        let d = MedianDigest::of(&[m(1, 3.0), m(2, 5.0)]);
+        assert!(d.agrees(&MedianDigest::of(&[m(2, 5.0), m(1, 3.0f64.next_up())])));
+        assert!(!d.agrees(&MedianDigest::of(&[m(1, 5.0), m(2, 3.0)])));
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub(super) fn run_child(w: Workload, a: &EngineArgs, alloc: &str) -> anyhow::Res
     }
     cmd.arg("--dist").arg(a.dist.join(","));
     cmd.arg("--keys").arg(a.keys.join(","));
+    cmd.arg("--values").arg(a.values.join(","));
     cmd.arg("--threads").arg(a.matrix.threads.join(","));
     cmd.arg("--mem").arg(a.matrix.mem.join(","));
     cmd.arg("--gen").arg(a.gen.join(","));

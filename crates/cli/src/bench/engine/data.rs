@@ -6,8 +6,8 @@ use std::time::Instant;
 use indicatif::ProgressBar;
 use loci_engine::index::{self, IndexKind};
 use loci_engine::storage::local_access_ratio;
-use loci_engine::wide::{self, AggDigest, JoinDigest, MedianDigest};
-use loci_engine::{generate_agg, generate_join, Exec, Table, TableMem, Trace};
+use loci_engine::wide::{self, AggDigest, FloatSums, JoinDigest, MedianDigest, Value64};
+use loci_engine::{generate_agg64, generate_join, Exec, Table, TableMem, Trace, Values};
 use loci_report::Row;
 use serde_json::json;
 
@@ -28,42 +28,78 @@ impl Answer {
     pub(super) fn checksum(&self) -> serde_json::Value {
         match self {
             Answer::Agg(d) => json!({
-                "groups": d.groups, "hash": d.hash, "avg_sum": d.avg_sum, "avg_wsum": d.avg_wsum,
+                "groups": d.groups, "hash": d.hash, "sum_sum": d.sum.sum, "sum_wsum": d.sum.wsum,
+                "avg_sum": d.avg.sum, "avg_wsum": d.avg.wsum,
             }),
-            Answer::Median(d) => json!({ "groups": d.groups, "hash": d.hash }),
+            Answer::Median(d) => json!({
+                "groups": d.groups, "hash": d.hash,
+                "median_sum": d.median.sum, "median_wsum": d.median.wsum,
+            }),
             Answer::Join(j) => json!({ "count": j.count, "sum": j.sum, "hash": j.hash }),
         }
     }
 
-    /// Whether a digest (ours or a peer's JSON) is the same answer: exact, except the avg sums
-    /// of W2, within `wide::AVG_RTOL`.
+    /// Whether a digest (ours or a peer's JSON) is the same answer: groups and hashes exactly,
+    /// the float sums of W2 and W1 within `wide::RTOL`; the joins' digest exactly.
     pub(super) fn agrees(&self, v: &serde_json::Value) -> bool {
+        let groups = v["groups"].as_u64().unwrap_or(u64::MAX);
+        let hash = v["hash"].as_u64().unwrap_or(0);
+        let sums = |name: &str| FloatSums {
+            sum: v[format!("{name}_sum")].as_f64().unwrap_or(f64::NAN),
+            wsum: v[format!("{name}_wsum")].as_f64().unwrap_or(f64::NAN),
+        };
         match self {
-            Answer::Agg(d) => {
-                let o = AggDigest {
-                    groups: v["groups"].as_u64().unwrap_or(u64::MAX),
-                    hash: v["hash"].as_u64().unwrap_or(0),
-                    avg_sum: v["avg_sum"].as_f64().unwrap_or(f64::NAN),
-                    avg_wsum: v["avg_wsum"].as_f64().unwrap_or(f64::NAN),
-                };
-                d.agrees(&o)
-            }
-            _ => *v == self.checksum(),
+            Answer::Agg(d) => d.agrees(&AggDigest {
+                groups,
+                hash,
+                sum: sums("sum"),
+                avg: sums("avg"),
+            }),
+            Answer::Median(d) => d.agrees(&MedianDigest {
+                groups,
+                hash,
+                median: sums("median"),
+            }),
+            Answer::Join(_) => *v == self.checksum(),
         }
     }
 
     pub(super) fn same(&self, o: &Answer) -> bool {
         match (self, o) {
             (Answer::Agg(a), Answer::Agg(b)) => a.agrees(b),
+            (Answer::Median(a), Answer::Median(b)) => a.agrees(b),
             _ => self == o,
         }
     }
+}
+
+/// One timed W2 or W1 run on a table of `V` values: the time goes to `times`, the answer's
+/// digest is computed after the timer stops (the answer is materialised inside it, as the
+/// peers' results are).
+fn agg_run<V: Value64>(
+    w: Workload,
+    pool: &Exec,
+    t: &Table,
+    times: &mut Vec<f64>,
+) -> anyhow::Result<(Answer, Trace)> {
+    let t0 = Instant::now();
+    Ok(if w == Workload::W2 {
+        let (g, run) = wide::w2::<V>(pool, t)?;
+        times.push(t0.elapsed().as_secs_f64());
+        (Answer::Agg(AggDigest::of(&g)), run.trace)
+    } else {
+        let (g, run) = wide::w1::<V>(pool, t)?;
+        times.push(t0.elapsed().as_secs_f64());
+        (Answer::Median(MedianDigest::of(&g)), run.trace)
+    })
 }
 
 /// Generated data of one configuration.
 pub(super) enum Data {
     Agg {
         t: Table,
+        /// The type of `t`'s values.
+        values: Values,
         place: Vec<Vec<(u32, f64)>>,
     },
     Join {
@@ -84,9 +120,13 @@ impl Data {
         Ok(match d.dist {
             Some(dist) => {
                 let spec = sz.agg(dist, a.seed);
-                let t = generate_agg(pool, spec, Some(d.keys), a.morsel_rows, mem)?;
+                let t = generate_agg64(pool, spec, d.keys, d.values, a.morsel_rows, mem)?;
                 let place = t.placement(16)?;
-                Data::Agg { t, place }
+                Data::Agg {
+                    t,
+                    values: d.values,
+                    place,
+                }
             }
             None => {
                 let spec = sz.join(a.seed);
@@ -115,16 +155,10 @@ impl Data {
             // The digest is computed outside the timed region (the answer is materialised
             // inside it, as the peers' results are).
             let (ans, trace) = match (self, w) {
-                (Data::Agg { t, .. }, Workload::W2) => {
-                    let (g, run) = wide::w2(pool, t)?;
-                    times.push(t0.elapsed().as_secs_f64());
-                    (Answer::Agg(AggDigest::of(&g)), run.trace)
-                }
-                (Data::Agg { t, .. }, Workload::W1) => {
-                    let (g, run) = wide::w1(pool, t)?;
-                    times.push(t0.elapsed().as_secs_f64());
-                    (Answer::Median(MedianDigest::of(&g)), run.trace)
-                }
+                (Data::Agg { t, values, .. }, Workload::W1 | Workload::W2) => match values {
+                    Values::I64 => agg_run::<i64>(w, pool, t, &mut times)?,
+                    Values::F64 => agg_run::<f64>(w, pool, t, &mut times)?,
+                },
                 (Data::Join { r, s, .. }, Workload::W3) => {
                     let (j, run) = wide::w3(pool, r, s)?;
                     times.push(t0.elapsed().as_secs_f64());
@@ -149,7 +183,7 @@ impl Data {
         let (ans, trace) = last.expect("reps >= 1");
         let label = format!("{}/{v}", case.label());
         let (table, place, rows, r_rows) = match self {
-            Data::Agg { t, place } => (t, place, t.rows(), 0),
+            Data::Agg { t, place, .. } => (t, place, t.rows(), 0),
             Data::Join { r, s, place } => (s, place, s.rows(), r.rows()),
         };
         let lar = local_access_ratio(table, place, &trace.touched);

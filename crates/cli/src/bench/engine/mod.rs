@@ -13,11 +13,12 @@
 //! Allocators other than glibc run in a child process of the bench under `LD_PRELOAD` of the
 //! Debian library, like `loci run --alloc`.
 //!
-//! W1-W4 run on 64-bit tables (`u64` keys, `i64` values; `--keys sparse` scatters the distinct
-//! keys over the u64 domain, `--keys dense` uses `0..G`), the peers get the very same columns in
-//! the same types, and every answer is compared through an order-independent digest of every
-//! output tuple (loci_engine::wide; W3 and W4 share the join digest: count, payload sum and a
-//! hash of every matched (key, r payload, s payload)). W4 times its index build and probe apart
+//! W1-W4 run on 64-bit tables (`u64` keys, `i64` values, or for W1/W2 `--values f64`; `--keys
+//! sparse` scatters the distinct keys over the u64 domain, `--keys dense` uses `0..G`), the peers
+//! get the very same columns in the same types, and every answer is compared through an
+//! order-independent digest of every output tuple (loci_engine::wide: exact where the answer is,
+//! float results within a relative tolerance; W3 and W4 share the join digest: count, payload sum
+//! and a hash of every matched (key, r payload, s payload)). W4 times its index build and probe apart
 //! and compares build + probe with the peers' hash join. The peer ratio uses loci's default
 //! configuration, fixed before the run ([`DEFAULT_CONFIG`]); the best of the matrix is printed
 //! beside it, labelled.
@@ -33,7 +34,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use loci_engine::{
     parse_sched, AggSpec, Dist, Exec, Gen, JoinSpec, Keys, Locality, MemPolicy, Sched, Strategy,
-    TableMem,
+    TableMem, Values,
 };
 use loci_report::{Machine, Report};
 use serde_json::json;
@@ -91,9 +92,16 @@ pub struct EngineArgs {
     pub dist: Vec<String>,
     /// Key layouts of the 64-bit tables (w1-w4), comma separated: sparse (the distinct keys are a
     /// seeded bijective hash of their rank, scattered over the whole u64 domain) or dense (keys
-    /// 0..G, or 0..|R| for the joins: a labelled side case). Values are i64 either way.
+    /// 0..G, or 0..|R| for the joins: a labelled side case).
     #[arg(long, value_delimiter = ',', default_value = "sparse")]
     pub keys: Vec<String>,
+    /// Value types of the w1/w2 tables, comma separated: i64 (uniform in [-2^31, 2^31)) or f64
+    /// (the same draw / 100: two decimals, both signs); the peers load them as BIGINT/Int64 or
+    /// DOUBLE/Float64. On f64, keys, counts, min and max are compared exactly (bit patterns), and
+    /// sum, avg and median, which floating point makes order-dependent, through their sum and a
+    /// key-weighted sum over all groups within a relative 1e-9. w3/w4 join i64 payloads.
+    #[arg(long, value_delimiter = ',', default_value = "i64")]
+    pub values: Vec<String>,
     #[command(flatten)]
     pub matrix: super::Matrix<EngineDefaults>,
     /// Number of workers (default: every allowed cpu; at most one per cpu). --threads says which
@@ -274,6 +282,15 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
     let sz = sizes(w, &a)?;
     let dists: Vec<Dist> = parse_all(&a.dist)?;
     let keyss: Vec<Keys> = parse_all(&a.keys)?;
+    let valuess: Vec<Values> = parse_all(&a.values)?;
+    if w.is_join() {
+        if let Some(v) = valuess.iter().find(|v| **v != Values::I64) {
+            bail!(
+                "--values {v}: {} joins i64 payloads; --values applies to w1 and w2",
+                w.name()
+            );
+        }
+    }
     let threads: Vec<Strategy> = a.matrix.strategies()?;
     let gens: Vec<Gen> = parse_all(&a.gen)?;
     let mems: Vec<TableMem> = a
@@ -323,8 +340,9 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
             "rows": sz.rows,
             "r_rows": if w.is_join() { Some(sz.rows / 16) } else { None },
             "groups": if w.is_join() { None } else { Some(sz.groups) },
-            "dists": a.dist, "keys": a.keys, "threads": a.matrix.threads, "mem": a.matrix.mem,
-            "gen": a.gen, "alloc": a.matrix.alloc,
+            "dists": a.dist, "keys": a.keys,
+            "values": if w.is_join() { None } else { Some(&a.values) },
+            "threads": a.matrix.threads, "mem": a.matrix.mem, "gen": a.gen, "alloc": a.matrix.alloc,
             "workers": nworkers, "reps": sz.reps, "seed": a.seed, "morsel_rows": a.morsel_rows,
             "sched": a.sched, "locality": locality.to_string(), "variants": vars,
         }),
@@ -334,14 +352,20 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
     let dist_list: Vec<Case> = match w {
         Workload::W3 | Workload::W4 => keyss
             .iter()
-            .map(|&keys| Case { dist: None, keys })
+            .map(|&keys| Case {
+                dist: None,
+                keys,
+                values: Values::I64,
+            })
             .collect(),
         _ => dists
             .iter()
-            .flat_map(|&d| {
-                keyss.iter().map(move |&keys| Case {
+            .flat_map(|&d| keyss.iter().map(move |&keys| (d, keys)))
+            .flat_map(|(d, keys)| {
+                valuess.iter().map(move |&values| Case {
                     dist: Some(d),
                     keys,
+                    values,
                 })
             })
             .collect(),
@@ -456,18 +480,20 @@ fn sched_threads(scheds: &[Sched], threads: &[Strategy]) -> Vec<(Sched, Strategy
     out
 }
 
-/// One data case of a run: distribution (w1, w2; None for the joins) and key layout.
+/// One data case of a run: distribution (w1, w2; None for the joins), key layout and value type
+/// (w1, w2; the joins' payloads are i64).
 #[derive(Debug, Clone, Copy)]
 struct Case {
     dist: Option<Dist>,
     keys: Keys,
+    values: Values,
 }
 
 impl Case {
-    /// `zipf/sparse` (w1, w2) or `sparse` (w3, w4): the prefix of the rows' case labels.
+    /// `zipf/sparse/i64` (w1, w2) or `sparse` (w3, w4): the prefix of the rows' case labels.
     fn label(&self) -> String {
         match self.dist {
-            Some(d) => format!("{d}/{}", self.keys),
+            Some(d) => format!("{d}/{}/{}", self.keys, self.values),
             None => self.keys.to_string(),
         }
     }

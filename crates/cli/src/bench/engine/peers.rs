@@ -6,23 +6,25 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context};
-use loci_engine::{generate_agg, generate_join, Exec, MemPolicy, Sched, Strategy, Table, TableMem};
+use loci_engine::{
+    generate_agg64, generate_join, Exec, MemPolicy, Sched, Strategy, Table, TableMem, Values,
+};
 use loci_report::{Report, Row};
 
 use super::{Answer, Case, EngineArgs, Sizes, Workload};
 use crate::bench::common;
 
-/// Writes one column of the 64-bit table `t` as raw little-endian values (u64 keys, i64
-/// values), morsel by morsel (no copy of the table).
-fn write_col(t: &Table, path: &Path, keys: bool) -> anyhow::Result<()> {
+/// Writes one column of the 64-bit table `t` as raw little-endian values (u64 keys, or values
+/// of `values`' type), morsel by morsel (no copy of the table).
+fn write_col(t: &Table, path: &Path, col: Option<Values>) -> anyhow::Result<()> {
     let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
     let mut f = std::io::BufWriter::with_capacity(1 << 20, f);
     let mut b = Vec::with_capacity(1 << 19);
     for m in &t.morsels {
-        if keys {
-            put_le(&mut f, &mut b, m.keys64(), u64::to_le_bytes)?;
-        } else {
-            put_le(&mut f, &mut b, m.vals64(), i64::to_le_bytes)?;
+        match col {
+            None => put_le(&mut f, &mut b, m.keys64(), u64::to_le_bytes)?,
+            Some(Values::I64) => put_le(&mut f, &mut b, m.vals64(), i64::to_le_bytes)?,
+            Some(Values::F64) => put_le(&mut f, &mut b, m.vals_f64(), f64::to_le_bytes)?,
         }
     }
     f.flush()
@@ -47,10 +49,10 @@ fn put_le<T: Copy, const N: usize>(
     Ok(())
 }
 
-/// Exports the 64-bit table `t` as `<name>.k.u64` + `<name>.v.i64`.
-fn export(t: &Table, dir: &Path, name: &str) -> anyhow::Result<()> {
-    write_col(t, &dir.join(format!("{name}.k.u64")), true)?;
-    write_col(t, &dir.join(format!("{name}.v.i64")), false)?;
+/// Exports the 64-bit table `t` as `<name>.k.u64` + `<name>.v.i64` (or `.v.f64`).
+fn export(t: &Table, dir: &Path, name: &str, values: Values) -> anyhow::Result<()> {
+    write_col(t, &dir.join(format!("{name}.k.u64")), None)?;
+    write_col(t, &dir.join(format!("{name}.v.{values}")), Some(values))?;
     Ok(())
 }
 
@@ -89,14 +91,14 @@ pub(super) fn run_peers(
             match d.dist {
                 Some(dist) => {
                     let spec = sz.agg(dist, a.seed);
-                    let t = generate_agg(&pool, spec, Some(d.keys), a.morsel_rows, &ft)?;
-                    export(&t, &dir, "t")?;
+                    let t = generate_agg64(&pool, spec, d.keys, d.values, a.morsel_rows, &ft)?;
+                    export(&t, &dir, "t", d.values)?;
                 }
                 None => {
                     let spec = sz.join(a.seed);
                     let (r, s) = generate_join(&pool, spec, Some(d.keys), a.morsel_rows, &ft)?;
-                    export(&r, &dir, "r")?;
-                    export(&s, &dir, "s")?;
+                    export(&r, &dir, "r", Values::I64)?;
+                    export(&s, &dir, "s", Values::I64)?;
                 }
             }
             let key = d.label();
@@ -105,6 +107,7 @@ pub(super) fn run_peers(
             let mut child = Command::new(pdir.join(".venv/bin/python"))
                 .arg(pdir.join("peers.py"))
                 .args(["--workload", w.name()])
+                .args(["--values", &d.values.to_string()])
                 .arg("--dir")
                 .arg(&dir)
                 .args(["--reps", &sz.reps.to_string()])
