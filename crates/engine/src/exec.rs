@@ -64,13 +64,10 @@ pub fn parse_sched(s: &str) -> Result<Policy, EngineError> {
 }
 
 /// The operators' own regions and their policies on a machine of several memory nodes (on one,
-/// first touch): the radix partitions, part `i` bound to the `i`-th node, and W3's shared hash
-/// table, interleaved.
-pub const REGIONS: [(&str, &str); 2] = [(PARTITIONS, "per-node"), (HASH_TABLE, "interleave")];
+/// first touch): the radix partitions, part `i` bound to the `i`-th node.
+pub const REGIONS: [(&str, &str); 1] = [(PARTITIONS, "per-node")];
 /// Region name of the radix partitions (one part per allowed memory node).
 pub const PARTITIONS: &str = "partitions";
-/// Region name of W3's shared hash table.
-pub const HASH_TABLE: &str = "hash-table";
 
 /// The workers an operator runs on: a loci-sched scheduler over the chosen cpus.
 pub struct Exec {

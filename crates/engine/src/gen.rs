@@ -16,14 +16,11 @@
 //!   the discrete CDF, with a guide table for O(1) expected lookups); key = `r - 1`.
 //! - **heavy-hitter**: half the rows have key 0, the rest uniform.
 //!
-//! Join tables: R has `r_rows` unique keys, S has `16 * r_rows` rows whose key is the key of R's
-//! row `j` for `j` uniform in `0..r_rows` (every S key matches exactly one R key).
-//! - 64-bit (W3, W4: [`JoinSpec::fill_r64`], [`JoinSpec::fill_s64`]): R's row `i` has the key of
-//!   rank `i` by [`Keys`] (sparse: scattered over the u64 domain; dense: `i`), `i64` payloads
-//!   uniform in `[-2^31, 2^31)`.
-//! - 32-bit ([`JoinSpec::fill_r`], [`JoinSpec::fill_s`]: the 32-bit hash joins of
-//!   [`crate::join`] and their tests): R's key `perm32(i)` for a bijection of u32, payloads
-//!   uniform in `[0, 2^30)`.
+//! Join tables (W3, W4: [`JoinSpec::fill_r64`], [`JoinSpec::fill_s64`]): R has `r_rows` unique
+//! keys, S has `16 * r_rows` rows whose key is the key of R's row `j` for `j` uniform in
+//! `0..r_rows` (every S key matches exactly one R key). R's row `i` has the key of rank `i` by
+//! [`Keys`] (sparse: scattered over the u64 domain; dense: `i`), `i64` payloads uniform in
+//! `[-2^31, 2^31)`.
 
 use crate::wide::Value64;
 use crate::EngineError;
@@ -42,12 +39,10 @@ pub fn mix64(mut z: u64) -> u64 {
 pub enum Stream {
     /// Aggregation keys.
     Key = 1,
-    /// 32-bit values (aggregation tables, R).
+    /// 32-bit values (aggregation tables).
     Val = 2,
     /// S's foreign keys.
     SKey = 3,
-    /// S's 32-bit values.
-    SVal = 4,
     /// 64-bit values (aggregation tables, R).
     Val64 = 5,
     /// S's 64-bit values.
@@ -357,15 +352,6 @@ impl JoinSpec {
         Ok(())
     }
 
-    /// Fills R rows `start..`.
-    pub fn fill_r(&self, start: u64, keys: &mut [u32], vals: &mut [u32]) {
-        for (j, (k, v)) in keys.iter_mut().zip(vals.iter_mut()).enumerate() {
-            let i = start + j as u64;
-            *k = perm32(self.seed, i as u32);
-            *v = below(rand_at(self.seed, Stream::Val, i), VAL_RANGE) as u32;
-        }
-    }
-
     /// Fills 64-bit R rows `start..`: key of rank `i` (unique), `i64` payload.
     pub fn fill_r64(&self, start: u64, kind: Keys, keys: &mut [u64], vals: &mut [i64]) {
         for (j, (k, v)) in keys.iter_mut().zip(vals.iter_mut()).enumerate() {
@@ -382,17 +368,6 @@ impl JoinSpec {
             let i = start + j as u64;
             *k = kind.key(self.seed, below(rand_at(self.seed, Stream::SKey, i), r));
             *v = (rand_at(self.seed, Stream::SVal64, i) as i64) >> 32;
-        }
-    }
-
-    /// Fills S rows `start..`.
-    pub fn fill_s(&self, start: u64, keys: &mut [u32], vals: &mut [u32]) {
-        let r = self.r_rows as u64;
-        for (j, (k, v)) in keys.iter_mut().zip(vals.iter_mut()).enumerate() {
-            let i = start + j as u64;
-            let target = below(rand_at(self.seed, Stream::SKey, i), r);
-            *k = perm32(self.seed, target as u32);
-            *v = below(rand_at(self.seed, Stream::SVal, i), VAL_RANGE) as u32;
         }
     }
 }
@@ -470,18 +445,6 @@ mod tests {
         let mc = gen(Dist::MovingCluster);
         assert!(mc[..100].iter().all(|&k| k < 1100));
         assert!(mc[99_900..].iter().all(|&k| k >= 8900));
-    }
-
-    #[test]
-    fn join_keys_match_exactly_one_r_key() {
-        let s = JoinSpec::ratio16(1000, 9);
-        let (mut rk, mut rv) = (vec![0; 1000], vec![0; 1000]);
-        s.fill_r(0, &mut rk, &mut rv);
-        let set: std::collections::HashSet<u32> = rk.iter().copied().collect();
-        assert_eq!(set.len(), 1000);
-        let (mut sk, mut sv) = (vec![0; 16000], vec![0; 16000]);
-        s.fill_s(0, &mut sk, &mut sv);
-        assert!(sk.iter().all(|k| set.contains(k)));
     }
 
     #[test]

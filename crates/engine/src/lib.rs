@@ -352,31 +352,24 @@ pub fn generate_agg64(
     Ok(t)
 }
 
-/// Generates the join tables R and S: 64-bit with keys laid out as `keys` (W3, W4), or 32-bit
-/// (`keys` None: the 32-bit hash joins of [`join`] and their tests).
+/// Generates the join tables R and S of W3 and W4, keys laid out as `keys`.
 pub fn generate_join(
     exec: &Exec,
     spec: JoinSpec,
-    keys: Option<Keys>,
+    keys: Keys,
     morsel_rows: usize,
     mem: &TableMem,
 ) -> Result<(Table, Table), EngineError> {
     spec.check()?;
     let table = |rows, fill| Ok::<_, EngineError>(generate(exec, rows, morsel_rows, mem, fill)?.0);
-    Ok(match keys {
-        None => (
-            table(spec.r_rows, Fill::U32(&|s, k, v| spec.fill_r(s, k, v)))?,
-            table(spec.s_rows, Fill::U32(&|s, k, v| spec.fill_s(s, k, v)))?,
-        ),
-        Some(keys) => (
-            table(
-                spec.r_rows,
-                Fill::U64(&|s, k, v| spec.fill_r64(s, keys, k, v)),
-            )?,
-            table(
-                spec.s_rows,
-                Fill::U64(&|s, k, v| spec.fill_s64(s, keys, k, v)),
-            )?,
-        ),
-    })
+    Ok((
+        table(
+            spec.r_rows,
+            Fill::U64(&|s, k, v| spec.fill_r64(s, keys, k, v)),
+        )?,
+        table(
+            spec.s_rows,
+            Fill::U64(&|s, k, v| spec.fill_s64(s, keys, k, v)),
+        )?,
+    ))
 }

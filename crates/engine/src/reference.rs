@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 
 use crate::agg::{GroupAgg, GroupMedian};
-use crate::join::JoinResult;
 
 /// W2 by a BTreeMap.
 pub fn w2(keys: &[u32], vals: &[u32]) -> Vec<GroupAgg> {
@@ -65,14 +64,4 @@ pub fn join_pairs<K: Ord + Copy, V: Copy>(
             pair(k, p, q);
         }
     }
-}
-
-/// Join count and checksum of every matching pair.
-pub fn join(rk: &[u32], rv: &[u32], sk: &[u32], sv: &[u32]) -> JoinResult {
-    let mut res = JoinResult::default();
-    join_pairs(rk, rv, sk, sv, |_, p, v| {
-        res.count += 1;
-        res.checksum = res.checksum.wrapping_add(p as u64 + v as u64);
-    });
-    res
 }

@@ -1015,8 +1015,7 @@ mod tests {
             for keys in [Keys::Sparse, Keys::Dense] {
                 let spec = JoinSpec::ratio16(20_000, 5);
                 let (r, s) =
-                    generate_join(&ex, spec, Some(keys), 7_000, &MemPolicy::FirstTouch.into())
-                        .unwrap();
+                    generate_join(&ex, spec, keys, 7_000, &MemPolicy::FirstTouch.into()).unwrap();
                 let (rk, rv) = r.to_vecs64();
                 let (sk, sv) = s.to_vecs64();
                 let got = w3(&ex, &r, &s).unwrap().0;

@@ -123,7 +123,7 @@ fn matrix_matches_reference() {
             }
             let js = JoinSpec::ratio16(400, 8);
             for keys in [Keys::Sparse, Keys::Dense] {
-                let (r, s) = generate_join(pool, js, Some(keys), 700, &pol).unwrap();
+                let (r, s) = generate_join(pool, js, keys, 700, &pol).unwrap();
                 check_index_joins(pool, &r, &s, &format!("{what} {keys}"));
             }
         }
@@ -179,7 +179,7 @@ fn joins_match_reference_on_every_configuration() {
                 let spec = JoinSpec::ratio16(r_rows, 3 + i as u64);
                 let morsel = [1000, 4097, 50_000, 777, 3000, 2500, 6001][i];
                 for keys in [Keys::Sparse, Keys::Dense] {
-                    let (r, s) = generate_join(pool, spec, Some(keys), morsel, &pol).unwrap();
+                    let (r, s) = generate_join(pool, spec, keys, morsel, &pol).unwrap();
                     let what = format!("{} {pol} r={r_rows} {keys}", name(pool));
                     assert_eq!(check_index_joins(pool, &r, &s, &what), spec.s_rows as u64);
                 }

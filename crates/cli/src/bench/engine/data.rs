@@ -130,7 +130,7 @@ impl Data {
             }
             None => {
                 let spec = sz.join(a.seed);
-                let (r, s) = generate_join(pool, spec, Some(d.keys), a.morsel_rows, mem)?;
+                let (r, s) = generate_join(pool, spec, d.keys, a.morsel_rows, mem)?;
                 let place = s.placement(16)?;
                 Data::Join { r, s, place }
             }

@@ -96,7 +96,7 @@ pub(super) fn run_peers(
                 }
                 None => {
                     let spec = sz.join(a.seed);
-                    let (r, s) = generate_join(&pool, spec, Some(d.keys), a.morsel_rows, &ft)?;
+                    let (r, s) = generate_join(&pool, spec, d.keys, a.morsel_rows, &ft)?;
                     export(&r, &dir, "r", Values::I64)?;
                     export(&s, &dir, "s", Values::I64)?;
                 }
