@@ -99,6 +99,18 @@ pub unsafe fn advise_hugepages(p: *mut u8, len: usize) {
     unsafe { libc::madvise(p as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
 }
 
+/// Gives the pages of a range back to the kernel (`madvise(MADV_DONTNEED)`): they leave the
+/// resident set at once and read as zero when touched again. `MADV_FREE` would leave them
+/// counted in RSS until the kernel needs memory.
+///
+/// # Safety
+/// The range is page-aligned, lies in a mapping owned by the allocator and holds nothing
+/// anyone will read.
+pub unsafe fn purge(p: usize, len: usize) {
+    // SAFETY: the caller owns the range and needs none of its contents.
+    unsafe { libc::madvise(p as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+}
+
 /// The cpu the calling thread runs on (glibc reads it from rseq: a few ns), or 0.
 #[inline]
 pub fn current_cpu() -> usize {

@@ -9,7 +9,7 @@ use core::sync::atomic::{
     Ordering::{Acquire, Relaxed, Release},
 };
 
-use super::blocks::{alloc_large, alloc_sized};
+use super::blocks::{alloc_large, alloc_large_span, alloc_sized};
 use super::class_run::{alloc_class, block_start, pop, small_class_state};
 use super::config::{current_node, ensure_init, home, SMALL_OWN};
 use super::deallocate::free;
@@ -171,6 +171,15 @@ unsafe fn alloc_aligned_slow(size: usize, align: usize) -> *mut u8 {
         return unsafe { __libc_memalign(align, size) };
     }
     let h = heap();
+    if align <= LINE && !h.is_null() {
+        // Memory already touched first (spans start on 1 KiB units, so up to a line's
+        // alignment); a mapping of its own only when none is long enough.
+        // SAFETY: initialized; this thread's heap, claim held; `size >= 1`.
+        let p = unsafe { alloc_large_span(h, size) };
+        if !p.is_null() {
+            return p;
+        }
+    }
     let node = if h.is_null() {
         home(current_node())
     } else {

@@ -19,8 +19,9 @@ use core::sync::atomic::Ordering::Relaxed;
 use super::allocate::region_size;
 use super::class_run::alloc_class;
 use super::config::MPOL;
-use super::spans::{map_all, node_free, node_units};
+use super::spans::{map_all, node_free, node_units, node_units_resident, purge_resident};
 use super::structs::{Heap, Large, Run, NODES, R_BLOCK, SPAN_MIN};
+use super::superblock::sb_data_units;
 use super::{bump, PAGE, UNIT};
 use crate::classes::class_of;
 use crate::os;
@@ -43,6 +44,46 @@ pub(super) unsafe fn alloc_block(node: usize, pool: usize, size: usize) -> *mut 
         (*r).bsize = (*r).nunits * UNIT as u32;
         map_all(r);
         NODES[node].block_live.fetch_add((*r).bsize as i64, Relaxed);
+        data as *mut u8
+    }
+}
+
+/// A block above `MEDIUM_MAX` from memory heap `h`'s node has already touched (a resident
+/// free span or a cached superblock, see [`node_units_resident`]), or null when none is long
+/// enough: the caller then maps a large block. Freed as any block run ([`free_block`]).
+///
+/// Why: with a fresh mapping for every large block, memory a program had freed in the
+/// superblocks sat resident beside the new block, where glibc serves it from its freed heap
+/// (sqlite3's buffers grown by `realloc` to 4 MiB, docs/alloc.md "Peak RSS of sqlite3"). A
+/// span that fits is reused without a system call; otherwise [`alloc_large`] gives the
+/// resident free spans' pages back before it maps.
+///
+/// # Safety
+/// The allocator is initialized, the caller holds `h`'s claim, and `size >= 1`.
+pub(super) unsafe fn alloc_large_span(h: *mut Heap, size: usize) -> *mut u8 {
+    let units = size.div_ceil(UNIT);
+    if units > sb_data_units() {
+        return null_mut();
+    }
+    // SAFETY: `h` is a heap (never unmapped); initialized, `units >= 1`.
+    let (node, r) = unsafe {
+        let node = (*h).mem_node;
+        (node, node_units_resident(node, (*h).id, units, R_BLOCK))
+    };
+    if r.is_null() {
+        return null_mut();
+    }
+    // SAFETY: `r` was just taken for this block (as in `alloc_block`): only this thread
+    // writes it; `units` fits a superblock, so its bytes fit `bsize`. The caller holds `h`'s
+    // claim, so it is the one writer of the heap's counters.
+    unsafe {
+        let data = (*(*r).seg).base + (*r).first as usize * UNIT;
+        (*r).data = data;
+        (*r).bsize = (*r).nunits * UNIT as u32;
+        map_all(r);
+        NODES[node].block_live.fetch_add((*r).bsize as i64, Relaxed);
+        bump(&(*h).st.allocs, 1);
+        bump(&(*h).st.requested, size as u64);
         data as *mut u8
     }
 }
@@ -104,6 +145,8 @@ pub(super) unsafe fn alloc_large(size: usize, align: usize, node: usize) -> *mut
         align < region_size(),
         "alignment {align} reaches a region slot"
     );
+    // The new mapping replaces resident free memory where the node has some.
+    purge_resident(node, len);
     let p = os::map_aligned(len, region_size());
     if p.is_null() {
         return p;

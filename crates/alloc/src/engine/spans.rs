@@ -11,8 +11,9 @@ use super::structs::{
     list_push, list_unlink, NodeInner, NodeState, Run, Segment, SpanBins, SpanPool, NODES, NO_DESC,
     NPOOLS, R_FREE, SPAN_BINS,
 };
-use super::superblock::{format_sb, map_sb, pop_cached_sb, release_sb};
-use super::{DESC_ALIGN, MAP_OFF, UNIT};
+use super::superblock::{format_sb, map_sb, pop_cached_sb, release_sb, sb_data_units};
+use super::{DESC_ALIGN, MAP_OFF, PAGE, UNIT};
+use crate::os;
 
 /// A fresh descriptor of `seg`, or null when all are in use.
 ///
@@ -247,6 +248,12 @@ unsafe fn take_span(sp: *mut SpanPool, fresh: bool, n: usize) -> *mut Run {
         let w = b / 64;
         // SAFETY: the pool's bins are read under the node lock the caller holds.
         let bits = unsafe { (*bins).bits[w] } & (!0u64 << (b % 64));
+        if n >= SPAN_BINS && bits != 0 {
+            // Longer than any exact bin: only the last bin can hold it, and its spans have
+            // any length from SPAN_BINS - 1 up, so the best fit is found by walking it.
+            // SAFETY: the bins are read and changed under the node lock the caller holds.
+            return unsafe { take_longest_bin(sp, bins, n) };
+        }
         if bits != 0 {
             // SAFETY: a set bit marks a non-empty bin: `r` is a free span listed in `sp`, and
             // the caller holds the node lock.
@@ -260,6 +267,34 @@ unsafe fn take_span(sp: *mut SpanPool, fresh: bool, n: usize) -> *mut Run {
         b = (w + 1) * 64;
     }
     null_mut()
+}
+
+/// The smallest span of at least `n` units (`n >= SPAN_BINS`) in the last bin of `bins`, a
+/// set of `sp`, cut to `n` units; null when none is that long. The last bin holds the few
+/// spans longer than any exact bin (each superblock has at most a handful), so the walk is
+/// short.
+///
+/// # Safety
+/// `bins` is `sp`'s `used` or `fresh` set, `sp` a span pool of a node whose lock the caller
+/// holds.
+unsafe fn take_longest_bin(sp: *mut SpanPool, bins: *mut SpanBins, n: usize) -> *mut Run {
+    let mut best: *mut Run = null_mut();
+    // SAFETY: the listed spans are valid and change only under the node lock, which the
+    // caller holds.
+    unsafe {
+        let mut r = (*bins).spans[SPAN_BINS - 1];
+        while !r.is_null() {
+            if (*r).nunits as usize >= n && (best.is_null() || (*r).nunits < (*best).nunits) {
+                best = r;
+            }
+            r = (*r).next;
+        }
+        if !best.is_null() {
+            unlink_span(sp, best);
+            cut(sp, best, n);
+        }
+    }
+    best
 }
 
 /// Cuts an unlisted span to `n` units; the rest goes to the pool.
@@ -310,14 +345,14 @@ pub(super) unsafe fn cut(sp: *mut SpanPool, r: *mut Run, n: usize) {
 pub(super) unsafe fn node_units(node: usize, pool: usize, n: usize, state: u32) -> *mut Run {
     let ns = &NODES[node];
     // SAFETY: initialized, `n >= 1` (contract above).
-    let r = unsafe { find_units(ns, pool, n, state) };
+    let r = unsafe { find_units(ns, pool, n, state, false) };
     if !r.is_null() {
         return r;
     }
     ns.grow.lock();
     // Another thread may have mapped a superblock while this one waited.
     // SAFETY: as above.
-    let mut r = unsafe { find_units(ns, pool, n, state) };
+    let mut r = unsafe { find_units(ns, pool, n, state, false) };
     if r.is_null() {
         let seg = map_sb(node);
         if !seg.is_null() {
@@ -333,6 +368,77 @@ pub(super) unsafe fn node_units(node: usize, pool: usize, n: usize, state: u32) 
     }
     ns.grow.unlock();
     r
+}
+
+/// A run of `n` units in state `state` of `node` from memory the node has already touched
+/// (its pools' resident free spans, then a cached superblock), or null: never a span of
+/// untouched pages and never a new superblock. Takes the node lock.
+///
+/// For blocks above `MEDIUM_MAX`, which otherwise get a mapping of their own: the memory a
+/// program freed at one size then serves its next large block, as in glibc's heap, instead of
+/// adding a fresh mapping to the resident pages (see docs/alloc.md, "Real programs").
+///
+/// # Safety
+/// The allocator is initialized and `1 <= n` (a request longer than any superblock's data
+/// just finds nothing).
+pub(super) unsafe fn node_units_resident(
+    node: usize,
+    pool: usize,
+    n: usize,
+    state: u32,
+) -> *mut Run {
+    // SAFETY: initialized, `n >= 1` (contract above).
+    unsafe { find_units(&NODES[node], pool, n, state, true) }
+}
+
+/// Gives the pages of `node`'s resident free spans back to the OS (`madvise(MADV_DONTNEED)`,
+/// longest spans first in each pool) until `want` bytes or all of them; the spans move to the
+/// set of untouched ones (served last). Returns the bytes given back. Takes the node lock
+/// (the `madvise` calls run under it: rare, one per large mapping).
+///
+/// Called when a large block is about to be mapped because no free span fits it: the mapping
+/// then replaces free memory the program had touched (scattered between live runs) instead of
+/// adding to it. Only then: a span's pages that are given back fault in again when reused.
+pub(super) fn purge_resident(node: usize, want: usize) -> usize {
+    let ns = &NODES[node];
+    let inner = ns.inner.get();
+    let mut done = 0;
+    ns.lock.lock();
+    'pools: for i in 0..NPOOLS {
+        // SAFETY: the node's state, changed only under its lock, which is held.
+        let sp = unsafe { &raw mut (*inner).spans[i] };
+        // Bins from the longest down to spans of one whole page at least.
+        for b in (PAGE / UNIT..SPAN_BINS).rev() {
+            // SAFETY: as above; listed spans are free spans of this node's superblocks, and
+            // their data pages hold nothing (free spans keep their links in descriptors).
+            unsafe {
+                if (*sp).used.bits[b / 64] & 1 << (b % 64) == 0 {
+                    continue;
+                }
+                let mut r = (*sp).used.spans[b];
+                while !r.is_null() {
+                    let next = (*r).next;
+                    let start = (*(*r).seg).base + (*r).first as usize * UNIT;
+                    let end = start + (*r).nunits as usize * UNIT;
+                    let (ps, pe) = (start.next_multiple_of(PAGE), end / PAGE * PAGE);
+                    if pe > ps {
+                        os::purge(ps, pe - ps);
+                        done += pe - ps;
+                        unlink_span(sp, r);
+                        (*r).fresh = 1;
+                        push_span(sp, r);
+                    }
+                    if done >= want {
+                        break 'pools;
+                    }
+                    r = next;
+                }
+            }
+        }
+    }
+    ns.lock.unlock();
+    ns.purged.fetch_add(done as u64, Relaxed);
+    done
 }
 
 /// Formats a superblock just taken (from the cache or the OS) into `pool` and cuts a run of `n`
@@ -354,15 +460,22 @@ unsafe fn carve_sb(inner: *mut NodeInner, seg: *mut Segment, pool: usize, n: usi
 }
 
 /// [`node_units`] from memory the node already has, in one hold of the node lock: the heap's
-/// own pool's resident spans, a cached superblock, the other pools' resident spans, then spans
-/// never handed out (own pool first). Null when none fits.
+/// own pool's resident spans, a cached superblock (when `n` fits one), the other pools'
+/// resident spans, then, unless `resident_only`, spans never handed out (own pool first).
+/// Null when none fits.
 ///
 /// The state is set under the lock: a neighbour freed by another thread looks at this run's
 /// descriptor to decide whether to merge with it, and must not see it free once handed out.
 ///
 /// # Safety
 /// As for [`node_units`]: the allocator is initialized and `1 <= n` units fit in a superblock.
-unsafe fn find_units(ns: &NodeState, pool: usize, n: usize, state: u32) -> *mut Run {
+unsafe fn find_units(
+    ns: &NodeState,
+    pool: usize,
+    n: usize,
+    state: u32,
+    resident_only: bool,
+) -> *mut Run {
     // Only raw pointers outside the lock; dereferenced with the lock held.
     let inner = ns.inner.get();
     let pool = pool % NPOOLS;
@@ -371,7 +484,7 @@ unsafe fn find_units(ns: &NodeState, pool: usize, n: usize, state: u32) -> *mut 
     ns.lock.lock();
     // SAFETY: a pool of this node, whose lock is held; `n >= 1`.
     let mut r = unsafe { take_span(sp(0), false, n) };
-    if r.is_null() {
+    if r.is_null() && n <= sb_data_units() {
         // SAFETY: `inner` is `ns`'s state and its lock is held.
         let seg = unsafe { pop_cached_sb(ns, inner) };
         if !seg.is_null() {
@@ -387,7 +500,7 @@ unsafe fn find_units(ns: &NodeState, pool: usize, n: usize, state: u32) -> *mut 
         r = unsafe { take_span(sp(i), false, n) };
     }
     for i in 0..NPOOLS {
-        if !r.is_null() {
+        if !r.is_null() || resident_only {
             break;
         }
         // SAFETY: as for the first `take_span`.

@@ -34,6 +34,9 @@ pub struct NodeStats {
     /// Thread heaps that started on this node while it had no memory (each one a thread whose
     /// blocks are on `memory_from`, not where it runs).
     pub fallback_heaps: u64,
+    /// Bytes of free spans' pages given back to the OS so far (when a large block is mapped
+    /// while free pages sit resident in the superblocks).
+    pub purged_bytes: u64,
 }
 
 /// A snapshot of the allocator's counters (summed without stopping threads: each counter is
@@ -165,6 +168,7 @@ pub fn stats() -> AllocStats {
             has_memory: nodemap().mem_nodes >> i & 1 == 1,
             memory_from: home(i),
             fallback_heaps: ns.fallback_heaps.load(Relaxed),
+            purged_bytes: ns.purged.load(Relaxed),
         };
         s.memoryless_fallbacks += s.nodes[i].fallback_heaps;
     }

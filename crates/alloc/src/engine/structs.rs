@@ -427,6 +427,8 @@ pub(super) struct NodeState {
     /// Blocks of `SPAN_MIN` bytes or more: frees, and bytes of the live ones (pages).
     pub(super) block_frees: AtomicU64,
     pub(super) block_live: AtomicI64,
+    /// Bytes of free spans' pages given back to the OS (see `purge_resident`).
+    pub(super) purged: AtomicU64,
     /// Thread heaps started on this node while it has no memory.
     pub(super) fallback_heaps: AtomicU64,
 }
@@ -454,6 +456,7 @@ pub(super) static NODES: [NodeState; MAX_NODES] = [const {
         mbind_failures: AtomicU64::new(0),
         block_frees: AtomicU64::new(0),
         block_live: AtomicI64::new(0),
+        purged: AtomicU64::new(0),
         fallback_heaps: AtomicU64::new(0),
     }
 }; MAX_NODES];

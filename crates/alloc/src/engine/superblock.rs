@@ -109,21 +109,15 @@ const _: () = assert!(
         <= 1 << 16
 );
 
-/// Lays out a superblock just acquired; returns the free span of all its data pages (not yet
-/// listed).
-///
-/// # Safety
-/// `seg` comes from [`pop_cached_sb`] or [`map_sb`] and nobody else references it yet.
-pub(super) unsafe fn format_sb(seg: *mut Segment) -> *mut Run {
-    let size = SB_SIZE.load(Relaxed);
+/// The layout of a superblock of `size` bytes: its units, run descriptors, the descriptors'
+/// offset from the base and the first data unit.
+fn layout(size: usize) -> (usize, usize, usize, usize) {
     let nunits = size / UNIT;
     // One descriptor per page (4 units). Enough: every run in use is at least 8 units (blocks
     // of 8 KiB and more, class runs of about 64 KiB) and free spans never touch each other,
     // so at most about a quarter of the units start a run. Should they run out anyway, a span
     // is handed out whole instead of being split (see `cut`).
     let max_desc = size / PAGE;
-    // SAFETY: `seg` is a mapped superblock header nobody else references (contract above).
-    let base = unsafe { (*seg).base };
     // The map at MAP_OFF, one u16 per unit; the descriptors after it at a multiple of
     // DESC_ALIGN from the base, so that a map entry (the descriptor's offset / DESC_ALIGN)
     // names a descriptor by address arithmetic.
@@ -131,6 +125,26 @@ pub(super) unsafe fn format_sb(seg: *mut Segment) -> *mut Run {
     let desc_end = desc_off + max_desc * core::mem::size_of::<Run>();
     debug_assert!(desc_end / DESC_ALIGN <= 1 << 16);
     let data_unit = desc_end.div_ceil(PAGE) * (PAGE / UNIT);
+    (nunits, max_desc, desc_off, data_unit)
+}
+
+/// Data units of a superblock (the one free span [`format_sb`] leaves): the longest run one
+/// can hold.
+pub(super) fn sb_data_units() -> usize {
+    let (nunits, _, _, data_unit) = layout(SB_SIZE.load(Relaxed));
+    nunits - data_unit
+}
+
+/// Lays out a superblock just acquired; returns the free span of all its data pages (not yet
+/// listed).
+///
+/// # Safety
+/// `seg` comes from [`pop_cached_sb`] or [`map_sb`] and nobody else references it yet.
+pub(super) unsafe fn format_sb(seg: *mut Segment) -> *mut Run {
+    let size = SB_SIZE.load(Relaxed);
+    let (nunits, max_desc, desc_off, data_unit) = layout(size);
+    // SAFETY: `seg` is a mapped superblock header nobody else references (contract above).
+    let base = unsafe { (*seg).base };
     // SAFETY: as above; the unit map and the descriptors lie in the superblock's first
     // `data_unit` units.
     unsafe {
