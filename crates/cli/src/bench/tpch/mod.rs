@@ -448,22 +448,28 @@ pub fn run(a: TpchArgs) -> anyhow::Result<Report> {
         }),
         Machine::of(&topo),
     );
+    // The default brackets every round when it is compared with other configurations.
+    let bracket = !a.no_default && cfgs.len() > 1;
     let scratch = tempfile::Builder::new().prefix("loci-tpch-").tempdir()?;
     let mut check = answers::Check::default();
     for name in &engines {
         let engine = Engine::prepare(name, paths.as_ref(), &run)?;
-        // times[config][query], each with its round; facts of each config's last session.
-        let mut times: Vec<BTreeMap<u32, Samples>> = vec![BTreeMap::new(); cfgs.len()];
+        // sessions[config]: each session's round and query times; facts of each config's last
+        // session.
+        let mut sessions: Vec<Vec<(usize, BTreeMap<u32, f64>)>> = vec![Vec::new(); cfgs.len()];
         let mut facts = vec![serde_json::Value::Null; cfgs.len()];
         for round in 0..reps {
-            // Rotate the order each round so drift (page cache, heat) spreads over configurations.
-            for k in 0..cfgs.len() {
-                let i = (k + round) % cfgs.len();
-                let ans = (round == 0).then(|| scratch.path().join(format!("{name}-{i}.json")));
+            for (i, end) in round_order(cfgs.len(), round, bracket) {
+                // Answers from each configuration's first session (the default's bracket start).
+                let ans = sessions[i]
+                    .is_empty()
+                    .then(|| scratch.path().join(format!("{name}-{i}.json")));
                 eprintln!(
-                    "tpch {name} round {}/{reps}: {}",
+                    "tpch {name} round {}/{reps}: {}{}",
                     round + 1,
-                    label(&cfgs[i])
+                    label(&cfgs[i]),
+                    end.map(|e| format!(" (default, bracket {e})"))
+                        .unwrap_or_default()
                 );
                 let s = engine.session(paths.as_ref(), &run, &cfgs[i], ans.as_deref())?;
                 if let Some(p) = &ans {
@@ -473,9 +479,7 @@ pub fn run(a: TpchArgs) -> anyhow::Result<Report> {
                         _ => check.add(&who, p)?,
                     }
                 }
-                for (q, t) in s.times {
-                    times[i].entry(q).or_default().push(round, t);
-                }
+                sessions[i].push((round, s.times));
                 facts[i] = s.facts;
             }
         }
@@ -483,7 +487,7 @@ pub fn run(a: TpchArgs) -> anyhow::Result<Report> {
             rep.params["postgres_user"] = c.user().unwrap_or("(this user)").into();
         }
         for (i, cfg) in cfgs.iter().enumerate() {
-            push_rows(&mut rep, name, cfg, &times[i], &facts[i]);
+            push_rows(&mut rep, name, cfg, &sessions[i], &facts[i]);
         }
     }
     rep.params["answers"] = check.summary().into();
@@ -493,6 +497,22 @@ pub fn run(a: TpchArgs) -> anyhow::Result<Report> {
         rep.params["answers_dbgen"] = line.into();
     }
     Ok(rep)
+}
+
+/// The sessions of one round: each configuration's index, and for the default's bracketing
+/// sessions which end of the round it is. Bracketed (`cfgs[0]` the default, more than one
+/// configuration): the default first and last, the others between in an order rotated by the
+/// round, and each of their times is paired with the mean of the default's two, so drift within
+/// the round cancels on average. Otherwise every configuration once, rotated by the round, so
+/// drift (page cache, heat) spreads over the configurations.
+fn round_order(n: usize, round: usize, bracket: bool) -> Vec<(usize, Option<&'static str>)> {
+    if !bracket || n < 2 {
+        return (0..n).map(|k| ((k + round) % n, None)).collect();
+    }
+    std::iter::once((0, Some("start")))
+        .chain((0..n - 1).map(|k| (1 + (k + round) % (n - 1), None)))
+        .chain(std::iter::once((0, Some("end"))))
+        .collect()
 }
 
 fn label(c: &Config) -> String {
@@ -520,15 +540,16 @@ fn saved(p: &Path) -> anyhow::Result<Report> {
     Ok(rep)
 }
 
-/// Rows of one engine and configuration: one per query (case `ENGINE qNN`) and the geometric
-/// mean over the queries (case `ENGINE geomean`, one value per round in which every query
-/// ran). Each row names the round of each of its times (`extra.rounds`): the search pairs a
-/// configuration's time with the default's of the same round.
+/// Rows of one engine and configuration from its sessions (each with its round): one per query
+/// (case `ENGINE qNN`) and the geometric mean over the queries (case `ENGINE geomean`, one value
+/// per session that ran every query). Each row names the round of each of its times
+/// (`extra.rounds`): the search pairs a configuration's time with the default's of the same
+/// round, the mean of the default's two where it bracketed the round (its rounds listed twice).
 fn push_rows(
     rep: &mut Report,
     engine: &str,
     cfg: &Config,
-    times: &BTreeMap<u32, Samples>,
+    sessions: &[(usize, BTreeMap<u32, f64>)],
     facts: &serde_json::Value,
 ) {
     let honoured = allocator_honoured(&cfg.alloc, facts);
@@ -548,17 +569,20 @@ fn push_rows(
                 .extra("rounds", &s.passes),
         ))
     };
-    for (q, s) in times {
+    let mut times: BTreeMap<u32, Samples> = BTreeMap::new();
+    for (round, t) in sessions {
+        for (&q, &v) in t {
+            times.entry(q).or_default().push(*round, v);
+        }
+    }
+    for (q, s) in &times {
         rows(format!("{engine} q{q:02}"), s);
     }
     let mut geo = Samples::default();
-    let mut rounds: Vec<usize> = times.values().flat_map(|s| s.passes.clone()).collect();
-    rounds.sort_unstable();
-    rounds.dedup();
-    for r in rounds {
-        let each: Option<Vec<f64>> = times.values().map(|s| s.at(r)).collect();
+    for (round, t) in sessions {
+        let each: Option<Vec<f64>> = times.keys().map(|q| t.get(q).copied()).collect();
         if let Some(each) = each {
-            geo.push(r, geomean(each.into_iter()));
+            geo.push(*round, geomean(each.into_iter()));
         }
     }
     if geo.runs() > 0 {
@@ -619,6 +643,24 @@ mod tests {
         let c = configs(&args("--alloc jemalloc --no-default")).unwrap();
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].alloc, "jemalloc");
+    }
+
+    #[test]
+    fn the_default_brackets_each_round_and_the_others_rotate_between() {
+        let idx = |v: Vec<(usize, Option<&str>)>| v.into_iter().map(|x| x.0).collect::<Vec<_>>();
+        let r1 = round_order(4, 1, true);
+        assert_eq!(r1[0], (0, Some("start")));
+        assert_eq!(r1[4], (0, Some("end")));
+        assert_eq!(idx(r1), vec![0, 2, 3, 1, 0]);
+        // Over three rounds each other configuration runs once at each place in between.
+        for k in 1..4 {
+            let mut at: Vec<usize> = (0..3).map(|r| idx(round_order(4, r, true))[k]).collect();
+            at.sort_unstable();
+            assert_eq!(at, vec![1, 2, 3], "place {k}");
+        }
+        // Unbracketed (--no-default, or one configuration): each once, rotated, as before.
+        assert_eq!(idx(round_order(3, 1, false)), vec![1, 2, 0]);
+        assert_eq!(round_order(1, 2, true), vec![(0, None)]);
     }
 
     #[test]

@@ -12,8 +12,10 @@ use crate::stats::{
     corrected_interval, judge, paired_ratios, Samples, Verdict, MIN_EFFECT, MIN_RUNS,
 };
 
-/// A row's times with the round each was measured in: its `extra.rounds`, or in results saved
-/// before rows named their rounds, the position in `times_s` (one time per round, in order).
+/// A row's times with the round each was measured in: its `extra.rounds` (the default's lists
+/// each round twice where it bracketed the rounds; pairing takes the mean of the two), or in
+/// results saved before rows named their rounds, the position in `times_s` (one time per round,
+/// in order).
 fn by_round(r: &Row) -> Samples {
     let named = r
         .extra
@@ -71,8 +73,8 @@ pub fn summary(rep: &Report) -> String {
 
 /// An engine's configuration search: for the geometric mean and each query, the fastest
 /// configuration against the default by the project's paired statistic ([`crate::stats`], as
-/// `loci advise`): the median of its per-round ratios to the default's time of the same round,
-/// a bootstrap interval of that median corrected for the number of configurations, a verdict
+/// `loci advise`): the median of its per-round ratios to the default's time of the same round
+/// (the mean of its sessions at the round's start and end where it bracketed it), a bootstrap interval of that median corrected for the number of configurations, a verdict
 /// (none under [`MIN_RUNS`] rounds), and how many configurations are faster or slower beyond
 /// noise. Empty unless the engine ran more than one configuration.
 fn search(rep: &Report, engine: &str) -> String {
@@ -81,6 +83,7 @@ fn search(rep: &Report, engine: &str) -> String {
     let mut lines = Vec::new();
     let mut rounds = 0;
     let mut configs = 0;
+    let mut bracketed = false;
     for case in &cases {
         let rows: Vec<&Row> = rep.rows_of(Some(case)).collect();
         let Some(base) = rows.iter().find(|r| baseline(r)) else {
@@ -90,9 +93,13 @@ fn search(rep: &Report, engine: &str) -> String {
         if others.is_empty() {
             continue;
         }
-        rounds = base.times_s.len();
         configs = others.len();
         let b = by_round(base);
+        let mut distinct = b.passes.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        rounds = distinct.len();
+        bracketed |= distinct.len() < b.passes.len();
         // Seeds as advise's: the default is candidate 0.
         let seed = |i: usize| 0x5eed + 1 + i as u64;
         let judged: Vec<(usize, f64, (f64, f64), Verdict)> = others
@@ -141,10 +148,14 @@ fn search(rep: &Report, engine: &str) -> String {
     if lines.is_empty() {
         return String::new();
     }
+    let bracket = match bracketed {
+        true => " (the mean of the default's sessions at the round's start and end)",
+        false => "",
+    };
     format!(
         "tpch {engine} search: the fastest of {configs} configurations against the default, {rounds} \
-         rounds; ratio = median over rounds of its time over the default's in the same round; \
-         interval = bootstrap of that median at {:.2}% confidence (Bonferroni over the \
+         rounds; ratio = median over rounds of its time over the default's in the same \
+         round{bracket}; interval = bootstrap of that median at {:.2}% confidence (Bonferroni over the \
          configurations, as loci advise); a verdict needs {MIN_RUNS} rounds, the interval clear \
          of 1 and the ratio {:.0}% from 1; last column: configurations faster/slower than the \
          default beyond noise\n  {:<8} {:<26} {:<34} {:>7}  {:<12} {:<20} {}\n{}",
@@ -197,31 +208,51 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::bench::tpch::push_rows;
+    use crate::bench::tpch::{push_rows, round_order};
 
-    /// A report of planted rows, written as the bench writes them: per configuration, times
-    /// of q01 and q02 by round (`(round, seconds)`).
     /// Times of one query, each with its round.
     type Timed = Vec<(usize, f64)>;
 
+    /// A report of planted rows, written as the bench writes them: per configuration, times of
+    /// q01 and q02 by round (`(round, seconds)`); the n-th time of a round of each query is the
+    /// round's n-th session.
     fn planted(engine: &str, runs: &[(&str, Timed, Timed)]) -> Report {
         let mut rep = Report::new("tpch", serde_json::json!({}), Machine::default());
         for (alloc, q1, q2) in runs {
-            let cfg = Config {
-                alloc: alloc.to_string(),
-                ..Config::default_config()
-            };
-            let mut times = BTreeMap::new();
+            let mut sessions: Vec<((usize, usize), BTreeMap<u32, f64>)> = Vec::new();
             for (q, v) in [(1, q1), (2, q2)] {
-                let mut s = Samples::default();
+                let mut seen: BTreeMap<usize, usize> = BTreeMap::new();
                 for &(r, t) in v {
-                    s.push(r, t);
+                    let n = seen.entry(r).or_default();
+                    let key = (r, *n);
+                    *n += 1;
+                    match sessions.iter_mut().find(|s| s.0 == key) {
+                        Some(s) => s.1.insert(q, t),
+                        None => {
+                            sessions.push((key, BTreeMap::from([(q, t)])));
+                            None
+                        }
+                    };
                 }
-                times.insert(q, s);
             }
-            push_rows(&mut rep, engine, &cfg, &times, &serde_json::Value::Null);
+            let sessions: Vec<(usize, BTreeMap<u32, f64>)> =
+                sessions.into_iter().map(|((r, _), t)| (r, t)).collect();
+            push_rows(
+                &mut rep,
+                engine,
+                &cfg(alloc),
+                &sessions,
+                &serde_json::Value::Null,
+            );
         }
         rep
+    }
+
+    fn cfg(alloc: &str) -> Config {
+        Config {
+            alloc: alloc.to_string(),
+            ..Config::default_config()
+        }
     }
 
     fn line_of(s: &str, case: &str) -> String {
@@ -327,5 +358,90 @@ mod tests {
         let mut old = geo.clone();
         old.extra.remove("rounds");
         assert_eq!(by_round(&old).passes, vec![0, 1]);
+    }
+
+    #[test]
+    fn the_bracketed_default_cancels_drift_within_a_round() {
+        // Five configurations that do not differ, eight rounds run as the bench runs them (the
+        // default first and last, the others rotated between), on a machine that slows 2% with
+        // every session, within rounds and across them.
+        let allocs = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "tbbmalloc"];
+        let mut sessions: Vec<Vec<(usize, BTreeMap<u32, f64>)>> = vec![Vec::new(); 5];
+        let mut k = 0;
+        for round in 0..8 {
+            for (i, _) in round_order(5, round, true) {
+                let t = 1.0 + 0.02 * k as f64;
+                k += 1;
+                sessions[i].push((round, BTreeMap::from([(1, 2.0 * t), (2, t)])));
+            }
+        }
+        let mut rep = Report::new("tpch", serde_json::json!({}), Machine::default());
+        for (a, s) in allocs.iter().zip(&sessions) {
+            push_rows(&mut rep, "postgres", &cfg(a), s, &serde_json::Value::Null);
+        }
+        let rep: Report = serde_json::from_str(&serde_json::to_string(&rep).unwrap()).unwrap();
+        let s = search(&rep, "postgres");
+        for case in ["geomean", "q01", "q02"] {
+            let l = line_of(&s, case);
+            assert!(l.contains("within noise") && l.ends_with("0/0"), "{l}");
+        }
+        assert!(
+            s.contains("of 4 configurations")
+                && s.contains("8 rounds")
+                && s.contains("start and end"),
+            "{s}"
+        );
+        // Both of the default's sessions are its samples; the pairing takes their mean.
+        let rows = |case: &str| rep.rows_of(Some(case)).cloned().collect::<Vec<Row>>();
+        let geo = rows("postgres geomean");
+        let base = by_round(&geo[0]);
+        assert_eq!(base.runs(), 16);
+        assert_eq!(&base.passes[..4], &[0, 0, 1, 1]);
+        // Paired with the default's session at the start of each round only, every other
+        // configuration (all ran after it) would be judged slower.
+        let mut first = Samples::default();
+        for (r, v) in base.iter() {
+            if first.at(r).is_none() {
+                first.push(r, v);
+            }
+        }
+        for r in &geo[1..] {
+            let c = by_round(r);
+            assert_eq!(judge(&c, &first, 4, 1).2, Verdict::Worse, "{:?}", r.config);
+            let (ratio, _, v) = judge(&c, &base, 4, 1);
+            assert_eq!(v, Verdict::Same, "{:?}", r.config);
+            assert!((ratio - 1.0).abs() < 0.015, "{ratio}");
+        }
+    }
+
+    #[test]
+    fn a_result_saved_before_rows_named_rounds_re_summarises_as_before() {
+        // One default session per round and no `extra.rounds`: paired by position, the same
+        // search as with the rounds named.
+        let six = |f: &dyn Fn(usize) -> f64| (0..6).map(|r| (r, f(r))).collect::<Vec<_>>();
+        let rep = planted(
+            "postgres",
+            &[
+                ("glibc", six(&|r| 1.0 + 0.1 * r as f64), six(&|_| 1.0)),
+                (
+                    "jemalloc",
+                    six(&|r| 0.9 * (1.0 + 0.1 * r as f64)),
+                    six(&|_| 1.0),
+                ),
+            ],
+        );
+        let mut old = rep.clone();
+        for r in &mut old.results {
+            r.extra.remove("rounds");
+        }
+        let s = search(&old, "postgres");
+        assert_eq!(s, search(&rep, "postgres"));
+        assert!(!s.contains("start and end"), "{s}");
+        let g = line_of(&s, "geomean");
+        assert!(
+            g.contains("faster beyond noise") && s.contains("6 rounds"),
+            "{s}"
+        );
+        assert!(line_of(&s, "q01").contains("0.900x"), "{s}");
     }
 }
