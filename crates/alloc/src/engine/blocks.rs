@@ -36,8 +36,19 @@ pub(super) unsafe fn alloc_block(node: usize, pool: usize, size: usize) -> *mut 
     if r.is_null() {
         return null_mut();
     }
-    // SAFETY: `r` was just taken for this block (state R_BLOCK set under the node lock) and
-    // is not published yet: only this thread writes it.
+    // SAFETY: `r` was just taken on `node` for this block (state R_BLOCK set under the node
+    // lock) and is not published yet.
+    unsafe { hand_out(node, r) }
+}
+
+/// Makes the block run `r`, just taken on `node`, one block of all its units, and returns the
+/// block.
+///
+/// # Safety
+/// `r` was just taken for this block (state R_BLOCK set under the node lock) and is not
+/// published yet: only this thread writes it; its units fit a superblock.
+unsafe fn hand_out(node: usize, r: *mut Run) -> *mut u8 {
+    // SAFETY: contract above.
     unsafe {
         let data = (*(*r).seg).base + (*r).first as usize * UNIT;
         (*r).data = data;
@@ -73,18 +84,13 @@ pub(super) unsafe fn alloc_large_span(h: *mut Heap, size: usize) -> *mut u8 {
     if r.is_null() {
         return null_mut();
     }
-    // SAFETY: `r` was just taken for this block (as in `alloc_block`): only this thread
-    // writes it; `units` fits a superblock, so its bytes fit `bsize`. The caller holds `h`'s
-    // claim, so it is the one writer of the heap's counters.
+    // SAFETY: `r` was just taken on `node` for this block; `units` fits a superblock. The
+    // caller holds `h`'s claim, so it is the one writer of the heap's counters.
     unsafe {
-        let data = (*(*r).seg).base + (*r).first as usize * UNIT;
-        (*r).data = data;
-        (*r).bsize = (*r).nunits * UNIT as u32;
-        map_all(r);
-        NODES[node].block_live.fetch_add((*r).bsize as i64, Relaxed);
+        let p = hand_out(node, r);
         bump(&(*h).st.allocs, 1);
         bump(&(*h).st.requested, size as u64);
-        data as *mut u8
+        p
     }
 }
 
