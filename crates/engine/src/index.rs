@@ -7,7 +7,7 @@
 //! Index structures (well-kept crates where one exists):
 //! - `sorted`: sorted key and payload arrays (built by range-partitioning on the key's high bits
 //!   over `[min, max]`, both found inside the build, and sorting the partitions in parallel),
-//!   probed by binary searches in lock step;
+//!   with a directory of where each high-bit bucket starts ([`Sorted`]), probed in batches;
 //! - `btree`: `std::collections::BTreeMap`, bulk-built from the sorted rows;
 //! - `skiplist`: `crossbeam_skiplist::SkipMap`, built concurrently by all workers;
 //! - `art`: `blart::TreeMap` (an adaptive radix tree) on the key's 8 big-endian bytes, built by
@@ -56,10 +56,7 @@ impl IndexKind {
 
 /// A built index on R: key to payload.
 pub enum Index {
-    Sorted {
-        keys: Vec<u64>,
-        vals: Vec<i64>,
-    },
+    Sorted(Sorted),
     BTree(BTreeMap<u64, i64>),
     /// Boxed: the map itself is large (its head tower), the other variants are a few words.
     SkipList(Box<SkipMap<u64, i64>>),
@@ -72,25 +69,7 @@ impl Index {
     #[inline]
     pub fn get(&self, k: u64) -> Option<i64> {
         match self {
-            Index::Sorted { keys, vals } => {
-                let mut len = keys.len();
-                if len == 0 {
-                    return None;
-                }
-                // Binary search for the last key <= k. Left to the compiler's choice of a
-                // branch: a mispredicted branch costs a flush, but the speculated path also
-                // starts the next loads early, and one search alone measured faster that way
-                // than with a forced select (`examples/probe.rs`).
-                let mut base = 0usize;
-                while len > 1 {
-                    let half = len / 2;
-                    // SAFETY: base + half < base + len <= keys.len().
-                    let probe = unsafe { *keys.get_unchecked(base + half) };
-                    base = if probe <= k { base + half } else { base };
-                    len -= half;
-                }
-                (keys[base] == k).then(|| vals[base])
-            }
+            Index::Sorted(x) => x.get(k),
             Index::BTree(m) => m.get(&k).copied(),
             Index::SkipList(m) => m.get(&k).map(|e| *e.value()),
             Index::Art(m) => m.get(&k.to_be_bytes()).copied(),
@@ -100,7 +79,7 @@ impl Index {
     /// Number of keys.
     pub fn len(&self) -> usize {
         match self {
-            Index::Sorted { keys, .. } => keys.len(),
+            Index::Sorted(x) => x.keys.len(),
             Index::BTree(m) => m.len(),
             Index::SkipList(m) => m.len(),
             Index::Art(m) => m.len(),
@@ -266,7 +245,7 @@ pub fn build(exec: &Exec, r: &Table, kind: IndexKind) -> Result<Index, EngineErr
     Ok(match kind {
         IndexKind::Sorted => {
             let (keys, vals) = sorted_rows(exec, r)?;
-            Index::Sorted { keys, vals }
+            Index::Sorted(Sorted::new(keys, vals)?)
         }
         IndexKind::BTree => {
             let (keys, vals) = sorted_rows(exec, r)?;
@@ -309,9 +288,13 @@ pub fn build(exec: &Exec, r: &Table, kind: IndexKind) -> Result<Index, EngineErr
     })
 }
 
-/// Probe keys searched side by side in [`sorted_lookup`]: enough independent loads in flight to
+/// Probe keys looked up side by side in [`Sorted::lookup`]: enough independent loads in flight to
 /// cover a miss to memory, few enough that the lanes' state stays in registers and L1.
 pub const PROBE_LANES: usize = 16;
+
+/// Keys per directory bucket when keys spread evenly over their range: a bucket's keys then
+/// share one or two cache lines.
+const KEYS_PER_BUCKET: usize = 8;
 
 #[inline(always)]
 fn prefetch<T>(p: *const T) {
@@ -324,43 +307,126 @@ fn prefetch<T>(p: *const T) {
     let _ = p;
 }
 
-/// Looks every key of `probes` up in the sorted, duplicate-free `keys` and calls `hit(i, j)`
-/// when `probes[i] == keys[j]`, in increasing `i`.
+/// The `sorted` index: R's keys in order, their payloads, and a directory over the keys' high
+/// bits. Bucket `b` holds the keys whose `(k - min) >> shift` is `b`, at
+/// `keys[starts[b]..starts[b + 1]]`; there are about `len / KEYS_PER_BUCKET` buckets.
 ///
-/// One binary search at a time waits on each of its ~log2(n) dependent loads; on an array
-/// larger than the caches most are misses, so a lookup costs log2(n) memory latencies. Here
-/// [`PROBE_LANES`] searches advance in lock step (group prefetching, as in Chen et al.,
-/// "Improving hash join performance through prefetching"): every search of a sorted array of n
-/// keys takes the same sequence of halvings, so one step moves every lane and prefetches the
-/// key each lane reads next, and the lanes' misses overlap instead of queueing. Measured
-/// against the one-at-a-time search by `cargo run --release -p loci-engine --example probe`.
-pub fn sorted_lookup(keys: &[u64], probes: &[u64], mut hit: impl FnMut(usize, usize)) {
-    let n = keys.len();
-    if n == 0 {
-        return;
-    }
-    for (c, group) in probes.chunks(PROBE_LANES).enumerate() {
-        let g = group.len();
-        let mut base = [0usize; PROBE_LANES];
-        let mut len = n;
-        while len > 1 {
-            let half = len / 2;
-            let next = (len - half) / 2;
-            for j in 0..g {
-                // SAFETY: base[j] + half < base[j] + len <= n: every lane's window
-                // [base, base + len) stays inside `keys` (base moves by at most half while
-                // len shrinks by half).
-                let probe = unsafe { *keys.get_unchecked(base[j] + half) };
-                // a select, not a jump: the outcome is a coin flip
-                let b = base[j] + std::hint::select_unpredictable(probe <= group[j], half, 0);
-                base[j] = b;
-                prefetch(keys.as_ptr().wrapping_add(b + next));
-            }
-            len -= half;
+/// A plain binary search of an array larger than the caches waits on ~log2(n) dependent loads,
+/// most of them misses. Through the directory a lookup is two dependent loads (the bucket's
+/// bounds, then its keys' one or two lines) and a search inside the bucket; keys bunched in a
+/// few buckets only lengthen those buckets' searches (log2 of the bucket's size). This is the
+/// radix layer of RadixSpline and of range-partitioned sorted runs; it needs no statistic of the
+/// data beyond the key range, which the build computes.
+pub struct Sorted {
+    keys: Vec<u64>,
+    vals: Vec<i64>,
+    range: KeyRange,
+    max: u64,
+    starts: Vec<u32>,
+}
+
+impl Sorted {
+    /// The index of `keys` (sorted, without duplicates) and their payloads `vals`.
+    pub fn new(keys: Vec<u64>, vals: Vec<i64>) -> Result<Sorted, EngineError> {
+        let n = keys.len();
+        debug_assert!(keys.windows(2).all(|w| w[0] < w[1]) && vals.len() == n);
+        if n > u32::MAX as usize {
+            return Err(EngineError::Invalid(format!(
+                "R has {n} rows; the sorted index holds at most {} keys",
+                u32::MAX
+            )));
         }
-        for j in 0..g {
-            if keys[base[j]] == group[j] {
-                hit(c * PROBE_LANES + j, base[j]);
+        let (min, max) = match (keys.first(), keys.last()) {
+            (Some(&a), Some(&b)) => (a, b),
+            _ => (0, 0),
+        };
+        let mut bits = 0;
+        while bits < 32 && (n >> (bits + 1)) >= KEYS_PER_BUCKET {
+            bits += 1;
+        }
+        let range = KeyRange::new(min, max, bits);
+        let np = range.parts(max);
+        // starts[b] = the first j whose key's bucket is >= b; one pass over the sorted keys.
+        let mut starts = Vec::with_capacity(np + 1);
+        for (j, &k) in keys.iter().enumerate() {
+            let b = range.part(k);
+            while starts.len() <= b {
+                starts.push(j as u32);
+            }
+        }
+        starts.resize(np + 1, n as u32);
+        Ok(Sorted {
+            keys,
+            vals,
+            range,
+            max,
+            starts,
+        })
+    }
+
+    /// The sorted keys.
+    pub fn keys(&self) -> &[u64] {
+        &self.keys
+    }
+
+    /// The payload at position `j` (a position `lookup` reported).
+    #[inline(always)]
+    pub fn val(&self, j: usize) -> i64 {
+        self.vals[j]
+    }
+
+    /// The bucket of `k`, or `None` outside the keys' range.
+    #[inline(always)]
+    fn bucket(&self, k: u64) -> Option<usize> {
+        (!self.keys.is_empty() && k >= self.range.min && k <= self.max).then(|| self.range.part(k))
+    }
+
+    /// Position of `k` in the bucket window `lo..hi`.
+    #[inline(always)]
+    fn find(&self, k: u64, lo: u32, hi: u32) -> Option<usize> {
+        let w = &self.keys[lo as usize..hi as usize];
+        w.binary_search(&k).ok().map(|i| lo as usize + i)
+    }
+
+    /// Payload of key `k`.
+    #[inline]
+    pub fn get(&self, k: u64) -> Option<i64> {
+        let b = self.bucket(k)?;
+        self.find(k, self.starts[b], self.starts[b + 1])
+            .map(|j| self.vals[j])
+    }
+
+    /// Looks every key of `probes` up and calls `hit(i, j)` when `probes[i] == keys[j]`, in
+    /// increasing `i`. [`PROBE_LANES`] lookups go in three steps side by side (group
+    /// prefetching, as in Chen et al., "Improving hash join performance through prefetching"):
+    /// every lane prefetches its bucket's bounds, then every lane reads them and prefetches the
+    /// bucket's first keys and payloads, then every lane searches its bucket; the lanes' misses overlap
+    /// instead of queueing. Measured by `cargo run --release -p loci-engine --example probe`.
+    pub fn lookup(&self, probes: &[u64], mut hit: impl FnMut(usize, usize)) {
+        const NONE: usize = usize::MAX;
+        for (c, group) in probes.chunks(PROBE_LANES).enumerate() {
+            let mut bucket = [NONE; PROBE_LANES];
+            for (j, &k) in group.iter().enumerate() {
+                if let Some(b) = self.bucket(k) {
+                    bucket[j] = b;
+                    prefetch(self.starts.as_ptr().wrapping_add(b));
+                }
+            }
+            let mut win = [(0u32, 0u32); PROBE_LANES];
+            for j in 0..group.len() {
+                if bucket[j] != NONE {
+                    let (lo, hi) = (self.starts[bucket[j]], self.starts[bucket[j] + 1]);
+                    win[j] = (lo, hi);
+                    // the payload is read on a hit: its line is fetched with the key's
+                    prefetch(self.keys.as_ptr().wrapping_add(lo as usize));
+                    prefetch(self.vals.as_ptr().wrapping_add(lo as usize));
+                }
+            }
+            for (j, &k) in group.iter().enumerate() {
+                let (lo, hi) = win[j];
+                if let Some(p) = self.find(k, lo, hi) {
+                    hit(c * PROBE_LANES + j, p);
+                }
             }
         }
     }
@@ -372,8 +438,8 @@ pub fn probe(exec: &Exec, index: &Index, s: &Table) -> Result<(JoinDigest, JoinR
     let probed = exec.for_each(&homes(s), JoinDigest::default, |res, i| {
         let mo = &s.morsels[i];
         let (sk, sv) = (mo.keys64(), mo.vals64());
-        if let Index::Sorted { keys, vals } = index {
-            sorted_lookup(keys, sk, |p, j| res.add_pair(sk[p], vals[j], sv[p]));
+        if let Index::Sorted(x) = index {
+            x.lookup(sk, |p, j| res.add_pair(sk[p], x.val(j), sv[p]));
             return;
         }
         for (&k, &q) in sk.iter().zip(sv) {
@@ -407,27 +473,69 @@ mod tests {
             .collect()
     }
 
-    fn lockstep(keys: &[u64], probes: &[u64]) -> Vec<(usize, usize)> {
+    /// The batched lookup's hits, checked against `get` for every probe.
+    fn batched(keys: &[u64], probes: &[u64]) -> Vec<(usize, usize)> {
+        let vals: Vec<i64> = keys.iter().map(|&k| !k as i64).collect();
+        let x = Sorted::new(keys.to_vec(), vals).unwrap();
         let mut out = vec![];
-        sorted_lookup(keys, probes, |i, j| out.push((i, j)));
+        x.lookup(probes, |i, j| out.push((i, j)));
+        for (i, &k) in probes.iter().enumerate() {
+            let want = out.iter().find(|h| h.0 == i).map(|&(_, j)| !keys[j] as i64);
+            assert_eq!(x.get(k), want, "get({k})");
+        }
         out
     }
 
     #[test]
-    fn lockstep_search_edges() {
+    fn directory_lookup_edges() {
         // empty index, one key, keys at both ends of the domain, probes below/above every key,
         // a probe group that is not a multiple of the lane count
-        assert!(lockstep(&[], &[1, 2, 3]).is_empty());
-        assert_eq!(lockstep(&[7], &[6, 7, 8, 7]), vec![(1, 0), (3, 0)]);
+        assert!(batched(&[], &[1, 2, 3]).is_empty());
+        assert_eq!(batched(&[7], &[6, 7, 8, 7]), vec![(1, 0), (3, 0)]);
         assert_eq!(
-            lockstep(&[0, u64::MAX], &[u64::MAX, 0, 1, u64::MAX - 1]),
+            batched(&[0, u64::MAX], &[u64::MAX, 0, 1, u64::MAX - 1]),
             vec![(0, 1), (1, 0)]
         );
         let keys: Vec<u64> = (0..1000u64).map(|i| i * (3 << 40) + 1).collect();
         let mut probes: Vec<u64> = vec![0, 1, 2, u64::MAX, 1 << 63, 4];
         probes.extend(keys.iter().step_by(7).flat_map(|&k| [k - 1, k, k + 1]));
-        assert_eq!(lockstep(&keys, &probes), naive(&keys, &probes));
-        assert_eq!(lockstep(&keys, &keys).len(), 1000);
+        assert_eq!(batched(&keys, &probes), naive(&keys, &probes));
+        assert_eq!(batched(&keys, &keys).len(), 1000);
+        // bunched keys: a dense run plus outliers at the top of the domain put nearly every key
+        // in the first bucket, whose search is then a plain binary search
+        let mut keys: Vec<u64> = (0..5000u64).collect();
+        keys.extend([1 << 40, 1 << 63, u64::MAX - 1, u64::MAX]);
+        let mut probes: Vec<u64> = (0..6000u64).step_by(3).collect();
+        probes.extend([1 << 40, (1 << 40) + 1, 1 << 63, u64::MAX, u64::MAX - 2]);
+        assert_eq!(batched(&keys, &probes), naive(&keys, &probes));
+    }
+
+    #[test]
+    fn directory_buckets_hold_exactly_their_keys() {
+        for keys in [
+            (0..100_000u64)
+                .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .collect::<Vec<_>>(),
+            (0..100_000u64).map(|i| i * 3).collect(),
+            vec![5],
+        ] {
+            let mut keys = keys;
+            keys.sort_unstable();
+            let n = keys.len();
+            let x = Sorted::new(keys.clone(), vec![0; n]).unwrap();
+            assert_eq!(x.starts.len(), x.range.parts(x.max) + 1);
+            assert_eq!((x.starts[0], *x.starts.last().unwrap()), (0, n as u32));
+            for b in 0..x.starts.len() - 1 {
+                let (lo, hi) = (x.starts[b] as usize, x.starts[b + 1] as usize);
+                assert!(lo <= hi);
+                assert!(keys[lo..hi].iter().all(|&k| x.range.part(k) == b));
+            }
+            // at most n / KEYS_PER_BUCKET buckets, and not far fewer
+            if n >= 16 {
+                let buckets = x.starts.len() - 1;
+                assert!(buckets * KEYS_PER_BUCKET <= n && buckets * KEYS_PER_BUCKET * 2 > n / 2);
+            }
+        }
     }
 
     #[test]
@@ -448,7 +556,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn lockstep_search_equals_binary_search(
+        fn directory_lookup_equals_binary_search(
             mut keys in proptest::collection::vec(
                 prop_oneof![Just(0u64), Just(u64::MAX), Just(1u64 << 63), any::<u64>()], 0..300),
             probes in proptest::collection::vec(any::<u64>(), 0..100),
@@ -462,7 +570,7 @@ mod tests {
                 probes.extend(extra.iter().map(|ix| keys[ix.index(keys.len())]));
             }
             probes.extend([0, u64::MAX]);
-            prop_assert_eq!(lockstep(&keys, &probes), naive(&keys, &probes));
+            prop_assert_eq!(batched(&keys, &probes), naive(&keys, &probes));
         }
     }
 }
