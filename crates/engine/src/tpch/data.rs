@@ -130,6 +130,19 @@ impl Block {
     }
 }
 
+/// `Block::build(plan, rows, &[ColBuf::of(&a), ...], home)` over column vectors of one length,
+/// laid out in the order listed; the rows are the first column's length.
+macro_rules! block_of {
+    ($plan:expr, $home:expr; $first:ident $(, $col:ident)* $(,)?) => {
+        Block::build(
+            $plan,
+            $first.len(),
+            &[ColBuf::of(&$first) $(, ColBuf::of(&$col))*],
+            $home,
+        )
+    };
+}
+
 /// Declares a table's column indexes as `pub const NAME: usize`, numbered from 0 in the order
 /// listed (the order `build` lays the columns out in).
 macro_rules! columns {
@@ -469,34 +482,8 @@ fn gen_orders_lineitem(
         ship.push(days(r.l_shipdate));
     }
     check_copartitioned(&ok, &lok)?;
-    let orders = Block::build(
-        plan,
-        ok.len(),
-        &[
-            ColBuf::of(&ok),
-            ColBuf::of(&ck),
-            ColBuf::of(&tp),
-            ColBuf::of(&od),
-            ColBuf::of(&sp),
-        ],
-        home,
-    )?;
-    let lineitem = Block::build(
-        plan,
-        lok.len(),
-        &[
-            ColBuf::of(&lok),
-            ColBuf::of(&lsk),
-            ColBuf::of(&qty),
-            ColBuf::of(&price),
-            ColBuf::of(&disc),
-            ColBuf::of(&tax),
-            ColBuf::of(&rf),
-            ColBuf::of(&ls),
-            ColBuf::of(&ship),
-        ],
-        home,
-    )?;
+    let orders = block_of!(plan, home; ok, ck, tp, od, sp)?;
+    let lineitem = block_of!(plan, home; lok, lsk, qty, price, disc, tax, rf, ls, ship)?;
     Ok((orders, lineitem))
 }
 
@@ -560,17 +547,7 @@ fn gen_customer(
                 .ok_or_else(|| EngineError::Invalid(format!("c_name '{n}' too long")))?,
         );
     }
-    Block::build(
-        plan,
-        key.len(),
-        &[
-            ColBuf::of(&key),
-            ColBuf::of(&nat),
-            ColBuf::of(&seg),
-            ColBuf::of(&name),
-        ],
-        home,
-    )
+    block_of!(plan, home; key, nat, seg, name)
 }
 
 fn gen_supplier(
@@ -586,7 +563,7 @@ fn gen_supplier(
         key.push(u32::try_from(r.s_suppkey).map_err(gen_err("s_suppkey"))?);
         nat.push(u8::try_from(r.s_nationkey).map_err(gen_err("s_nationkey"))?);
     }
-    Block::build(plan, key.len(), &[ColBuf::of(&key), ColBuf::of(&nat)], home)
+    block_of!(plan, home; key, nat)
 }
 
 #[cfg(test)]
