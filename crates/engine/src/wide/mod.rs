@@ -532,77 +532,81 @@ mod tests {
         assert_eq!(bits(&got), bits(want), "{what}");
     }
 
-    #[test]
-    fn w2_and_w1_match_the_reference_on_sparse_and_dense_keys() {
+    /// Runs `check(exec, keys, spec)` on every executor of [`execs`], both key layouts and each
+    /// `(rows, groups, dist)` case, the data seeded by `seed`.
+    fn each_agg_case(
+        cases: &[(usize, u32, Dist)],
+        seed: u64,
+        mut check: impl FnMut(&Exec, Keys, AggSpec),
+    ) {
         for ex in execs() {
             for keys in [Keys::Sparse, Keys::Dense] {
-                for (rows, groups, dist) in [
-                    (200_000, 5_000, Dist::Zipf),
-                    (300_000, 100_000, Dist::Uniform),
-                    (50_000, 1, Dist::HeavyHitter),
-                    (70_000, 7, Dist::Sequential),
-                ] {
+                for &(rows, groups, dist) in cases {
                     let spec = AggSpec {
                         rows,
                         groups,
                         dist,
-                        seed: 3,
+                        seed,
                     };
-                    let t =
-                        generate_agg(&ex, spec, Some(keys), 10_000, &MemPolicy::FirstTouch.into())
-                            .unwrap();
-                    let (k, v) = t.to_vecs64();
-                    let want = reference::w2(&k, &v);
-                    let (got, _) = w2::<i64>(&ex, &t).unwrap();
-                    let d = AggDigest::of(&got);
-                    assert!(d.agrees(&AggDigest::of(&want)), "{keys} {dist}");
-                    assert_eq!(sorted2(got), want, "{keys} {dist}");
-                    let want1 = reference::w1(&k, &v);
-                    let (mut got1, _) = w1::<i64>(&ex, &t).unwrap();
-                    assert!(MedianDigest::of(&got1).agrees(&MedianDigest::of(&want1)));
-                    got1.sort_by_key(|x| x.key);
-                    assert_eq!(got1, want1, "{keys} {dist}");
+                    check(&ex, keys, spec);
                 }
             }
         }
     }
 
     #[test]
+    fn w2_and_w1_match_the_reference_on_sparse_and_dense_keys() {
+        let cases = [
+            (200_000, 5_000, Dist::Zipf),
+            (300_000, 100_000, Dist::Uniform),
+            (50_000, 1, Dist::HeavyHitter),
+            (70_000, 7, Dist::Sequential),
+        ];
+        each_agg_case(&cases, 3, |ex, keys, spec| {
+            let dist = spec.dist;
+            let t =
+                generate_agg(ex, spec, Some(keys), 10_000, &MemPolicy::FirstTouch.into()).unwrap();
+            let (k, v) = t.to_vecs64();
+            let want = reference::w2(&k, &v);
+            let (got, _) = w2::<i64>(ex, &t).unwrap();
+            let d = AggDigest::of(&got);
+            assert!(d.agrees(&AggDigest::of(&want)), "{keys} {dist}");
+            assert_eq!(sorted2(got), want, "{keys} {dist}");
+            let want1 = reference::w1(&k, &v);
+            let (mut got1, _) = w1::<i64>(ex, &t).unwrap();
+            assert!(MedianDigest::of(&got1).agrees(&MedianDigest::of(&want1)));
+            got1.sort_by_key(|x| x.key);
+            assert_eq!(got1, want1, "{keys} {dist}");
+        });
+    }
+
+    #[test]
     fn f64_w2_and_w1_match_the_reference() {
-        for ex in execs() {
-            for keys in [Keys::Sparse, Keys::Dense] {
-                for (rows, groups, dist) in [
-                    (200_000, 5_000, Dist::Zipf),
-                    (120_000, 100_000, Dist::Uniform),
-                    (50_000, 1, Dist::HeavyHitter),
-                ] {
-                    let spec = AggSpec {
-                        rows,
-                        groups,
-                        dist,
-                        seed: 5,
-                    };
-                    let mem = MemPolicy::FirstTouch.into();
-                    let t = generate_agg64(&ex, spec, keys, Values::F64, 10_000, &mem).unwrap();
-                    let (k, v) = t.to_vecs64f();
-                    // The doubles are the i64 draws / 100, with fractions, of both signs.
-                    let ti = generate_agg64(&ex, spec, keys, Values::I64, 10_000, &mem).unwrap();
-                    let (ki, vi) = ti.to_vecs64();
-                    assert_eq!(k, ki);
-                    assert!(v.iter().zip(&vi).all(|(&f, &i)| f == i as f64 / 100.0));
-                    assert!(v.iter().any(|&x| x < 0.0) && v.iter().any(|&x| x.fract() != 0.0));
-                    let what = format!("{keys} {dist}");
-                    let want = reference::w2(&k, &v);
-                    let (got, _) = w2::<f64>(&ex, &t).unwrap();
-                    assert!(AggDigest::of(&got).agrees(&AggDigest::of(&want)), "{what}");
-                    assert_f64_groups(got, &want, &what);
-                    let want1 = reference::w1(&k, &v);
-                    let (got1, _) = w1::<f64>(&ex, &t).unwrap();
-                    assert!(MedianDigest::of(&got1).agrees(&MedianDigest::of(&want1)));
-                    assert_f64_medians(got1, &want1, &what);
-                }
-            }
-        }
+        let cases = [
+            (200_000, 5_000, Dist::Zipf),
+            (120_000, 100_000, Dist::Uniform),
+            (50_000, 1, Dist::HeavyHitter),
+        ];
+        each_agg_case(&cases, 5, |ex, keys, spec| {
+            let mem = MemPolicy::FirstTouch.into();
+            let t = generate_agg64(ex, spec, keys, Values::F64, 10_000, &mem).unwrap();
+            let (k, v) = t.to_vecs64f();
+            // The doubles are the i64 draws / 100, with fractions, of both signs.
+            let ti = generate_agg64(ex, spec, keys, Values::I64, 10_000, &mem).unwrap();
+            let (ki, vi) = ti.to_vecs64();
+            assert_eq!(k, ki);
+            assert!(v.iter().zip(&vi).all(|(&f, &i)| f == i as f64 / 100.0));
+            assert!(v.iter().any(|&x| x < 0.0) && v.iter().any(|&x| x.fract() != 0.0));
+            let what = format!("{keys} {}", spec.dist);
+            let want = reference::w2(&k, &v);
+            let (got, _) = w2::<f64>(ex, &t).unwrap();
+            assert!(AggDigest::of(&got).agrees(&AggDigest::of(&want)), "{what}");
+            assert_f64_groups(got, &want, &what);
+            let want1 = reference::w1(&k, &v);
+            let (got1, _) = w1::<f64>(ex, &t).unwrap();
+            assert!(MedianDigest::of(&got1).agrees(&MedianDigest::of(&want1)));
+            assert_f64_medians(got1, &want1, &what);
+        });
     }
 
     #[test]
