@@ -332,23 +332,13 @@ pub fn generate_agg64(
     mem: &TableMem,
 ) -> Result<Table, EngineError> {
     let g = AggGen::new(spec)?;
-    let (rows, m) = (spec.rows, morsel_rows);
-    let (t, _) = match values {
-        Values::I64 => generate(
-            exec,
-            rows,
-            m,
-            mem,
-            Fill::U64(&|s, k, v| g.fill64(s, keys, k, v)),
-        )?,
-        Values::F64 => generate(
-            exec,
-            rows,
-            m,
-            mem,
-            Fill::F64(&|s, k, v| g.fill64(s, keys, k, v)),
-        )?,
+    let fill_i64 = |s, k: &mut [u64], v: &mut [i64]| g.fill64(s, keys, k, v);
+    let fill_f64 = |s, k: &mut [u64], v: &mut [f64]| g.fill64(s, keys, k, v);
+    let fill = match values {
+        Values::I64 => Fill::U64(&fill_i64),
+        Values::F64 => Fill::F64(&fill_f64),
     };
+    let (t, _) = generate(exec, spec.rows, morsel_rows, mem, fill)?;
     Ok(t)
 }
 
