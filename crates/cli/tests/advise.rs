@@ -91,23 +91,25 @@ fn recommends_the_default_when_nothing_matters() {
     assert!(v["results"].as_array().unwrap().len() >= 2);
 }
 
-/// `loci advise --rules-only ARGS -- ./app`, which must succeed; its stdout.
-fn rules_only(args: &[&str]) -> String {
-    loci(
+/// `loci advise --rules-only ARGS -- ./app`, which must succeed and print the rule `rule` and
+/// the advice `command`.
+fn assert_rules_only_advises(args: &[&str], rule: &str, command: &str) {
+    let stdout = loci(
         Command::new(LOCI)
             .args(["advise", "--rules-only"])
             .args(args)
             .args(["--", "./app"]),
-    )
+    );
+    assert!(stdout.contains(rule), "{stdout}");
+    assert!(stdout.contains(command), "{stdout}");
 }
 
 #[test]
 fn rules_only_on_a_four_node_preset_pins_sparse_and_interleaves() {
-    let stdout = rules_only(&["--preset", "xeon-e7-4850v4-4s", "-n", "16"]);
-    assert!(stdout.contains("pin-sparse"), "{stdout}");
-    assert!(
-        stdout.contains("loci run --threads sparse -n 16 --mem interleave"),
-        "{stdout}"
+    assert_rules_only_advises(
+        &["--preset", "xeon-e7-4850v4-4s", "-n", "16"],
+        "pin-sparse",
+        "loci run --threads sparse -n 16 --mem interleave",
     );
 }
 
@@ -150,12 +152,11 @@ fn rules_only_on_a_captured_tiered_memory_machine_interleaves_over_dram() {
         );
         return;
     }
-    let stdout = rules_only(&["-n", "8", "--topology", xml.to_str().unwrap()]);
     // Four DRAM nodes with cpus (0-3) and four memory-only nodes of other kinds.
-    assert!(stdout.contains("tiered-memory"), "{stdout}");
-    assert!(
-        stdout.contains("loci run --threads sparse -n 8 --mem interleave:0-3"),
-        "{stdout}"
+    assert_rules_only_advises(
+        &["-n", "8", "--topology", xml.to_str().unwrap()],
+        "tiered-memory",
+        "loci run --threads sparse -n 8 --mem interleave:0-3",
     );
 }
 
