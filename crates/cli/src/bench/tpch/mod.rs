@@ -453,13 +453,34 @@ pub fn run(a: TpchArgs) -> anyhow::Result<Report> {
     let scratch = tempfile::Builder::new().prefix("loci-tpch-").tempdir()?;
     let mut check = answers::Check::default();
     for name in &engines {
+        // The configurations this engine can apply (loci-engine: not --alloc or --thp).
+        let runs: Vec<usize> = (0..cfgs.len())
+            .filter(|&i| applies(name, &cfgs[i]))
+            .collect();
+        if runs.len() < cfgs.len() {
+            let left: Vec<String> = (0..cfgs.len())
+                .filter(|i| !runs.contains(i))
+                .map(|i| label(&cfgs[i]))
+                .collect();
+            eprintln!(
+                "tpch {name}: left out {} (loci-engine runs in this process, so --alloc and --thp \
+                 cannot apply to it; run `loci run --alloc A --thp T -- loci bench tpch --engines loci` for them)",
+                left.join(", ")
+            );
+            rep.params[format!("{name}_left_out")] = left.into();
+        }
+        if runs.is_empty() {
+            continue;
+        }
         let engine = Engine::prepare(name, paths.as_ref(), &run)?;
         // sessions[config]: each session's round and query times; facts of each config's last
         // session.
         let mut sessions: Vec<Vec<(usize, BTreeMap<u32, f64>)>> = vec![Vec::new(); cfgs.len()];
         let mut facts = vec![serde_json::Value::Null; cfgs.len()];
+        let bracket = bracket && runs[0] == 0 && runs.len() > 1;
         for round in 0..reps {
-            for (i, end) in round_order(cfgs.len(), round, bracket) {
+            for (k, end) in round_order(runs.len(), round, bracket) {
+                let i = runs[k];
                 // Answers from each configuration's first session (the default's bracket start).
                 let ans = sessions[i]
                     .is_empty()
@@ -486,8 +507,8 @@ pub fn run(a: TpchArgs) -> anyhow::Result<Report> {
         if let Engine::Postgres(c) = &engine {
             rep.params["postgres_user"] = c.user().unwrap_or("(this user)").into();
         }
-        for (i, cfg) in cfgs.iter().enumerate() {
-            push_rows(&mut rep, name, cfg, &sessions[i], &facts[i]);
+        for &i in &runs {
+            push_rows(&mut rep, name, &cfgs[i], &sessions[i], &facts[i]);
         }
     }
     rep.params["answers"] = check.summary().into();
@@ -513,6 +534,12 @@ fn round_order(n: usize, round: usize, bracket: bool) -> Vec<(usize, Option<&'st
         .chain((0..n - 1).map(|k| (1 + (k + round) % (n - 1), None)))
         .chain(std::iter::once((0, Some("end"))))
         .collect()
+}
+
+/// Whether `engine` can run under configuration `c`: loci-engine runs in this process, where
+/// only --threads and --mem apply.
+fn applies(engine: &str, c: &Config) -> bool {
+    engine != "loci" || (c.alloc == "glibc" && c.thp == "default")
 }
 
 fn label(c: &Config) -> String {
@@ -621,6 +648,23 @@ mod tests {
 
     fn args(s: &str) -> TpchArgs {
         Cli::parse_from(std::iter::once("tpch").chain(s.split_whitespace())).a
+    }
+
+    #[test]
+    fn loci_engine_runs_only_the_configurations_it_can_apply() {
+        let c = configs(&args(
+            "--alloc jemalloc,glibc --thp off,default --mem interleave",
+        ))
+        .unwrap();
+        let loci: Vec<String> = c.iter().filter(|x| applies("loci", x)).map(label).collect();
+        assert_eq!(
+            loci,
+            [
+                "glibc/first-touch/default/os",
+                "glibc/interleave/default/os"
+            ]
+        );
+        assert!(c.iter().all(|x| applies("duckdb", x)));
     }
 
     #[test]
