@@ -1,8 +1,26 @@
 //! The free paths: [`free`] with its call-free fast path (a class block of the calling
 //! thread's own run, freed at its start) and everything else ([`free_full`]: foreign, large,
 //! span and aligned blocks, and frees of another thread's blocks, which gather in the freeing
-//! thread's outbox and go to the owner's recollection bin a chain at a time or, when the owner
-//! has exited, straight into its run).
+//! thread's outbox and go to the owner's recollection bin an outbox at a time or, when the
+//! owner has exited, straight into its run).
+//!
+//! An outbox reaches the owner as a [`Batch`]: an array of the blocks' addresses, not a chain
+//! linked through the blocks. Walking a chain costs the owner one dependent cache miss per
+//! block (each link was just written on the freeing core, and the next address is known only
+//! once it arrives); with an array the addresses arrive a cache line of eight at a time, the
+//! runs follow from them by address arithmetic over owner-local maps, and the owner's stores
+//! into the blocks (its own free-list links) do not wait on one another.
+//!
+//! Where batches live: each heap has a fixed pool of [`NBATCH`] batches inside its own mapping.
+//! The freeing thread fills one of its own; the owner, after draining it, pushes it back onto
+//! its home heap's `returned` stack (lock-free push, take-all swap by the home's claim
+//! holder). So handing over never calls the allocator (no recursion, no lock), and the memory
+//! for addresses is bounded per heap. A home heap that has exited keeps its batches with its
+//! heap, which the next adopter uses. When the pool is empty (its batches wait in bins of
+//! owners that have not allocated since), the outbox falls back to the chain through the
+//! blocks, as do frees by threads without a heap (one block straight into a bin): correct, only
+//! slower to drain. Storing the array inside one of the freed blocks instead would fail for
+//! the small blocks that dominate cross-thread frees (a 16-byte block holds one address).
 
 use core::ptr::null_mut;
 use core::sync::atomic::{
@@ -14,7 +32,7 @@ use super::blocks::{free_block, free_large};
 use super::class_run::{block_start, count_free, local_free, regroup, run_class_state};
 use super::heap::{collect, tls_heap};
 use super::spans::run_at;
-use super::structs::{Free, Heap, Outbox, Run, R_BLOCK, R_CLASS};
+use super::structs::{Batch, Free, Heap, Outbox, Run, NBATCH, R_BLOCK, R_CLASS};
 use super::{__libc_free, bump, NBINS};
 use crate::os;
 
@@ -165,23 +183,81 @@ unsafe fn remote_free(h: *mut Heap, owner: *mut Heap, r: *mut Run, blk: usize) {
         unsafe { hand_over(owner, NBINS - 1, f, f) };
         return;
     }
-    // SAFETY: `h` is this thread's heap, whose claim it holds: the outbox's one writer. The
-    // block is freed once, so its first word may hold the outbox's link; `r` is its run.
+    // SAFETY: `h` is this thread's heap, whose claim it holds: the outbox's one writer and
+    // its pool's. The block is freed once: its address may go into the batch, or its first
+    // word hold the chain's link; `r` is its run.
     unsafe {
         let ob = &mut (*h).outbox;
         if ob.owner != owner {
             flush_outbox(h);
             ob.owner = owner;
+            ob.batch = take_batch(h);
         }
-        (*f).next = ob.head;
-        if ob.head.is_null() {
-            ob.tail = f;
+        let b = ob.batch;
+        if !b.is_null() {
+            debug_assert!((ob.count as usize) < (*b).addrs.len());
+            *(*b).addrs.get_unchecked_mut(ob.count as usize) = blk;
+        } else {
+            (*f).next = ob.head;
+            if ob.head.is_null() {
+                ob.tail = f;
+            }
+            ob.head = f;
         }
-        ob.head = f;
         ob.count += 1;
         ob.bytes += (*r).bsize;
         if ob.count >= OUTBOX_BLOCKS || ob.bytes >= OUTBOX_BYTES {
             flush_outbox(h);
+        }
+    }
+}
+
+/// A batch of `h`'s pool to fill (its `n` unset), or null when every batch is out.
+///
+/// # Safety
+/// `h` is a heap whose claim the caller holds.
+unsafe fn take_batch(h: *mut Heap) -> *mut Batch {
+    // SAFETY: the claim holder is the one user of the pool's free list and fresh count, and
+    // the one taker of `returned`; batches in the free list belong to `h`.
+    unsafe {
+        let mut b = (*h).batch_free;
+        if b.is_null() {
+            // Acquire: pairs with the drainers' release pushes, so their reads of the batches'
+            // addresses are done before this thread writes new ones.
+            b = (*h).returned.head.swap(null_mut(), Acquire);
+            if b.is_null() {
+                let i = (*h).batch_fresh as usize;
+                if i == NBATCH {
+                    return null_mut();
+                }
+                (*h).batch_fresh += 1;
+                let b = &raw mut (*h).batches[i];
+                (*b).home = h;
+                return b;
+            }
+        }
+        (*h).batch_free = (*b).next;
+        b
+    }
+}
+
+/// Gives a drained batch back to its home heap's pool.
+///
+/// # Safety
+/// `b` is a batch taken out of a bin, no longer read or written by the caller.
+pub(super) unsafe fn return_batch(b: *mut Batch) {
+    // SAFETY: `b` is a batch of the pool of `home` (a heap: never unmapped); once pushed it is
+    // the home's again.
+    unsafe {
+        let ret = &(*(*b).home).returned.head;
+        let mut cur = ret.load(Relaxed);
+        loop {
+            (*b).next = cur;
+            // Release: the caller's reads of the batch happen before its home refills it.
+            match ret.compare_exchange_weak(cur, b, Release, Relaxed) {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
         }
     }
 }
@@ -193,20 +269,32 @@ unsafe fn remote_free(h: *mut Heap, owner: *mut Heap, r: *mut Run, blk: usize) {
 pub(super) unsafe fn flush_outbox(h: *mut Heap) {
     // SAFETY: the claim holder is the outbox's one writer (contract above).
     let ob = unsafe { &mut (*h).outbox };
-    if ob.head.is_null() {
+    if ob.count == 0 {
         return;
     }
-    let (owner, head, tail) = (ob.owner, ob.head, ob.tail);
+    let (owner, batch, head, tail, count) = (ob.owner, ob.batch, ob.head, ob.tail, ob.count);
     *ob = Outbox {
         owner: null_mut(),
+        batch: null_mut(),
         head: null_mut(),
         tail: null_mut(),
         count: 0,
         bytes: 0,
     };
-    // SAFETY: `owner` is the heap of every block in the chain `head..tail` (freed once each,
-    // linked only here); `h` is a heap.
-    unsafe { hand_over(owner, (*h).id % NBINS, head, tail) };
+    // SAFETY: `h` is a heap.
+    let i = unsafe { (*h).id } % NBINS;
+    if batch.is_null() {
+        // SAFETY: `owner` is the heap of every block in the chain `head..tail` (freed once
+        // each, linked only here).
+        unsafe { hand_over(owner, i, head, tail) };
+    } else {
+        // SAFETY: the batch holds `count` addresses of freed blocks of `owner`, in no other
+        // list; the outbox no longer refers to it.
+        unsafe {
+            (*batch).n = count;
+            hand_over_batch(owner, i, batch);
+        }
+    }
 }
 
 /// Pushes the chain of freed blocks `head..tail` (linked through their first words) onto bin
@@ -229,6 +317,40 @@ unsafe fn hand_over(owner: *mut Heap, i: usize, head: *mut Free, tail: *mut Free
             Err(now) => cur = now,
         }
     }
+    // SAFETY: `owner` is a heap, `i < NBINS`.
+    unsafe { mark_pending(owner, i) };
+}
+
+/// Pushes batch `b` (its `n` set) onto bin `i` of `owner`, marks the bin pending, and collects
+/// `owner` if its thread is gone.
+///
+/// # Safety
+/// `owner` is a heap, `i < NBINS`; `b`'s `n` addresses are starts of blocks of `owner`'s
+/// class runs, freed once, in no other list; `b` is in no list.
+unsafe fn hand_over_batch(owner: *mut Heap, i: usize, b: *mut Batch) {
+    // SAFETY: `owner` is a heap.
+    let bin = unsafe { &(*owner).bins[i] };
+    let mut cur = bin.batches.load(Relaxed);
+    loop {
+        // SAFETY: the batch is not in the bin until the exchange below publishes it.
+        unsafe { (*b).next = cur };
+        // Release: the addresses (and the blocks' last writes) are visible to the owner's take.
+        match bin.batches.compare_exchange_weak(cur, b, Release, Relaxed) {
+            Ok(_) => break,
+            Err(now) => cur = now,
+        }
+    }
+    // SAFETY: `owner` is a heap, `i < NBINS`.
+    unsafe { mark_pending(owner, i) };
+}
+
+/// After a push onto bin `i` of `owner`: marks the bin pending, and collects `owner` if its
+/// thread is gone (the bit is set before `abandoned` is read, and `abandon` sets `abandoned`
+/// before its last `collect` reads the mask: one of the two sees the other).
+///
+/// # Safety
+/// `owner` is a heap, `i < NBINS`.
+unsafe fn mark_pending(owner: *mut Heap, i: usize) {
     // SAFETY: `owner` is a heap.
     unsafe {
         (*owner).shared.pending.fetch_or(1 << i, SeqCst);

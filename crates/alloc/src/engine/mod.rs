@@ -16,8 +16,9 @@
 //!   node. Exactly one thread holds a heap's `claim` at a time, and only it touches the heap's
 //!   owner-side fields and the fields of its class runs that change; everything else goes
 //!   through the bins.
-//! * **recollection bin**: the list of blocks other threads freed into a heap, a lock-free
-//!   stack (freers push with a compare-and-swap, the owner takes all with one swap); bin `i`
+//! * **recollection bin**: the blocks other threads freed into a heap, as batches of block
+//!   addresses (or, as a fallback, chains through the blocks) on two lock-free stacks (freers
+//!   push with a compare-and-swap, the owner takes all with one swap); bin `i`
 //!   takes the frees of threads whose heap id mod 63 is `i` (a private bin per (owner,
 //!   freer) pair up to 63 threads; beyond that pairs share bins, still correct).
 //! * **node pool**: per node, the free spans of its superblocks, the superblock cache (LIFO,

@@ -275,9 +275,46 @@ impl SpinLock {
 /// A recollection bin: a lock-free stack of blocks freed by other threads. Freers push with a
 /// compare-and-swap; the owner takes the whole list with one swap (a take-all stack has no
 /// ABA problem: nothing is ever popped singly).
+/// Its `batches` stack holds [`Batch`]es the same way (the owner takes both at a drain).
 #[repr(C, align(64))]
 pub(super) struct Bin {
+    /// Chains of blocks linked through their first words (frees by threads without a heap,
+    /// and outboxes that found their heap's batch pool empty).
     pub(super) head: AtomicPtr<Free>,
+    pub(super) batches: AtomicPtr<Batch>,
+}
+
+/// Addresses one [`Batch`] holds: one outbox's worth.
+pub(super) const BATCH_CAP: usize = super::deallocate::OUTBOX_BLOCKS as usize;
+/// Batches in a heap's pool (see the `deallocate` module comment): 144 KiB of address space,
+/// whose pages are touched only as that many batches are out at once. A consumer that runs
+/// while its producer is descheduled hands over an outbox per 64 blocks until the producer
+/// allocates again: `bench/alloc/prodcons.cpp`'s bounded queue (32 batches of 64 messages of
+/// a few blocks each) needs on the order of a hundred; 32 ran out there.
+pub(super) const NBATCH: usize = 256;
+
+/// An outbox handed over as the addresses of its blocks (see the `deallocate` module comment):
+/// the owner reads them with independent loads instead of walking a chain of links that the
+/// freeing core has just written. A batch lives in its `home` heap's pool and goes back there
+/// once an owner has drained it. All zero is an unused batch.
+#[repr(C, align(64))]
+pub(super) struct Batch {
+    /// The link while the batch is in a bin, in its home's `returned` stack or in its home's
+    /// `batch_free` list (one at a time).
+    pub(super) next: *mut Batch,
+    /// The heap whose pool this batch is part of.
+    pub(super) home: *mut Heap,
+    /// Addresses in `addrs`.
+    pub(super) n: u32,
+    /// Starts of freed blocks of the owner's class runs, `n` of them.
+    pub(super) addrs: [usize; BATCH_CAP],
+}
+
+/// The stack of a heap's batches that owners have drained and pushed back, on a cache line of
+/// its own (draining threads push onto it; the home heap takes all with one swap).
+#[repr(C, align(64))]
+pub(super) struct Returned {
+    pub(super) head: AtomicPtr<Batch>,
 }
 
 /// A heap's sub-allocator of one class. Two cache lines, aligned (112 bytes of fields): an
@@ -383,10 +420,18 @@ pub(super) struct Heap {
     pub(super) bins: [Bin; NBINS],
     /// Blocks of another heap this thread has freed and not yet handed over.
     pub(super) outbox: Outbox,
+    /// Batches of this heap's pool that are free to fill (claim holder only).
+    pub(super) batch_free: *mut Batch,
+    /// Batches of `batches` handed out at least once (taken in order before any is reused).
+    pub(super) batch_fresh: u32,
+    /// Batches drained by their owners and given back.
+    pub(super) returned: Returned,
+    /// The pool: every batch this heap fills is one of these.
+    pub(super) batches: [Batch; NBATCH],
 }
 
 /// Frees of another heap's blocks, gathered by the freeing thread and handed to the owner's
-/// bin as one chain (one compare-and-swap and one pending-mask update per chain, not per
+/// bin as one batch or chain (one compare-and-swap and one pending-mask update per chain, not per
 /// block: a producer/consumer pair otherwise trades two contended cache lines on every free).
 /// Written only by the heap's claim holder; all zero is empty. Handed over when it holds
 /// [`OUTBOX_BLOCKS`](super::deallocate::OUTBOX_BLOCKS) blocks or
@@ -395,6 +440,9 @@ pub(super) struct Heap {
 pub(super) struct Outbox {
     /// The heap every block here belongs to (null when empty).
     pub(super) owner: *mut Heap,
+    /// The batch the blocks' addresses go into (taken from the pool with the first block);
+    /// null: the pool was empty, and the blocks form the chain `head..tail` instead.
+    pub(super) batch: *mut Batch,
     pub(super) head: *mut Free,
     pub(super) tail: *mut Free,
     pub(super) count: u32,
