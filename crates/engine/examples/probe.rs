@@ -9,6 +9,7 @@
 use std::time::Instant;
 
 use loci_engine::index::{Sorted, PROBE_LANES};
+use loci_engine::wide::Row64;
 
 /// Binary searches advancing in lock step, [`PROBE_LANES`] at a time, each step prefetching the
 /// key every lane reads next.
@@ -74,7 +75,12 @@ fn main() {
     // payloads' sum, so all rows must agree on both
     let vals: Vec<i64> = keys.iter().map(|&k| (k >> 1) as i64).collect();
     let fold = |c: u64, v: i64| c.wrapping_add(1 + ((v as u64) << 32));
-    let index = Sorted::new(keys.clone(), vals.clone()).expect("keys are unique");
+    let rows = keys
+        .iter()
+        .zip(&vals)
+        .map(|(&k, &v)| Row64 { k, v })
+        .collect();
+    let index = Sorted::new(rows).expect("keys are unique");
     let best = |f: &dyn Fn() -> u64| {
         (0..3)
             .map(|_| {
@@ -115,7 +121,7 @@ fn main() {
             "directory, batched (W4)",
             best(&|| {
                 let mut c = 0u64;
-                index.lookup(&probes, |_, j| c = fold(c, index.val(j)));
+                index.lookup(&probes, |_, j| c = fold(c, index.row(j).v));
                 c
             }),
         ),

@@ -79,7 +79,7 @@ impl Index {
     /// Number of keys.
     pub fn len(&self) -> usize {
         match self {
-            Index::Sorted(x) => x.keys.len(),
+            Index::Sorted(x) => x.rows.len(),
             Index::BTree(m) => m.len(),
             Index::SkipList(m) => m.len(),
             Index::Art(m) => m.len(),
@@ -153,7 +153,7 @@ impl KeyRange {
 /// R's keys and payloads sorted by key, in parallel: the key range (one pass, part of the
 /// build), a range partition on the high bits of `key - min`, a sort of each partition. Errors
 /// on a duplicate key.
-fn sorted_rows(exec: &Exec, r: &Table) -> Result<(Vec<u64>, Vec<i64>), EngineError> {
+fn sorted_rows(exec: &Exec, r: &Table) -> Result<Vec<Row64>, EngineError> {
     let n = r.rows();
     let mm = exec.for_each(
         &homes(r),
@@ -170,7 +170,7 @@ fn sorted_rows(exec: &Exec, r: &Table) -> Result<(Vec<u64>, Vec<i64>), EngineErr
         .into_iter()
         .fold((u64::MAX, 0u64), |a, b| (a.0.min(b.0), a.1.max(b.1)));
     if n == 0 || min > max {
-        return Ok((vec![], vec![]));
+        return Ok(vec![]);
     }
     let mut bits = 0;
     while bits < MAX_SORT_BITS && (n >> bits) > SORT_PART_ROWS {
@@ -200,12 +200,8 @@ fn sorted_rows(exec: &Exec, r: &Table) -> Result<(Vec<u64>, Vec<i64>), EngineErr
         total += parts.part(p).len();
     }
     debug_assert_eq!(total, n);
-    let mut keys = vec![0u64; n];
-    let mut vals = vec![0i64; n];
-    let (kp, vp) = (
-        crate::SendPtr(keys.as_mut_ptr()),
-        crate::SendPtr(vals.as_mut_ptr()),
-    );
+    let mut out = vec![Row64::default(); n];
+    let op = crate::SendPtr(out.as_mut_ptr());
     let sorted = exec.for_each(
         &parts.homes,
         || (Vec::<Row64>::new(), 0usize),
@@ -214,20 +210,11 @@ fn sorted_rows(exec: &Exec, r: &Table) -> Result<(Vec<u64>, Vec<i64>), EngineErr
             rows.extend_from_slice(parts.part(p));
             rows.sort_unstable_by_key(|x| x.k);
             let len = rows.len();
-            // SAFETY: partition p owns keys[offsets[p]..offsets[p] + len] and the same range of
-            // vals (its rows' count, laid out back to back in partition order); ranges of
-            // different partitions are disjoint, and `keys`/`vals` are not touched otherwise
-            // until this pass returns.
-            let (ko, vo) = unsafe {
-                (
-                    std::slice::from_raw_parts_mut(kp.ptr().add(offsets[p]), len),
-                    std::slice::from_raw_parts_mut(vp.ptr().add(offsets[p]), len),
-                )
-            };
-            for (j, x) in rows.iter().enumerate() {
-                ko[j] = x.k;
-                vo[j] = x.v;
-            }
+            // SAFETY: partition p owns out[offsets[p]..offsets[p] + len] (its rows' count, laid
+            // out back to back in partition order); ranges of different partitions are
+            // disjoint, and `out` is not touched otherwise until this pass returns.
+            let o = unsafe { std::slice::from_raw_parts_mut(op.ptr().add(offsets[p]), len) };
+            o.copy_from_slice(rows);
             // Partitions are disjoint key ranges: equal keys can only be neighbours inside one.
             *dups += rows.windows(2).filter(|w| w[0].k == w[1].k).count();
         },
@@ -236,21 +223,22 @@ fn sorted_rows(exec: &Exec, r: &Table) -> Result<(Vec<u64>, Vec<i64>), EngineErr
     if dups > 0 {
         return Err(not_unique(n, n - dups));
     }
-    Ok((keys, vals))
+    Ok(out)
 }
 
 /// Builds the index of `kind` on R (a 64-bit table with unique keys).
 pub fn build(exec: &Exec, r: &Table, kind: IndexKind) -> Result<Index, EngineError> {
     check64(r, "R")?;
     Ok(match kind {
-        IndexKind::Sorted => {
-            let (keys, vals) = sorted_rows(exec, r)?;
-            Index::Sorted(Sorted::new(keys, vals)?)
-        }
+        IndexKind::Sorted => Index::Sorted(Sorted::new(sorted_rows(exec, r)?)?),
         IndexKind::BTree => {
-            let (keys, vals) = sorted_rows(exec, r)?;
             // Sorted input: `from_iter` builds the tree in bulk.
-            Index::BTree(keys.into_iter().zip(vals).collect())
+            Index::BTree(
+                sorted_rows(exec, r)?
+                    .into_iter()
+                    .map(|x| (x.k, x.v))
+                    .collect(),
+            )
         }
         IndexKind::SkipList => {
             let m = SkipMap::new();
@@ -307,37 +295,36 @@ fn prefetch<T>(p: *const T) {
     let _ = p;
 }
 
-/// The `sorted` index: R's keys in order, their payloads, and a directory over the keys' high
-/// bits. Bucket `b` holds the keys whose `(k - min) >> shift` is `b`, at
-/// `keys[starts[b]..starts[b + 1]]`; there are about `len / KEYS_PER_BUCKET` buckets.
+/// The `sorted` index: R's rows in key order and a directory over the keys' high bits. Bucket
+/// `b` holds the rows whose `(k - min) >> shift` is `b`, at `rows[starts[b]..starts[b + 1]]`;
+/// there are about `len / KEYS_PER_BUCKET` buckets.
 ///
 /// A plain binary search of an array larger than the caches waits on ~log2(n) dependent loads,
 /// most of them misses. Through the directory a lookup is two dependent loads (the bucket's
-/// bounds, then its keys' one or two lines) and a search inside the bucket; keys bunched in a
-/// few buckets only lengthen those buckets' searches (log2 of the bucket's size). This is the
-/// radix layer of RadixSpline and of range-partitioned sorted runs; it needs no statistic of the
-/// data beyond the key range, which the build computes.
+/// bounds, then its rows' two cache lines, key and payload side by side) and a search inside
+/// the bucket; keys bunched in a few buckets only lengthen those buckets' searches (log2 of the
+/// bucket's size). This is the radix layer of RadixSpline and of range-partitioned sorted runs;
+/// it needs no statistic of the data beyond the key range, which the build computes.
 pub struct Sorted {
-    keys: Vec<u64>,
-    vals: Vec<i64>,
+    rows: Vec<Row64>,
     range: KeyRange,
     max: u64,
     starts: Vec<u32>,
 }
 
 impl Sorted {
-    /// The index of `keys` (sorted, without duplicates) and their payloads `vals`.
-    pub fn new(keys: Vec<u64>, vals: Vec<i64>) -> Result<Sorted, EngineError> {
-        let n = keys.len();
-        debug_assert!(keys.windows(2).all(|w| w[0] < w[1]) && vals.len() == n);
+    /// The index of `rows`, sorted by key, without duplicate keys.
+    pub fn new(rows: Vec<Row64>) -> Result<Sorted, EngineError> {
+        let n = rows.len();
+        debug_assert!(rows.windows(2).all(|w| w[0].k < w[1].k));
         if n > u32::MAX as usize {
             return Err(EngineError::Invalid(format!(
                 "R has {n} rows; the sorted index holds at most {} keys",
                 u32::MAX
             )));
         }
-        let (min, max) = match (keys.first(), keys.last()) {
-            (Some(&a), Some(&b)) => (a, b),
+        let (min, max) = match (rows.first(), rows.last()) {
+            (Some(a), Some(b)) => (a.k, b.k),
             _ => (0, 0),
         };
         let mut bits = 0;
@@ -346,46 +333,42 @@ impl Sorted {
         }
         let range = KeyRange::new(min, max, bits);
         let np = range.parts(max);
-        // starts[b] = the first j whose key's bucket is >= b; one pass over the sorted keys.
+        // starts[b] = the first j whose key's bucket is >= b; one pass over the sorted rows.
         let mut starts = Vec::with_capacity(np + 1);
-        for (j, &k) in keys.iter().enumerate() {
-            let b = range.part(k);
+        for (j, x) in rows.iter().enumerate() {
+            let b = range.part(x.k);
             while starts.len() <= b {
                 starts.push(j as u32);
             }
         }
         starts.resize(np + 1, n as u32);
         Ok(Sorted {
-            keys,
-            vals,
+            rows,
             range,
             max,
             starts,
         })
     }
 
-    /// The sorted keys.
-    pub fn keys(&self) -> &[u64] {
-        &self.keys
-    }
-
-    /// The payload at position `j` (a position `lookup` reported).
+    /// The row at position `j` (a position `lookup` reported).
     #[inline(always)]
-    pub fn val(&self, j: usize) -> i64 {
-        self.vals[j]
+    pub fn row(&self, j: usize) -> Row64 {
+        self.rows[j]
     }
 
     /// The bucket of `k`, or `None` outside the keys' range.
     #[inline(always)]
     fn bucket(&self, k: u64) -> Option<usize> {
-        (!self.keys.is_empty() && k >= self.range.min && k <= self.max).then(|| self.range.part(k))
+        (!self.rows.is_empty() && k >= self.range.min && k <= self.max).then(|| self.range.part(k))
     }
 
     /// Position of `k` in the bucket window `lo..hi`.
     #[inline(always)]
     fn find(&self, k: u64, lo: u32, hi: u32) -> Option<usize> {
-        let w = &self.keys[lo as usize..hi as usize];
-        w.binary_search(&k).ok().map(|i| lo as usize + i)
+        let w = &self.rows[lo as usize..hi as usize];
+        w.binary_search_by_key(&k, |x| x.k)
+            .ok()
+            .map(|i| lo as usize + i)
     }
 
     /// Payload of key `k`.
@@ -393,14 +376,14 @@ impl Sorted {
     pub fn get(&self, k: u64) -> Option<i64> {
         let b = self.bucket(k)?;
         self.find(k, self.starts[b], self.starts[b + 1])
-            .map(|j| self.vals[j])
+            .map(|j| self.rows[j].v)
     }
 
     /// Looks every key of `probes` up and calls `hit(i, j)` when `probes[i] == keys[j]`, in
     /// increasing `i`. [`PROBE_LANES`] lookups go in three steps side by side (group
     /// prefetching, as in Chen et al., "Improving hash join performance through prefetching"):
     /// every lane prefetches its bucket's bounds, then every lane reads them and prefetches the
-    /// bucket's first keys and payloads, then every lane searches its bucket; the lanes' misses overlap
+    /// bucket's rows, then every lane searches its bucket; the lanes' misses overlap
     /// instead of queueing. Measured by `cargo run --release -p loci-engine --example probe`.
     pub fn lookup(&self, probes: &[u64], mut hit: impl FnMut(usize, usize)) {
         const NONE: usize = usize::MAX;
@@ -417,9 +400,10 @@ impl Sorted {
                 if bucket[j] != NONE {
                     let (lo, hi) = (self.starts[bucket[j]], self.starts[bucket[j] + 1]);
                     win[j] = (lo, hi);
-                    // the payload is read on a hit: its line is fetched with the key's
-                    prefetch(self.keys.as_ptr().wrapping_add(lo as usize));
-                    prefetch(self.vals.as_ptr().wrapping_add(lo as usize));
+                    // the bucket's first two lines: about KEYS_PER_BUCKET rows of 16 bytes
+                    let p = self.rows.as_ptr().wrapping_add(lo as usize);
+                    prefetch(p);
+                    prefetch(p.wrapping_add(4));
                 }
             }
             for (j, &k) in group.iter().enumerate() {
@@ -439,7 +423,7 @@ pub fn probe(exec: &Exec, index: &Index, s: &Table) -> Result<(JoinDigest, JoinR
         let mo = &s.morsels[i];
         let (sk, sv) = (mo.keys64(), mo.vals64());
         if let Index::Sorted(x) = index {
-            x.lookup(sk, |p, j| res.add_pair(sk[p], x.val(j), sv[p]));
+            x.lookup(sk, |p, j| res.add_pair(sk[p], x.row(j).v, sv[p]));
             return;
         }
         for (&k, &q) in sk.iter().zip(sv) {
@@ -475,8 +459,8 @@ mod tests {
 
     /// The batched lookup's hits, checked against `get` for every probe.
     fn batched(keys: &[u64], probes: &[u64]) -> Vec<(usize, usize)> {
-        let vals: Vec<i64> = keys.iter().map(|&k| !k as i64).collect();
-        let x = Sorted::new(keys.to_vec(), vals).unwrap();
+        let rows = keys.iter().map(|&k| Row64 { k, v: !k as i64 }).collect();
+        let x = Sorted::new(rows).unwrap();
         let mut out = vec![];
         x.lookup(probes, |i, j| out.push((i, j)));
         for (i, &k) in probes.iter().enumerate() {
@@ -522,7 +506,7 @@ mod tests {
             let mut keys = keys;
             keys.sort_unstable();
             let n = keys.len();
-            let x = Sorted::new(keys.clone(), vec![0; n]).unwrap();
+            let x = Sorted::new(keys.iter().map(|&k| Row64 { k, v: 0 }).collect()).unwrap();
             assert_eq!(x.starts.len(), x.range.parts(x.max) + 1);
             assert_eq!((x.starts[0], *x.starts.last().unwrap()), (0, n as u32));
             for b in 0..x.starts.len() - 1 {
