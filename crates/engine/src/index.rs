@@ -5,9 +5,9 @@
 //! `tuple_hash([key, r.val, s.val])` over every matched pair.
 //!
 //! Index structures (well-kept crates where one exists):
-//! - `sorted`: sorted key and payload arrays (built by range-partitioning on the key's high bits
-//!   over `[min, max]`, both found inside the build, and sorting the partitions in parallel),
-//!   with a directory of where each high-bit bucket starts ([`Sorted`]), probed in batches;
+//! - `sorted`: R's rows in key order (built by range-partitioning on the key's high bits over
+//!   `[min, max]`, both found inside the build, and sorting the partitions in parallel), with a
+//!   directory of where each high-bit bucket starts ([`Sorted`]), probed in batches;
 //! - `btree`: `std::collections::BTreeMap`, bulk-built from the sorted rows;
 //! - `skiplist`: `crossbeam_skiplist::SkipMap`, built concurrently by all workers;
 //! - `art`: `blart::TreeMap` (an adaptive radix tree) on the key's 8 big-endian bytes, built by
@@ -379,7 +379,7 @@ impl Sorted {
             .map(|j| self.rows[j].v)
     }
 
-    /// Looks every key of `probes` up and calls `hit(i, j)` when `probes[i] == keys[j]`, in
+    /// Looks every key of `probes` up and calls `hit(i, j)` when `probes[i] == rows[j].k`, in
     /// increasing `i`. [`PROBE_LANES`] lookups go in three steps side by side (group
     /// prefetching, as in Chen et al., "Improving hash join performance through prefetching"):
     /// every lane prefetches its bucket's bounds, then every lane reads them and prefetches the
