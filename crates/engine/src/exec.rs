@@ -440,7 +440,10 @@ mod tests {
 
     /// Two nodes (a synthetic topology over cpus 0 and 1, one worker pinned on each): every item
     /// is homed on node 0. `strict` runs all of them on node 0 although node 1's worker is idle;
-    /// `balanced` (seed 003's rule 4 for a lone request) lets node 1 take some.
+    /// `balanced` (seed 003's rule 4 for a lone request) lets node 1 take some. Items on node 0
+    /// wait (up to 10 s) until node 1 has taken one, so a loaded machine that leaves node 1's
+    /// worker unscheduled for a while cannot fail the test; only a node 1 that never takes an
+    /// item does.
     #[test]
     fn strict_locality_keeps_every_item_on_its_home_node() {
         let here = sys::get_affinity(0).unwrap();
@@ -456,10 +459,24 @@ mod tests {
             assert_eq!(ex.locality(), loc);
             assert_eq!(ex.worker_nodes(), &[0, 1]);
             let homes = vec![Some(0u32); 64];
+            let node1_took = std::sync::atomic::AtomicBool::new(false);
+            let start = std::time::Instant::now();
             let pass = ex.for_each(
                 &homes,
                 || (),
-                |_, _| std::thread::sleep(std::time::Duration::from_millis(2)),
+                |_, _| {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    if sys::current_cpu().unwrap() == 1 {
+                        node1_took.store(true, Relaxed);
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    while loc == Locality::Balanced
+                        && !node1_took.load(Relaxed)
+                        && start.elapsed() < std::time::Duration::from_secs(10)
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                },
             );
             assert_eq!(pass.trace.touched.len(), 64);
             pass.trace.touched.iter().filter(|x| x.1 != Some(0)).count()
