@@ -25,14 +25,14 @@
 use core::ptr::null_mut;
 use core::sync::atomic::{
     AtomicU64,
-    Ordering::{Acquire, Relaxed, Release, SeqCst},
+    Ordering::{Acquire, Relaxed, SeqCst},
 };
 
 use super::blocks::{free_block, free_large};
 use super::class_run::{block_start, count_free, local_free, regroup, run_class_state};
 use super::heap::{collect, tls_heap};
 use super::spans::run_at;
-use super::structs::{Batch, Free, Heap, Outbox, Run, NBATCH, R_BLOCK, R_CLASS};
+use super::structs::{push_list, Batch, Free, Heap, Outbox, Run, NBATCH, R_BLOCK, R_CLASS};
 use super::{__libc_free, bump, NBINS};
 use crate::os;
 
@@ -248,17 +248,10 @@ unsafe fn take_batch(h: *mut Heap) -> *mut Batch {
 pub(super) unsafe fn return_batch(b: *mut Batch) {
     // SAFETY: `b` is a batch of the pool of `home` (a heap: never unmapped); once pushed it is
     // the home's again.
+    // Release (in the push): the caller's reads of the batch happen before its home refills it.
     unsafe {
-        let ret = &(*(*b).home).returned.head;
-        let mut cur = ret.load(Relaxed);
-        loop {
-            (*b).next = cur;
-            // Release: the caller's reads of the batch happen before its home refills it.
-            match ret.compare_exchange_weak(cur, b, Release, Relaxed) {
-                Ok(_) => break,
-                Err(now) => cur = now,
-            }
-        }
+        // SAFETY: `b` is a live batch; the link is its `next`.
+        push_list(&(*(*b).home).returned.head, b, b, |x| &raw mut (*x).next)
     }
 }
 
@@ -306,17 +299,10 @@ pub(super) unsafe fn flush_outbox(h: *mut Heap) {
 unsafe fn hand_over(owner: *mut Heap, i: usize, head: *mut Free, tail: *mut Free) {
     // SAFETY: `owner` is a heap.
     let bin = unsafe { &(*owner).bins[i] };
-    let mut cur = bin.head.load(Relaxed);
-    loop {
-        // SAFETY: the chain is not in the bin until the exchange below publishes it, so its
-        // tail's link is ours to write.
-        unsafe { (*tail).next = cur };
-        // Release: the links (and the blocks' last writes) are visible to the owner's take.
-        match bin.head.compare_exchange_weak(cur, head, Release, Relaxed) {
-            Ok(_) => break,
-            Err(now) => cur = now,
-        }
-    }
+    // SAFETY: the chain is in no list until the push publishes it, so its tail's link (a freed
+    // block's first word) is ours to write; the links and the blocks' last writes are visible
+    // to the owner's take.
+    unsafe { push_list(&bin.head, head, tail, |f| &raw mut (*f).next) };
     // SAFETY: `owner` is a heap, `i < NBINS`.
     unsafe { mark_pending(owner, i) };
 }
@@ -330,16 +316,9 @@ unsafe fn hand_over(owner: *mut Heap, i: usize, head: *mut Free, tail: *mut Free
 unsafe fn hand_over_batch(owner: *mut Heap, i: usize, b: *mut Batch) {
     // SAFETY: `owner` is a heap.
     let bin = unsafe { &(*owner).bins[i] };
-    let mut cur = bin.batches.load(Relaxed);
-    loop {
-        // SAFETY: the batch is not in the bin until the exchange below publishes it.
-        unsafe { (*b).next = cur };
-        // Release: the addresses (and the blocks' last writes) are visible to the owner's take.
-        match bin.batches.compare_exchange_weak(cur, b, Release, Relaxed) {
-            Ok(_) => break,
-            Err(now) => cur = now,
-        }
-    }
+    // SAFETY: the batch is in no list until the push publishes it; its addresses (and the
+    // blocks' last writes) are visible to the owner's take.
+    unsafe { push_list(&bin.batches, b, b, |x| &raw mut (*x).next) };
     // SAFETY: `owner` is a heap, `i < NBINS`.
     unsafe { mark_pending(owner, i) };
 }

@@ -5,7 +5,7 @@
 use core::ptr::null_mut;
 use core::sync::atomic::{
     AtomicPtr, AtomicUsize,
-    Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
+    Ordering::{AcqRel, Acquire, Relaxed, SeqCst},
 };
 
 use super::class_run::{file, flush_stash, local_free};
@@ -14,7 +14,7 @@ use super::config::{
 };
 use super::deallocate::{flush_outbox, return_batch};
 use super::spans::{node_free, run_at};
-use super::structs::{Heap, NODES};
+use super::structs::{push_list, Heap, NODES};
 use super::{bump, PAGE, SLOW};
 use crate::classes::NCLASSES;
 use crate::os;
@@ -122,14 +122,8 @@ pub(super) fn create_heap(node: usize, claimed: bool) -> *mut Heap {
             .store(if FAST_SMALL.load(Relaxed) { 0 } else { SLOW }, Relaxed);
         (*p).shared.claim.store(claimed as u32, Relaxed);
         (*p).shared.abandoned.store(!claimed, Relaxed);
-        let mut head = ALL_HEAPS.load(Relaxed);
-        loop {
-            (*p).all_next = head;
-            match ALL_HEAPS.compare_exchange_weak(head, p, Release, Relaxed) {
-                Ok(_) => break,
-                Err(h) => head = h,
-            }
-        }
+        // SAFETY: `p` is a fresh heap in no list; its link is `all_next`.
+        push_list(&ALL_HEAPS, p, p, |h| &raw mut (*h).all_next);
     }
     p
 }

@@ -272,6 +272,32 @@ impl SpinLock {
     }
 }
 
+/// Pushes the list `first..=last` (linked through the field `next` returns) onto the take-all
+/// stack `top`: `last` is linked to the old top and `first` published by a compare-and-swap.
+/// Release: every write before the push (the links, the nodes' contents) is visible to whoever
+/// takes the stack with an Acquire swap. A take-all stack has no ABA problem.
+///
+/// # Safety
+/// `first..=last` is a list of live nodes in no stack; `next(last)` points at `last`'s link,
+/// which is the caller's to write until the push publishes it.
+#[inline(always)]
+pub(super) unsafe fn push_list<T>(
+    top: &AtomicPtr<T>,
+    first: *mut T,
+    last: *mut T,
+    next: impl Fn(*mut T) -> *mut *mut T,
+) {
+    let mut cur = top.load(Relaxed);
+    loop {
+        // SAFETY: the caller's contract: `last`'s link is ours until the exchange below.
+        unsafe { *next(last) = cur };
+        match top.compare_exchange_weak(cur, first, Release, Relaxed) {
+            Ok(_) => return,
+            Err(now) => cur = now,
+        }
+    }
+}
+
 /// A recollection bin: a lock-free stack of blocks freed by other threads. Freers push with a
 /// compare-and-swap; the owner takes the whole list with one swap (a take-all stack has no
 /// ABA problem: nothing is ever popped singly).
