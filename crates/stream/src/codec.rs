@@ -122,6 +122,13 @@ impl std::str::FromStr for Codec {
 mod tests {
     use super::*;
 
+    /// `len` bytes of projection `frame` of a phantom.
+    fn phantom(len: usize, seed: u64, w: usize, h: usize, frame: u64) -> Vec<u8> {
+        let mut data = vec![0u8; len];
+        crate::phantom::Phantom::new(seed, w, h).fill(frame, &mut data);
+        data
+    }
+
     /// The block `codec` compresses `data` into.
     fn block(codec: Codec, data: &[u8]) -> Vec<u8> {
         let mut c = vec![0u8; Codec::bound(data.len())];
@@ -132,8 +139,7 @@ mod tests {
 
     #[test]
     fn both_codecs_roundtrip_and_interoperate() {
-        let mut data = vec![0u8; 300_000];
-        crate::phantom::Phantom::new(7, 400, 375).fill(3, &mut data);
+        let data = phantom(300_000, 7, 400, 375, 3);
         for a in Codec::ALL {
             let c = block(a, &data);
             assert!(c.len() < data.len(), "{a:?} did not compress the phantom");
@@ -147,8 +153,7 @@ mod tests {
 
     #[test]
     fn corrupt_blocks_are_errors_not_panics() {
-        let mut data = vec![0u8; 100_000];
-        crate::phantom::Phantom::new(1, 250, 200).fill(0, &mut data);
+        let data = phantom(100_000, 1, 250, 200, 0);
         for codec in Codec::ALL {
             let c = block(codec, &data);
             let n = c.len();
