@@ -8,22 +8,24 @@ use loci_topo::{DeviceKind, Source, Topology};
 
 mod common;
 
+use common::assert_load_fails_naming;
+
 fn xml_dir() -> Option<PathBuf> {
     common::shared_topologies("xml", "the hwloc XML tests")
 }
 
-/// The export `name`, validated, with `nodes` nodes and `cpus` cpus (`None`: ../shared is
-/// absent).
-fn load(name: &str, nodes: usize, cpus: usize) -> Option<Topology> {
+/// The export `name`, validated, with `nodes` nodes and `cpus` cpus, and each `(node, cpu list)`
+/// of `node_cpus` (`None`: ../shared is absent).
+fn load(name: &str, nodes: usize, cpus: usize, node_cpus: &[(u32, &str)]) -> Option<Topology> {
     let path = xml_dir()?.join(name);
     let t = loci_topo::load(&Source::HwlocXml(path)).unwrap_or_else(|e| panic!("{name}: {e}"));
     t.validate().unwrap();
     assert_eq!((t.nodes.len(), t.cpus.len()), (nodes, cpus), "{name}");
+    for &(node, want) in node_cpus {
+        let got = t.node(node).unwrap().cpus.to_string();
+        assert_eq!(got, want, "{name}: node {node}");
+    }
     Some(t)
-}
-
-fn cpus_of(t: &Topology, node: u32) -> String {
-    t.node(node).unwrap().cpus.to_string()
 }
 
 fn l(t: &Topology, level: u8) -> Vec<String> {
@@ -32,13 +34,11 @@ fn l(t: &Topology, level: u8) -> Vec<String> {
 
 #[test]
 fn amd_8_nodes_with_several_matrices() {
-    let Some(t) = load("16amd64-4distances.xml", 8, 16) else {
+    // Package 0 holds NUMANode 1 and PUs 0-1; package 1 holds node 0 and PUs 2-3.
+    let node_cpus = [(0, "2-3"), (1, "0-1"), (3, "10-11")];
+    let Some(t) = load("16amd64-4distances.xml", 8, 16, &node_cpus) else {
         return;
     };
-    // Package 0 holds NUMANode 1 and PUs 0-1; package 1 holds node 0 and PUs 2-3.
-    assert_eq!(cpus_of(&t, 0), "2-3");
-    assert_eq!(cpus_of(&t, 1), "0-1");
-    assert_eq!(cpus_of(&t, 3), "10-11");
     assert_eq!(t.cpu(2).unwrap().package, 1);
     // Four matrices (NUMANode latency, Package, PU, Core): the NUMA latency one is used.
     for i in 0..8 {
@@ -53,11 +53,10 @@ fn amd_8_nodes_with_several_matrices() {
 
 #[test]
 fn intel_24_nodes_384_threads() {
-    let Some(t) = load("192em64t-24n8c2t.xml", 24, 384) else {
+    let node_cpus = [(0, "0-7,192-199"), (23, "184-191,376-383")];
+    let Some(t) = load("192em64t-24n8c2t.xml", 24, 384, &node_cpus) else {
         return;
     };
-    assert_eq!(cpus_of(&t, 0), "0-7,192-199");
-    assert_eq!(cpus_of(&t, 23), "184-191,376-383");
     assert_eq!(t.smt_siblings(5).to_string(), "5,197");
     // Row 0 and the start of row 2 of the NUMALatency matrix.
     assert_eq!(t.distance(0, 1), Some(50));
@@ -78,11 +77,10 @@ fn intel_24_nodes_384_threads() {
 
 #[test]
 fn intel_2_nodes_with_pci_devices() {
-    let Some(t) = load("32em64t-2n8c2t-pci-normalio.xml", 2, 32) else {
+    let node_cpus = [(0, "0-7,16-23"), (1, "8-15,24-31")];
+    let Some(t) = load("32em64t-2n8c2t-pci-normalio.xml", 2, 32, &node_cpus) else {
         return;
     };
-    assert_eq!(cpus_of(&t, 0), "0-7,16-23");
-    assert_eq!(cpus_of(&t, 1), "8-15,24-31");
     assert_eq!(t.nodes[0].memory_bytes, Some(34330173440));
     assert_eq!(l(&t, 3), ["0-7,16-23", "8-15,24-31"]);
     assert_eq!(t.caches_at(3).next().unwrap().size_bytes, 20 << 20);
@@ -100,13 +98,18 @@ fn intel_2_nodes_with_pci_devices() {
 
 #[test]
 fn knl_like_dram_plus_hbm() {
-    let Some(t) = load("64intel64-heteromem.xml", 8, 64) else {
+    // DRAM nodes 0-3 carry the cpus; the HBM nodes 4-7 attached beside them are CPU-less.
+    let node_cpus = [
+        (0, "0-3,16-19,32-35,48-51"),
+        (4, ""),
+        (5, ""),
+        (6, ""),
+        (7, ""),
+    ];
+    let Some(t) = load("64intel64-heteromem.xml", 8, 64, &node_cpus) else {
         return;
     };
-    // DRAM nodes 0-3 carry the cpus; the HBM nodes 4-7 attached beside them are CPU-less.
-    assert_eq!(cpus_of(&t, 0), "0-3,16-19,32-35,48-51");
     for hbm in 4..8 {
-        assert_eq!(cpus_of(&t, hbm), "", "node {hbm}");
         assert_eq!(t.node(hbm).unwrap().memory_bytes, Some(2 << 30));
         assert_eq!(t.node(hbm).unwrap().kind, loci_topo::NodeKind::Hbm);
     }
@@ -121,7 +124,7 @@ fn knl_like_dram_plus_hbm() {
 
 #[test]
 fn sub_numa_clustering_with_memory_side_caches() {
-    let Some(t) = load("memorysidecaches.xml", 4, 80) else {
+    let Some(t) = load("memorysidecaches.xml", 4, 80, &[]) else {
         return;
     };
     // Two packages, each split into two nodes (SNC); the MemCache objects are not cpu caches.
@@ -140,18 +143,15 @@ fn sub_numa_clustering_with_memory_side_caches() {
 
 #[test]
 fn missing_and_bad_files_are_named() {
-    let e = loci_topo::load(&Source::HwlocXml("/nonexistent/x.xml".into()))
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("/nonexistent/x.xml"), "{e}");
+    assert_load_fails_naming(
+        &Source::HwlocXml("/nonexistent/x.xml".into()),
+        &["/nonexistent/x.xml"],
+    );
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let bad = dir.join("bad-topology.xml");
     std::fs::write(&bad, "<topology version=\"2.0\"><object type=\"Machine\">").unwrap();
-    let e = loci_topo::load(&Source::HwlocXml(bad.clone()))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("bad-topology.xml") && e.contains("not well-formed"),
-        "{e}"
+    assert_load_fails_naming(
+        &Source::HwlocXml(bad),
+        &["bad-topology.xml", "not well-formed"],
     );
 }

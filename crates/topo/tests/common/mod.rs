@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use loci_topo::Source;
+
 /// `../shared/topologies/SUB` of the repository root; `LOCI_SHARED` overrides, and a git worktree
 /// nested deeper finds it in the nearest ancestor that has one. `None`, with a note on stderr
 /// naming what `skipping` skips, when it is absent.
@@ -25,6 +27,15 @@ pub fn shared_topologies(sub: &str, skipping: &str) -> Option<PathBuf> {
         );
     }
     found
+}
+
+/// Loading `source` fails with a message that names every one of `parts` (the bad file, the bad
+/// text, what was expected).
+pub fn assert_load_fails_naming(source: &Source, parts: &[&str]) {
+    let e = loci_topo::load(source).unwrap_err().to_string();
+    for p in parts {
+        assert!(e.contains(p), "{e:?} does not name {p:?}");
+    }
 }
 
 /// A tree under the test target's scratch directory, made anew.
