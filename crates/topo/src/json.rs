@@ -21,9 +21,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::idset::{CpuSet, NodeSet};
-use crate::model::{
-    Cache, CacheKind, Cpu, Device, DeviceKind, ModelError, Node, NodeKind, Topology,
-};
+use crate::model::{Cache, Cpu, Device, ModelError, Node, NodeKind, Topology};
 
 /// The keys of the JSON form, sorted: of the document, of a node, of a cpu and of a cache (what
 /// docs/topology.md documents; the tests hold every writer to them).
@@ -78,28 +76,13 @@ pub struct TopologyJson {
     pub source: String,
     pub nodes: Vec<JsonNode>,
     pub cpus: Vec<JsonCpu>,
-    pub caches: Vec<JsonCache>,
-    pub devices: Vec<JsonDevice>,
+    /// Caches and devices have the model's own form ([`CACHE_KEYS`]; device `name`, `kind`,
+    /// `node`), which the tests hold to the documented keys.
+    pub caches: Vec<Cache>,
+    pub devices: Vec<Device>,
     /// What the source repaired or left out (see [`Topology::notes`]).
     #[serde(default)]
     pub notes: Vec<String>,
-}
-
-/// A cache instance in the JSON form.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct JsonCache {
-    pub level: u8,
-    pub kind: CacheKind,
-    pub size_bytes: u64,
-    pub cpus: CpuSet,
-}
-
-/// A device in the JSON form.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct JsonDevice {
-    pub name: String,
-    pub kind: DeviceKind,
-    pub node: Option<u32>,
 }
 
 impl From<&Topology> for TopologyJson {
@@ -134,25 +117,8 @@ impl From<&Topology> for TopologyJson {
                     online: c.online,
                 })
                 .collect(),
-            caches: t
-                .caches
-                .iter()
-                .map(|c| JsonCache {
-                    level: c.level,
-                    kind: c.kind,
-                    size_bytes: c.size_bytes,
-                    cpus: c.cpus.clone(),
-                })
-                .collect(),
-            devices: t
-                .devices
-                .iter()
-                .map(|d| JsonDevice {
-                    name: d.name.clone(),
-                    kind: d.kind,
-                    node: d.node,
-                })
-                .collect(),
+            caches: t.caches.clone(),
+            devices: t.devices.clone(),
             notes: t.notes.clone(),
         }
     }
@@ -190,25 +156,8 @@ impl TopologyJson {
                     allowed: c.allowed,
                 })
                 .collect(),
-            caches: self
-                .caches
-                .into_iter()
-                .map(|c| Cache {
-                    level: c.level,
-                    kind: c.kind,
-                    size_bytes: c.size_bytes,
-                    cpus: c.cpus,
-                })
-                .collect(),
-            devices: self
-                .devices
-                .into_iter()
-                .map(|d| Device {
-                    name: d.name,
-                    kind: d.kind,
-                    node: d.node,
-                })
-                .collect(),
+            caches: self.caches,
+            devices: self.devices,
             notes: self.notes,
         };
         t.validate()?;
@@ -226,6 +175,7 @@ impl Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::DeviceKind;
 
     #[test]
     fn schema_fields_and_roundtrip() {
