@@ -59,25 +59,14 @@ pub struct JsonNode {
     pub merged: NodeSet,
 }
 
-/// A cpu in the JSON form.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct JsonCpu {
-    pub id: u32,
-    pub core: u32,
-    pub package: u32,
-    pub node: Option<u32>,
-    pub allowed: bool,
-    pub online: bool,
-}
-
 /// The whole JSON document.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopologyJson {
     pub source: String,
     pub nodes: Vec<JsonNode>,
-    pub cpus: Vec<JsonCpu>,
-    /// Caches and devices have the model's own form ([`CACHE_KEYS`]; device `name`, `kind`,
-    /// `node`), which the tests hold to the documented keys.
+    /// Cpus, caches and devices have the model's own form ([`CPU_KEYS`], [`CACHE_KEYS`]; device
+    /// `name`, `kind`, `node`), which the tests hold to the documented keys.
+    pub cpus: Vec<Cpu>,
     pub caches: Vec<Cache>,
     pub devices: Vec<Device>,
     /// What the source repaired or left out (see [`Topology::notes`]).
@@ -105,18 +94,7 @@ impl From<&Topology> for TopologyJson {
                     merged: n.merged.clone(),
                 })
                 .collect(),
-            cpus: t
-                .cpus
-                .iter()
-                .map(|c| JsonCpu {
-                    id: c.id,
-                    core: c.core,
-                    package: c.package,
-                    node: c.node,
-                    allowed: c.allowed,
-                    online: c.online,
-                })
-                .collect(),
+            cpus: t.cpus.clone(),
             caches: t.caches.clone(),
             devices: t.devices.clone(),
             notes: t.notes.clone(),
@@ -144,18 +122,7 @@ impl TopologyJson {
                     merged: n.merged,
                 })
                 .collect(),
-            cpus: self
-                .cpus
-                .into_iter()
-                .map(|c| Cpu {
-                    id: c.id,
-                    core: c.core,
-                    package: c.package,
-                    node: c.node,
-                    online: c.online,
-                    allowed: c.allowed,
-                })
-                .collect(),
+            cpus: self.cpus,
             caches: self.caches,
             devices: self.devices,
             notes: self.notes,

@@ -106,9 +106,9 @@ pub struct Cpu {
     pub package: u32,
     /// Home node; `None` only if the source has no NUMA information for it.
     pub node: Option<u32>,
-    pub online: bool,
     /// In this process's affinity mask and cgroup cpuset. Always true for presets/XML/synthetic.
     pub allowed: bool,
+    pub online: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
