@@ -61,7 +61,7 @@ pub struct RecvArgs {
     #[arg(long, default_value = "null", value_name = "FILE|DIR|null|memory")]
     pub sink: SinkSpec,
     /// Exit after this many streams ended (default: every stream in the config, or 1).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
     pub streams: Option<usize>,
     #[command(flatten)]
     pub side: SideArgs,
@@ -100,8 +100,9 @@ pub struct SendArgs {
     /// Continue an interrupted transfer: skip the chunks the receiver's sink already holds.
     #[arg(long)]
     pub resume: bool,
-    /// Give up when a lost connection cannot be re-established for this many seconds.
-    #[arg(long, default_value_t = 60)]
+    /// Give up when a lost connection cannot be re-established for this many seconds
+    /// (0 to 604800, a week).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(0..=604_800))]
     pub reconnect_timeout: u64,
     #[command(flatten)]
     pub side: SideArgs,
@@ -177,6 +178,13 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     };
     n.checked_mul(mul)
         .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{s:?}: give a whole number of at least 1")),
+    }
 }
 
 fn parse_usize_bytes(s: &str) -> Result<usize, String> {

@@ -31,3 +31,68 @@ fn plan_for_the_seed_machine_writes_loadable_configs() {
         assert_eq!(s.compress.count, 32);
     }
 }
+
+/// Out-of-range numbers are refused by name before anything starts (no panic, no empty run).
+#[test]
+fn out_of_range_numbers_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let seed = "preset:xeon-gold-6346-2s";
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &[
+                "stream",
+                "send",
+                "--reconnect-timeout",
+                "18446744073709551615",
+                "--to",
+                "127.0.0.1:1",
+            ],
+            "not in 0..=604800",
+        ),
+        (&["stream", "recv", "--streams", "0"], "at least 1"),
+        (
+            &[
+                "stream",
+                "plan",
+                "--sender",
+                seed,
+                "--receiver",
+                seed,
+                "--nic",
+                "ens5f0np0",
+                "--chunk-bytes",
+                "0",
+                "-o",
+                out,
+            ],
+            "--chunk-bytes 0 outside 1..=268435456",
+        ),
+        (
+            &[
+                "stream",
+                "plan",
+                "--sender",
+                seed,
+                "--receiver",
+                seed,
+                "--nic",
+                "ens5f0np0",
+                "--chunk-bytes",
+                "8G",
+                "-o",
+                out,
+            ],
+            "--chunk-bytes 8000000000 outside",
+        ),
+    ];
+    for (args, want) in cases {
+        let (ok, _, err) = loci(args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(
+            err.contains(want) && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(!dir.path().join("send-0.toml").exists());
+}

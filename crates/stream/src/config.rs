@@ -219,8 +219,10 @@ fn default_max_connections() -> usize {
 fn default_handshake_secs() -> u64 {
     10
 }
+/// Largest chunk a sender may use, and the receiver's default `max_chunk_bytes`.
+pub const MAX_CHUNK_BYTES: u64 = 256 << 20;
 fn default_max_chunk() -> u64 {
-    256 << 20
+    MAX_CHUNK_BYTES
 }
 /// Largest `max_connections` a receiver config may give.
 const MAX_CONNECTIONS: usize = 65536;

@@ -101,6 +101,8 @@ impl StreamPlan {
 pub enum StreamPlanError {
     #[error("--streams must be at least 1")]
     NoStreams,
+    #[error("--chunk-bytes {bytes} outside 1..={max}")]
+    ChunkBytes { bytes: usize, max: u64 },
     #[error("{side}: node {node} does not exist (nodes: {valid})")]
     UnknownNode {
         side: &'static str,
@@ -271,6 +273,12 @@ pub fn plan(
     let k = o.streams;
     if k == 0 {
         return Err(StreamPlanError::NoStreams);
+    }
+    if o.chunk_bytes == 0 || o.chunk_bytes as u64 > crate::config::MAX_CHUNK_BYTES {
+        return Err(StreamPlanError::ChunkBytes {
+            bytes: o.chunk_bytes,
+            max: crate::config::MAX_CHUNK_BYTES,
+        });
     }
     let mut notes = Vec::new();
     // Receiver.
@@ -706,8 +714,24 @@ pub(crate) mod tests {
     fn bad_inputs_name_what_is_wrong() {
         let o = PlanOptions::default;
         let nonode = machine(2, 2, &[("eth0", None)]);
-        let cases: [(Topology, PlanOptions, &str); 6] = [
+        let cases: [(Topology, PlanOptions, &str); 8] = [
             (xeon_6346(), o(), "which NIC"),
+            (
+                xeon_6346(),
+                PlanOptions {
+                    chunk_bytes: 0,
+                    ..o()
+                },
+                "--chunk-bytes 0 outside 1..=268435456",
+            ),
+            (
+                xeon_6346(),
+                PlanOptions {
+                    chunk_bytes: 8 << 30,
+                    ..o()
+                },
+                "--chunk-bytes 8589934592 outside",
+            ),
             (
                 xeon_6346(),
                 PlanOptions {

@@ -201,7 +201,7 @@ impl Shared {
     }
     /// Reconnects until the deadline; protocol refusals are fatal at once.
     fn reconnect(&self, index: u16) -> Option<(TcpStream, Established)> {
-        let deadline = Instant::now() + self.opts.reconnect_timeout;
+        let deadline = deadline_after(self.opts.reconnect_timeout);
         let mut wait = Duration::from_millis(20);
         loop {
             if self.finished.load(Relaxed) {
@@ -323,7 +323,7 @@ fn send_pass(opts: SendOptions, session: u64) -> Result<StreamReport, SendError>
     let mut conns = Vec::new();
     let mut have: BTreeSet<u64> = BTreeSet::new();
     // A receiver that is not up yet (or restarting) is waited for, up to the reconnect timeout.
-    let deadline = Instant::now() + sh.opts.reconnect_timeout;
+    let deadline = deadline_after(sh.opts.reconnect_timeout);
     for j in 0..cfg.send.count {
         let (s, h) = loop {
             match sh.connect(j as u16, sh.opts.resume) {
@@ -516,7 +516,7 @@ fn send_pass(opts: SendOptions, session: u64) -> Result<StreamReport, SendError>
         h.digest()
     };
     // End of stream on a control connection, retried across receiver restarts.
-    let deadline = Instant::now() + sh.opts.reconnect_timeout;
+    let deadline = deadline_after(sh.opts.reconnect_timeout);
     // A forged or damaged END_ACK fails its tag and ends that connection: retried, but not for
     // ever.
     let mut auth_failures = 0;
@@ -841,4 +841,11 @@ mod tests {
         assert!(keys_in(&map, 8, 8).is_empty());
         assert!(keys_in(&map, 9, 2).is_empty());
     }
+}
+
+/// `timeout` from now; a timeout beyond what an `Instant` can hold means no deadline in practice.
+fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(u32::MAX as u64))
 }
