@@ -20,6 +20,7 @@ use loci_place::sys;
 use loci_place::{MemPlan, MemPolicy};
 use loci_topo::Topology;
 
+use crate::wide::Value64;
 use crate::EngineError;
 
 /// Resolves a loci-place policy against the machine: nodes must be present, allowed and have
@@ -247,19 +248,11 @@ impl Table {
         Ok(t)
     }
 
-    /// A 64-bit table from plain vectors (tests, small inputs): first touch by the caller.
-    pub fn from_rows64(
+    /// A 64-bit table of `i64` or `f64` values from plain vectors (tests, small inputs): first
+    /// touch by the caller.
+    pub fn from_rows64<V: Value64>(
         keys: &[u64],
-        vals: &[i64],
-        morsel_rows: usize,
-    ) -> Result<Table, EngineError> {
-        Table::from_plain(keys, vals, morsel_rows)
-    }
-
-    /// A 64-bit table of f64 values from plain vectors (tests, small inputs).
-    pub fn from_rows64f(
-        keys: &[u64],
-        vals: &[f64],
+        vals: &[V],
         morsel_rows: usize,
     ) -> Result<Table, EngineError> {
         Table::from_plain(keys, vals, morsel_rows)

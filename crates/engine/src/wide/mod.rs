@@ -623,7 +623,7 @@ mod tests {
         m.sort_by_key(|x| x.key);
         // i64::MIN + 3 and i64::MAX + (-1): no overflow in the median of two values here.
         assert_eq!(m, reference::w1(&keys, &vals));
-        let e = Table::from_rows64(&[], &[], 4).unwrap();
+        let e = Table::from_rows64::<i64>(&[], &[], 4).unwrap();
         assert!(w2::<i64>(ex, &e).unwrap().0.is_empty());
         assert!(w1::<i64>(ex, &e).unwrap().0.is_empty());
         assert!(w2::<f64>(ex, &e).unwrap().0.is_empty());
@@ -668,7 +668,7 @@ mod tests {
         ];
         let (k, v): (Vec<u64>, Vec<f64>) = rows.iter().copied().unzip();
         for morsel in [1, 3, 16] {
-            let t = Table::from_rows64f(&k, &v, morsel).unwrap();
+            let t = Table::from_rows64(&k, &v, morsel).unwrap();
             let want = reference::w2(&k, &v);
             let got = w2::<f64>(ex, &t).unwrap().0;
             assert_f64_groups(got.clone(), &want, "edges");

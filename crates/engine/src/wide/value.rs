@@ -16,10 +16,24 @@ pub trait Value64: Copy + Default + PartialOrd + Send + Sync + std::fmt::Debug +
     fn col(m: &Morsel) -> &[Self];
     /// The running sum: wrapping for `i64`, IEEE addition for `f64`.
     fn plus(self, o: Self) -> Self;
-    /// The smaller of two values.
-    fn lesser(self, o: Self) -> Self;
-    /// The larger of two values.
-    fn greater(self, o: Self) -> Self;
+    /// The smaller of two values (`self` when they compare equal, e.g. `0.0` and `-0.0`).
+    #[inline(always)]
+    fn lesser(self, o: Self) -> Self {
+        if o < self {
+            o
+        } else {
+            self
+        }
+    }
+    /// The larger of two values (`self` when they compare equal).
+    #[inline(always)]
+    fn greater(self, o: Self) -> Self {
+        if o > self {
+            o
+        } else {
+            self
+        }
+    }
     /// As a double (avg, the digests' float sums).
     fn to_f64(self) -> f64;
     /// The pattern [`tuple_hash`] takes: two's complement for `i64`; for `f64` its bits with
@@ -42,14 +56,6 @@ impl Value64 for i64 {
     #[inline(always)]
     fn plus(self, o: i64) -> i64 {
         self.wrapping_add(o)
-    }
-    #[inline(always)]
-    fn lesser(self, o: i64) -> i64 {
-        Ord::min(self, o)
-    }
-    #[inline(always)]
-    fn greater(self, o: i64) -> i64 {
-        Ord::max(self, o)
     }
     #[inline(always)]
     fn to_f64(self) -> f64 {
@@ -78,22 +84,6 @@ impl Value64 for f64 {
     #[inline(always)]
     fn plus(self, o: f64) -> f64 {
         self + o
-    }
-    #[inline(always)]
-    fn lesser(self, o: f64) -> f64 {
-        if o < self {
-            o
-        } else {
-            self
-        }
-    }
-    #[inline(always)]
-    fn greater(self, o: f64) -> f64 {
-        if o > self {
-            o
-        } else {
-            self
-        }
     }
     #[inline(always)]
     fn to_f64(self) -> f64 {
