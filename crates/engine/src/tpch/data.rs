@@ -304,18 +304,12 @@ impl Data {
         let n_cust = CustomerGenerator::calculate_row_count(sf, 1, 1) as usize;
         let n_supp = SupplierGenerator::calculate_row_count(sf, 1, 1) as usize;
         let parts = n_orders.div_ceil(morsel_orders).max(1);
-        let pairs = build_parts(exec, &plan, parts, |p, home, plan| {
-            gen_orders_lineitem(sf, p, parts, home, plan)
-        })?;
+        let pairs = build_parts(exec, &plan, sf, parts, gen_orders_lineitem)?;
         let (orders, lineitem) = pairs.into_iter().unzip();
         let cparts = n_cust.div_ceil(MORSEL_DIM_ROWS).max(1);
-        let customer = build_parts(exec, &plan, cparts, |p, home, plan| {
-            gen_customer(sf, p, cparts, home, plan)
-        })?;
+        let customer = build_parts(exec, &plan, sf, cparts, gen_customer)?;
         let sparts = n_supp.div_ceil(MORSEL_DIM_ROWS).max(1);
-        let supplier = build_parts(exec, &plan, sparts, |p, home, plan| {
-            gen_supplier(sf, p, sparts, home, plan)
-        })?;
+        let supplier = build_parts(exec, &plan, sf, sparts, gen_supplier)?;
         let nation = NationGenerator::new(sf, 1, 1)
             .iter()
             .map(|n| Nation {
@@ -358,18 +352,28 @@ impl Data {
     }
 }
 
-/// Runs `make(part, home, plan)` for parts `1..=parts`, each a task on its home node: the
-/// morsel's part of `plan` (`per-node`: contiguous shares per node); for first touch the parts
-/// are dealt to the nodes with workers in contiguous shares and each morsel's home is the node
-/// of the worker that wrote it.
+/// Which slice of a table a generator makes: part `p` of `parts` (1-based, tpchgen's numbering)
+/// at scale factor `sf`.
+#[derive(Clone, Copy)]
+struct Part {
+    sf: f64,
+    p: i32,
+    parts: i32,
+}
+
+/// Runs `make(part, home, plan)` for parts `1..=parts` at scale factor `sf`, each a task on its
+/// home node: the morsel's part of `plan` (`per-node`: contiguous shares per node); for first
+/// touch the parts are dealt to the nodes with workers in contiguous shares and each morsel's
+/// home is the node of the worker that wrote it.
 fn build_parts<T: Send + Homed, F>(
     exec: &Exec,
     plan: &MemPlan,
+    sf: f64,
     parts: usize,
     make: F,
 ) -> Result<Vec<T>, EngineError>
 where
-    F: Fn(usize, Option<u32>, &MemPlan) -> Result<T, EngineError> + Sync,
+    F: Fn(Part, Option<u32>, &MemPlan) -> Result<T, EngineError> + Sync,
 {
     let wn = exec.worker_nodes();
     let touch = matches!(plan.policy, "first-touch" | "localalloc");
@@ -387,7 +391,12 @@ where
         || (),
         |_, i| {
             let home = if touch { None } else { homes[i] };
-            let r = make(i + 1, home, &plans[i]);
+            let part = Part {
+                sf,
+                p: i as i32 + 1,
+                parts: parts as i32,
+            };
+            let r = make(part, home, &plans[i]);
             *out[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
         },
     );
@@ -433,13 +442,11 @@ impl Homed for (Block, Block) {
 
 /// Orders part `p` of `parts` and its line items: two blocks, both ascending by order key.
 fn gen_orders_lineitem(
-    sf: f64,
-    p: usize,
-    parts: usize,
+    part: Part,
     home: Option<u32>,
     plan: &MemPlan,
 ) -> Result<(Block, Block), EngineError> {
-    let (p, n) = (p as i32, parts as i32);
+    let Part { sf, p, parts: n } = part;
     let key = |k: i64, what: &str| {
         u32::try_from(k).map_err(|_| EngineError::Invalid(format!("{what} {k} exceeds u32")))
     };
@@ -524,18 +531,12 @@ pub(crate) fn check_copartitioned(orders: &[u32], lines: &[u32]) -> Result<(), E
     Ok(())
 }
 
-fn gen_customer(
-    sf: f64,
-    p: usize,
-    parts: usize,
-    home: Option<u32>,
-    plan: &MemPlan,
-) -> Result<Block, EngineError> {
+fn gen_customer(part: Part, home: Option<u32>, plan: &MemPlan) -> Result<Block, EngineError> {
     let mut key = Vec::new();
     let mut nat = Vec::new();
     let mut seg = Vec::new();
     let mut name = Vec::new();
-    for r in CustomerGenerator::new(sf, p as i32, parts as i32).iter() {
+    for r in CustomerGenerator::new(part.sf, part.p, part.parts).iter() {
         key.push(u32::try_from(r.c_custkey).map_err(gen_err("c_custkey"))?);
         nat.push(u8::try_from(r.c_nationkey).map_err(gen_err("c_nationkey"))?);
         seg.push(fixed::<SEGMENT_LEN>(r.c_mktsegment).ok_or_else(|| {
@@ -550,16 +551,10 @@ fn gen_customer(
     block_of!(plan, home; key, nat, seg, name)
 }
 
-fn gen_supplier(
-    sf: f64,
-    p: usize,
-    parts: usize,
-    home: Option<u32>,
-    plan: &MemPlan,
-) -> Result<Block, EngineError> {
+fn gen_supplier(part: Part, home: Option<u32>, plan: &MemPlan) -> Result<Block, EngineError> {
     let mut key = Vec::new();
     let mut nat = Vec::new();
-    for r in SupplierGenerator::new(sf, p as i32, parts as i32).iter() {
+    for r in SupplierGenerator::new(part.sf, part.p, part.parts).iter() {
         key.push(u32::try_from(r.s_suppkey).map_err(gen_err("s_suppkey"))?);
         nat.push(u8::try_from(r.s_nationkey).map_err(gen_err("s_nationkey"))?);
     }
