@@ -19,6 +19,16 @@ fn key_table<V: Copy>(buf: &mut Vec<V>, okeys: &[u32], empty: V) -> u32 {
     base
 }
 
+/// A lineitem block's order keys, extended prices and discounts, the last two cut to the keys'
+/// length (inlined, so a probe loop over `0..keys.len()` indexes them without bounds checks).
+#[inline(always)]
+fn priced_lines(lb: &Block) -> (&[u32], &[i64], &[u8]) {
+    let lk = lb.col::<u32>(l::ORDERKEY);
+    let n = lk.len();
+    let price = &lb.col::<i64>(l::EXTENDEDPRICE)[..n];
+    (lk, price, &lb.col::<u8>(l::DISCOUNT)[..n])
+}
+
 /// Runs `scan(state, block)` over every block of `blocks` on its home node; returns the
 /// workers' states.
 fn scan<S: Send>(
@@ -312,11 +322,9 @@ pub(super) fn q3(exec: &Exec, data: &Data) -> Answer {
             }
             rev.clear();
             rev.resize(ok.len() + 1, 0i64);
-            let lk = lb.col::<u32>(l::ORDERKEY);
+            let (lk, price, disc) = priced_lines(lb);
             let n = lk.len();
             let ship = &lb.col::<i32>(l::SHIPDATE)[..n];
-            let price = &lb.col::<i64>(l::EXTENDEDPRICE)[..n];
-            let disc = &lb.col::<u8>(l::DISCOUNT)[..n];
             for x in 0..n {
                 let slot = slots[(lk[x] - base) as usize] as usize;
                 let m = -((ship[x] > day) as i64);
@@ -396,11 +404,9 @@ pub(super) fn q5(exec: &Exec, data: &Data) -> Answer {
                     slots[(ok[i] - base) as usize] = cust[ck[i] as usize];
                 }
             }
-            let lk = lb.col::<u32>(l::ORDERKEY);
+            let (lk, price, disc) = priced_lines(lb);
             let n = lk.len();
             let sk = &lb.col::<u32>(l::SUPPKEY)[..n];
-            let price = &lb.col::<i64>(l::EXTENDEDPRICE)[..n];
-            let disc = &lb.col::<u8>(l::DISCOUNT)[..n];
             for x in 0..n {
                 let nat = slots[(lk[x] - base) as usize];
                 let keep = (nat != NO_NATION) & (supp[sk[x] as usize] == nat);
