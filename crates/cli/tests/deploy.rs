@@ -2,20 +2,17 @@
 //! starts, and real deployments on this machine (status, kill -9 and restart, stop, signals,
 //! exit statuses and the restart cap).
 
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 
 mod common;
-use common::{all_verified, loci, loci_json, pids, Manifest};
+use common::{all_verified, deploy_fails_before_start, loci, loci_json_after, pids, Manifest};
 
 /// A dry run's manifest.
 fn plan(args: &[&str]) -> Value {
-    let mut all = vec!["deploy", "--dry-run", "--json"];
-    all.extend_from_slice(args);
-    loci_json(&all)
+    loci_json_after(&["deploy", "--dry-run", "--json"], args)
 }
 
 fn strs(v: &Value, key: &str) -> Vec<String> {
@@ -210,17 +207,7 @@ fn bad_templates_and_impossible_layouts_fail_before_anything_starts() {
         ),
     ];
     for (args, want) in cases {
-        let mut all = vec!["deploy", "--manifest", man];
-        all.extend_from_slice(args);
-        let (ok, out, err) = loci(&all);
-        assert!(!ok, "{all:?} succeeded: {out}");
-        for w in *want {
-            assert!(err.contains(w), "{all:?}: `{w}` not in: {err}");
-        }
-        assert!(
-            !Path::new(man).exists() && !out.contains("[0]"),
-            "{all:?} started something"
-        );
+        deploy_fails_before_start(&["deploy"], man, args, want);
     }
 }
 

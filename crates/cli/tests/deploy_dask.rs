@@ -14,15 +14,13 @@ use serde_json::Value;
 
 mod common;
 use common::{
-    all_verified, dask_python, loci, loci_json, loci_report, output_of, pids, repo_root, Manifest,
-    Netns,
+    all_verified, dask_python, deploy_fails_before_start, loci, loci_json_after, loci_report,
+    output_of, pids, repo_root, Manifest, Netns,
 };
 
 /// A dry run's manifest.
 fn plan(args: &[&str]) -> Value {
-    let mut all = vec!["deploy", "dask", "--dry-run", "--json"];
-    all.extend_from_slice(args);
-    loci_json(&all)
+    loci_json_after(&["deploy", "dask", "--dry-run", "--json"], args)
 }
 
 fn words(v: &Value) -> Vec<String> {
@@ -198,17 +196,7 @@ fn bad_inputs_fail_before_anything_starts() {
         ),
     ];
     for (args, want) in &cases {
-        let mut all = vec!["deploy", "dask", "--manifest", man];
-        all.extend_from_slice(args);
-        let (ok, out, err) = loci(&all);
-        assert!(!ok, "{all:?} succeeded: {out}");
-        for w in want {
-            assert!(err.contains(w), "{all:?}: `{w}` not in: {err}");
-        }
-        assert!(
-            !Path::new(man).exists() && !out.contains("[0]") && !err.contains("[0]"),
-            "{all:?} started something"
-        );
+        deploy_fails_before_start(&["deploy", "dask"], man, args, want);
     }
     drop(busy);
 }

@@ -31,6 +31,28 @@ pub fn loci_json(args: &[&str]) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("loci {}: {e}: {out}", args.join(" ")))
 }
 
+/// Runs `loci PREFIX ARGS` (a subcommand and its fixed flags, then the test's own); it must
+/// succeed. Its stdout, parsed as JSON.
+pub fn loci_json_after(prefix: &[&str], args: &[&str]) -> Value {
+    loci_json(&[prefix, args].concat())
+}
+
+/// Runs `loci COMMAND --manifest MAN ARGS` (COMMAND: `deploy` or `deploy dask`), which must fail
+/// before anything starts: each of `want` in its stderr, no manifest at `man`, no instance's
+/// output (`[0] ...`) on stdout or stderr.
+pub fn deploy_fails_before_start(command: &[&str], man: &str, args: &[&str], want: &[&str]) {
+    let all = [command, &["--manifest", man], args].concat();
+    let (ok, out, err) = loci(&all);
+    assert!(!ok, "{all:?} succeeded: {out}");
+    for w in want {
+        assert!(err.contains(w), "{all:?}: `{w}` not in: {err}");
+    }
+    assert!(
+        !Path::new(man).exists() && !out.contains("[0]") && !err.contains("[0]"),
+        "{all:?} started something"
+    );
+}
+
 /// Runs `loci ARGS --json FILE` (FILE in a fresh temporary directory); it must succeed. Returns
 /// its stdout and the report it wrote.
 pub fn loci_report(args: &[&str]) -> (String, Value) {
