@@ -1,7 +1,7 @@
 //! `loci run`: run an unmodified program placed as a plan says, and optionally show plan vs
 //! actual while it runs and at its exit.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
@@ -79,8 +79,8 @@ pub struct RunCmd {
     /// Also write both verify reports as JSON to FILE (implies --verify).
     #[arg(long, value_name = "FILE")]
     pub verify_json: Option<PathBuf>,
-    /// Seconds --verify waits for the program to reach the plan's thread count.
-    #[arg(long, value_name = "SECS", default_value_t = 2.0)]
+    /// Seconds --verify waits for the program to reach the plan's thread count (0 to 3600).
+    #[arg(long, value_name = "SECS", default_value_t = 2.0, value_parser = parse_wait)]
     pub verify_wait: f64,
     #[command(flatten)]
     pub topo: TopoArgs,
@@ -142,10 +142,23 @@ pub enum Thp {
     Off,
 }
 
+fn parse_wait(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?}: give seconds from 0 to 3600")),
+    }
+}
+
 /// The pin library: `LOCI_PIN_LIB` if set, else `libloci_pin.so` next to the loci binary.
 pub fn pin_library(exe_dir: &Path) -> anyhow::Result<PathBuf> {
     if let Some(p) = std::env::var_os("LOCI_PIN_LIB") {
-        return Ok(PathBuf::from(p));
+        let p = PathBuf::from(p);
+        anyhow::ensure!(
+            p.is_file(),
+            "LOCI_PIN_LIB={}: no such file (unset it to use libloci_pin.so next to loci)",
+            p.display()
+        );
+        return Ok(p);
     }
     let p = exe_dir.join("libloci_pin.so");
     if p.exists() {
@@ -278,6 +291,15 @@ pub fn run(c: RunCmd) -> anyhow::Result<()> {
         }
     }
     let verify = c.verify || c.verify_json.is_some();
+    if let Some(path) = &c.verify_json {
+        // Checked before the program runs: a path found unwritable afterwards would cost the
+        // program's own exit status.
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("--verify-json {}: cannot write there", path.display()))?;
+    }
     let skip = c
         .skip
         .as_deref()
@@ -437,28 +459,58 @@ fn watch(
     start: Instant,
     wait_s: f64,
 ) -> anyhow::Result<(ExitStatus, Option<Comparison>, Option<Comparison>)> {
+    // Each thread's last reading taken after the pin library logged it (so after it was bound),
+    // and readings of threads not logged yet: a program that exits within one poll may only
+    // have been read before the library ran (even before exec), which says nothing of its
+    // placement.
     let mut seen: BTreeMap<i32, TaskSample> = BTreeMap::new();
+    let mut early: BTreeMap<i32, TaskSample> = BTreeMap::new();
     let mut mem = BTreeMap::new();
     let mut last_mem = None::<Instant>;
     let mut last_at = 0.0;
     let mut started = None;
     loop {
         if let Some(st) = child.try_wait()? {
+            let final_log = read_log(log, pid);
+            let mut unverified = vec![];
+            for (tid, t) in early {
+                if seen.contains_key(&tid) {
+                    continue;
+                }
+                match final_log.iter().rev().find(|e| e.tid == tid) {
+                    Some(e) => unverified.push((tid, e.cpus.clone())),
+                    None => {
+                        seen.insert(tid, t);
+                    }
+                }
+            }
             let exit_sample = Sample {
                 at_s: last_at,
                 tasks: seen.into_values().collect(),
                 anon_bytes: mem,
             };
-            let cmp = verify::compare(plan, &exit_sample, &read_log(log, pid));
+            let cmp = verify::compare(plan, &exit_sample, &final_log);
             eprint!(
                 "{}",
                 cmp.render("at exit: every thread seen, with its last reading")
             );
+            if exit_sample.tasks.is_empty() && unverified.is_empty() {
+                eprintln!(
+                    "loci verify: the program exited before any of its threads could be read: nothing verified"
+                );
+            }
+            for (tid, cpus) in unverified {
+                eprintln!(
+                    "loci verify: thread {tid} exited before a reading after the pin library bound it (to cpus {cpus}, by its log): not verified"
+                );
+            }
             return Ok((st, started, Some(cmp)));
         }
         let at = start.elapsed().as_secs_f64();
         let with_mem = last_mem.map(|t| t.elapsed() >= Duration::from_millis(250)) != Some(false)
             || started.is_none();
+        // Read before the sample: a thread logged here was bound before it is read below.
+        let logged: BTreeSet<i32> = read_log(log, pid).iter().map(|e| e.tid).collect();
         if let Ok(s) = verify::sample(pid, at, with_mem) {
             if s.tasks.is_empty() {
                 // Exited between try_wait and the read; the next try_wait reaps it.
@@ -467,7 +519,12 @@ fn watch(
             }
             last_at = at;
             for t in &s.tasks {
-                seen.insert(t.tid, t.clone());
+                let into = if logged.contains(&t.tid) {
+                    &mut seen
+                } else {
+                    &mut early
+                };
+                into.insert(t.tid, t.clone());
             }
             if with_mem && !s.anon_bytes.is_empty() {
                 mem = s.anon_bytes.clone();

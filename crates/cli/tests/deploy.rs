@@ -205,9 +205,62 @@ fn bad_templates_and_impossible_layouts_fail_before_anything_starts() {
             ],
             &["65535", "65536"],
         ),
+        (
+            &["--grace", "1e300", "--", "sleep", "1"],
+            &["--grace", "outside 0..=3600"],
+        ),
+        (
+            &["--grace", "inf", "--", "sleep", "1"],
+            &["outside 0..=3600"],
+        ),
     ];
     for (args, want) in cases {
         deploy_fails_before_start(&["deploy"], man, args, want);
+    }
+}
+
+/// `deploy stop` and `status` refuse a manifest whose grace time or process ids are out of
+/// range (a pid of 1 or 0 would make kill(2) signal every process or loci's own group), naming
+/// the field, and signal nothing.
+#[test]
+fn damaged_manifests_are_refused_by_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let man = dir.path().join("m.json");
+    let man = man.to_str().unwrap();
+    let v = plan(&[
+        "--design",
+        "wim",
+        "--synthetic",
+        "nodes=2",
+        "--",
+        "sleep",
+        "1",
+    ]);
+    let cases: [(&str, Value, &str); 3] = [
+        (
+            "grace_s",
+            serde_json::json!(1e300),
+            "grace_s: 1e300 seconds is outside 0..=3600",
+        ),
+        ("supervisor_pid", serde_json::json!(1), "supervisor_pid = 1"),
+        ("runner_pid", serde_json::json!(0), "runner_pid = 0"),
+    ];
+    for (field, value, want) in cases {
+        let mut m = v.clone();
+        if field == "runner_pid" {
+            m["instances"][0][field] = value;
+        } else {
+            m[field] = value;
+        }
+        std::fs::write(man, m.to_string()).unwrap();
+        for cmd in ["stop", "status"] {
+            let (ok, out, err) = loci(&["deploy", cmd, man]);
+            assert!(!ok, "{cmd} with {field} accepted: {out}");
+            assert!(
+                err.contains(want) && !err.contains("panicked"),
+                "{cmd}: {err}"
+            );
+        }
     }
 }
 

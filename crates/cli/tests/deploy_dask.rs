@@ -194,6 +194,10 @@ fn bad_inputs_fail_before_anything_starts() {
             vec!["--preset", "xeon-gold-6346-2s", "--dask", &fake],
             vec!["--dry-run"],
         ),
+        (
+            vec!["--dask", &fake, "--dry-run", "--scheduler-port", "65534"],
+            vec!["--scheduler-port 65534", "give --port-base"],
+        ),
     ];
     for (args, want) in &cases {
         deploy_fails_before_start(&["deploy", "dask"], man, args, want);

@@ -440,3 +440,40 @@ fn verify_waits_a_bounded_time_for_missing_threads() {
     );
     assert!(e.contains("loci verify: at exit"), "{e}");
 }
+
+/// A program that exits within one poll is never reported wrongly placed: a thread read only
+/// before the pin library bound it is "not verified", never "NO".
+#[test]
+fn verify_does_not_judge_a_thread_by_a_reading_before_its_binding() {
+    built();
+    for _ in 0..8 {
+        let o = run_words("run --threads compact -n 1 --verify -- true");
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let e = text(&o.stderr);
+        assert!(e.contains("loci verify: at exit"), "{e}");
+        assert!(!e.contains(" NO"), "{e}");
+    }
+    let o = run_words("run --verify-json /nonexistent-dir/v.json -- true");
+    assert!(!o.status.success());
+    let e = text(&o.stderr);
+    assert!(e.contains("--verify-json /nonexistent-dir/v.json"), "{e}");
+    let o = run(&["run", "--verify", "--verify-wait=-1", "--", "true"]);
+    assert!(!o.status.success());
+    assert!(text(&o.stderr).contains("0 to 3600"));
+    let o = Command::new(loci())
+        .args([
+            "run",
+            "--threads",
+            "compact",
+            "-n",
+            "2",
+            "--oversubscribe",
+            "--",
+            "true",
+        ])
+        .env("LOCI_PIN_LIB", "/nonexistent/libloci_pin.so")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(text(&o.stderr).contains("LOCI_PIN_LIB=/nonexistent/libloci_pin.so: no such file"));
+}

@@ -21,6 +21,7 @@
 //!
 //! Only allowed cpus (online, in the affinity mask and cgroup cpuset) are used. More threads than
 //! cpus in the pool is an error unless oversubscription is requested; then anchors wrap around.
+//! `os` pins nothing, so for it more threads than cpus is a note, not an error.
 
 use std::fmt;
 use std::str::FromStr;
@@ -288,19 +289,29 @@ pub fn place_threads(
         ));
     }
     let pool = pool_of(topo, &strategy.kind, &allowed)?;
+    if strategy.kind == Kind::Os {
+        // Unpinned: every thread may run on every cpu, so more threads than cpus puts no two on
+        // one cpu by our hand; the OS time-slices them, which is worth a note, not an error.
+        let notes = if n > pool.len() {
+            vec![format!(
+                "{n} threads on {} cpus, not pinned: the OS time-slices them (seed 001: more busy threads than cores costs throughput)",
+                pool.len()
+            )]
+        } else {
+            vec![]
+        };
+        let p = Placement {
+            nodes: nodes_of(topo, &pool),
+            cpus: pool,
+        };
+        return Ok((vec![p; n], notes));
+    }
     if n > pool.len() && !oversubscribe {
         return Err(StrategyError::Placement(format!(
             "{n} threads but strategy `{strategy}` has only {} allowed cpus ({}); pass --oversubscribe to put several threads on one cpu, or use fewer threads",
             pool.len(),
             pool
         )));
-    }
-    if strategy.kind == Kind::Os {
-        let p = Placement {
-            nodes: nodes_of(topo, &pool),
-            cpus: pool,
-        };
-        return Ok((vec![p; n], vec![]));
     }
     let Anchors {
         pool,

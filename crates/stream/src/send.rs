@@ -827,6 +827,13 @@ fn keys_in<V>(map: &HashMap<u64, V>, a: u64, b: u64) -> Vec<u64> {
     }
 }
 
+/// `timeout` from now; a timeout beyond what an `Instant` can hold means no deadline in practice.
+fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(u32::MAX as u64))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -841,11 +848,4 @@ mod tests {
         assert!(keys_in(&map, 8, 8).is_empty());
         assert!(keys_in(&map, 9, 2).is_empty());
     }
-}
-
-/// `timeout` from now; a timeout beyond what an `Instant` can hold means no deadline in practice.
-fn deadline_after(timeout: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(timeout)
-        .unwrap_or_else(|| now + Duration::from_secs(u32::MAX as u64))
 }

@@ -202,6 +202,9 @@ pub struct Found {
     pub matrix: Option<matrix::MatrixCheck>,
 }
 
+/// The longest `--budget`: a week.
+const MAX_BUDGET_S: f64 = 604_800.0;
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, mult) = if let Some(v) = s.strip_suffix("ms") {
@@ -216,7 +219,10 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         (s, 1.0)
     };
     match num.trim().parse::<f64>() {
-        Ok(v) if v > 0.0 && v.is_finite() => Ok(Duration::from_secs_f64(v * mult)),
+        Ok(v) if v > 0.0 && v * mult <= MAX_BUDGET_S => Ok(Duration::from_secs_f64(v * mult)),
+        Ok(v) if v > 0.0 => Err(format!(
+            "`{s}` is longer than a week ({MAX_BUDGET_S} s), the longest budget"
+        )),
         _ => Err(format!(
             "`{s}` is not a duration; write e.g. 90s, 2m, 45 (seconds)"
         )),
@@ -588,11 +594,18 @@ mod tests {
         let e = parse_duration("soon").unwrap_err();
         assert!(e.contains("`soon`") && e.contains("90s"), "{e}");
         assert!(parse_duration("-3s").is_err());
+        for huge in ["1e300", "5e20", "170h"] {
+            let e = parse_duration(huge).unwrap_err();
+            assert!(e.contains("longer than a week"), "{huge}: {e}");
+        }
+        assert_eq!(
+            parse_duration("168h").unwrap(),
+            Duration::from_secs(604_800)
+        );
     }
 
-    #[test]
-    fn candidates_vary_one_factor_and_include_the_flowchart_answer() {
-        let f = Facts {
+    fn two_node_facts() -> Facts {
+        Facts {
             cpu_nodes: 2,
             mem_nodes: 2,
             cpus: 8,
@@ -605,7 +618,54 @@ mod tests {
             static_binary: false,
             pin_library: true,
             dram_nodes: None,
+        }
+    }
+
+    #[test]
+    fn a_cached_result_without_the_baselines_runs_is_a_miss() {
+        let f = two_node_facts();
+        let found = Found {
+            workload: "w3".into(),
+            command: vec!["true".into()],
+            config_flags: false,
+            metric: "wall time".into(),
+            maximize: false,
+            threads: 8,
+            advice: rules::decide(&f),
+            facts: f,
+            measured: vec![Measured {
+                config: Config::default(),
+                outcome: Outcome {
+                    samples: vec![1.0, 1.1],
+                    passes: vec![0, 1],
+                    ratio: 1.0,
+                    ci: (1.0, 1.0),
+                    verdict: Verdict::Default,
+                    dropped_in: None,
+                },
+                failed: None,
+                thp_fallbacks: 0,
+            }],
+            best: Config::default(),
+            budget_s: 60.0,
+            elapsed_s: 3.0,
+            when: 0,
+            matrix: None,
         };
+        let text = serde_json::to_string(&found).unwrap();
+        assert!(output::parse_cached(&text).is_some());
+        assert!(output::parse_cached("not json").is_none());
+        let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v["measured"] = serde_json::json!([]);
+        assert!(output::parse_cached(&v.to_string()).is_none());
+        let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v["measured"][0]["outcome"]["samples"] = serde_json::json!([]);
+        assert!(output::parse_cached(&v.to_string()).is_none());
+    }
+
+    #[test]
+    fn candidates_vary_one_factor_and_include_the_flowchart_answer() {
+        let f = two_node_facts();
         let a = rules::decide(&f);
         let c = candidates(&a);
         assert_eq!(c[0], Config::default());

@@ -386,7 +386,17 @@ pub fn cache_key(
 
 pub fn cache_load(key: &str) -> Option<Found> {
     let text = std::fs::read_to_string(cache_dir()?.join(format!("{key}.json"))).ok()?;
-    serde_json::from_str(&text).ok()
+    parse_cached(&text)
+}
+
+/// A cached result; a damaged or hand-edited entry without the default's runs (the baseline)
+/// is a miss.
+pub(super) fn parse_cached(text: &str) -> Option<Found> {
+    serde_json::from_str(text).ok().filter(|f: &Found| {
+        f.measured
+            .first()
+            .is_some_and(|b| !b.outcome.samples.is_empty())
+    })
 }
 
 /// Stores a result; a cache that cannot be written only costs a later re-measurement.

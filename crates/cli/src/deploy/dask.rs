@@ -388,9 +388,15 @@ fn plan(
     let c = &d.common;
     let lay = layout::layout(topo, d.design, &c.layout_options())?;
     let exe = super::runner_exe(c, topo)?;
-    let port_base = d
-        .port_base
-        .unwrap_or_else(|| d.scheduler_port.saturating_add(2));
+    let port_base = match d.port_base {
+        Some(p) => p,
+        None => d.scheduler_port.checked_add(2).ok_or_else(|| {
+            anyhow::anyhow!(
+                "--scheduler-port {}: the workers' ports start 2 after it, beyond 65535; give --port-base or a lower --scheduler-port",
+                d.scheduler_port
+            )
+        })?,
+    };
     let tpl = worker_template(dask, ep, d.nthreads, dir)?;
     let mut m = super::planned(&lay, &tpl, port_base, c, &topo.source, &exe)?;
     let mem_nodes: Vec<NodeSet> = m.instances.iter().map(|r| r.mem_nodes.clone()).collect();

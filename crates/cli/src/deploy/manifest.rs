@@ -140,12 +140,32 @@ impl Manifest {
     pub fn read(path: &Path) -> anyhow::Result<Manifest> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading the manifest {}", path.display()))?;
-        serde_json::from_str(&text).with_context(|| {
+        let m: Manifest = serde_json::from_str(&text).with_context(|| {
             format!(
                 "{} is not a loci deploy manifest (see docs/deploy.md)",
                 path.display()
             )
-        })
+        })?;
+        m.check()
+            .with_context(|| format!("{}: a damaged or edited manifest", path.display()))?;
+        Ok(m)
+    }
+
+    /// The values `stop` and `status` act on are in range: a grace time `Duration` can hold and
+    /// process ids that can name one process (0 and 1 would make kill(2) signal loci's own group
+    /// or every process).
+    fn check(&self) -> anyhow::Result<()> {
+        check_grace(self.grace_s).map_err(|e| anyhow::anyhow!("grace_s: {e}"))?;
+        let pids = self.supervisor_pid.iter().map(|&p| ("supervisor_pid", p));
+        let pids = pids.chain(self.instances.iter().flat_map(|r| {
+            [("pid", r.pid), ("runner_pid", r.runner_pid)]
+                .into_iter()
+                .filter_map(|(k, p)| p.map(|p| (k, p)))
+        }));
+        for (field, pid) in pids {
+            anyhow::ensure!(pid > 1, "{field} = {pid}: a process id must be above 1");
+        }
+        Ok(())
     }
 
     /// Writes atomically (a temporary file renamed over it), so readers never see half of it.
@@ -170,6 +190,34 @@ pub fn alive(pid: i32) -> bool {
         .is_some_and(|s| s.state != 'Z')
 }
 
+/// Longest grace time between SIGTERM and SIGKILL, in seconds.
+pub const MAX_GRACE_S: f64 = 3600.0;
+
+/// A grace time in seconds: finite, 0 to [`MAX_GRACE_S`].
+pub fn check_grace(s: f64) -> Result<f64, String> {
+    if (0.0..=MAX_GRACE_S).contains(&s) {
+        Ok(s)
+    } else {
+        let shown = if s.abs() < 1e9 {
+            format!("{s}")
+        } else {
+            format!("{s:e}")
+        };
+        Err(format!("{shown} seconds is outside 0..={MAX_GRACE_S}"))
+    }
+}
+
+/// Whether `pgid` is a live `loci run` leading its own process group (what an instance's runner
+/// is), not a process that reused the number.
+fn is_runner(pgid: i32) -> bool {
+    pgid > 1
+        && alive(pgid)
+        // SAFETY: getpgid(2) has no memory-safety preconditions.
+        && unsafe { libc::getpgid(pgid) } == pgid
+        && std::fs::read(format!("/proc/{pgid}/cmdline"))
+            .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == b"run"))
+}
+
 /// Whether `pid` is a live `loci deploy` (not a process that reused the number).
 fn is_deploy(pid: i32) -> bool {
     alive(pid)
@@ -179,12 +227,18 @@ fn is_deploy(pid: i32) -> bool {
 
 /// Sends `sig` to a process group; false when the group is gone.
 pub fn signal_group(pgid: i32, sig: i32) -> bool {
+    if pgid <= 1 {
+        return false; // kill(0) and kill(-1) would signal loci's own group or every process
+    }
     // SAFETY: kill(2) with a negative pid signals a process group; no memory is involved.
     unsafe { libc::kill(-pgid, sig) == 0 }
 }
 
 /// Sends `sig` to one process.
 pub fn signal(pid: i32, sig: i32) -> bool {
+    if pid <= 0 {
+        return false;
+    }
     // SAFETY: kill(2) has no memory-safety preconditions.
     unsafe { libc::kill(pid, sig) == 0 }
 }
@@ -264,7 +318,7 @@ pub fn status(c: StatusCmd) -> anyhow::Result<()> {
 
 pub fn stop(c: StopCmd) -> anyhow::Result<()> {
     let m = Manifest::read(&c.manifest)?;
-    let grace = Duration::from_secs_f64(m.grace_s.max(0.0));
+    let grace = Duration::from_secs_f64(m.grace_s);
     if let Some(sup) = m.supervisor_pid.filter(|_| m.supervisor_alive()) {
         signal(sup, libc::SIGTERM);
         let until = Instant::now() + grace + Duration::from_secs(5);
@@ -280,7 +334,16 @@ pub fn stop(c: StopCmd) -> anyhow::Result<()> {
         return Ok(());
     }
     // No supervisor: end the instances' process groups ourselves.
-    let groups: Vec<i32> = m.instances.iter().filter_map(|r| r.runner_pid).collect();
+    let mut groups = vec![];
+    for g in m.instances.iter().filter_map(|r| r.runner_pid) {
+        if is_runner(g) {
+            groups.push(g);
+        } else if alive(g) {
+            eprintln!(
+                "loci: runner pid {g} is no longer a `loci run` leading its group: left alone"
+            );
+        }
+    }
     let live: Vec<i32> = groups
         .iter()
         .copied()

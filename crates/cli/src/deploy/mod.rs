@@ -108,8 +108,8 @@ pub struct Common {
     /// Restarts per instance before it is left failed.
     #[arg(long, value_name = "N", default_value_t = 5)]
     pub max_restarts: u32,
-    /// Seconds between SIGTERM and SIGKILL when stopping.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    /// Seconds between SIGTERM and SIGKILL when stopping (0 to 3600).
+    #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = parse_grace)]
     pub grace: f64,
     /// Where the manifest is written.
     #[arg(long, value_name = "FILE", default_value = "loci-deploy.json")]
@@ -316,6 +316,13 @@ fn refuse_live_manifest(path: &std::path::Path) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+fn parse_grace(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    manifest::check_grace(v)
 }
 
 #[cfg(test)]

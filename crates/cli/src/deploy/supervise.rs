@@ -218,7 +218,7 @@ fn watch(
                 };
             }
             stop_at = Some(if first {
-                Instant::now() + Duration::from_secs_f64(a.grace.max(0.0))
+                Instant::now() + Duration::from_secs_f64(a.grace)
             } else {
                 Instant::now()
             });
