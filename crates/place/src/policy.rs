@@ -83,7 +83,7 @@ pub struct PolicyError(pub String);
 
 impl MemPolicy {
     /// Valid policy forms, for error messages and `--help`.
-    pub const CHOICES: &'static str = "first-touch, interleave[:NODES], localalloc, preferred:N, bind:NODES, preferred-many:NODES, weighted-interleave:NODES, per-node[:NODES], round-robin[:NODES]";
+    pub const CHOICES: &'static str = "first-touch, interleave[:NODES], localalloc, preferred:N, bind:NODES, preferred-many:NODES, weighted-interleave:NODES, and for the parts of a region (the bench workloads' morsels and chunks, not a thread's memory) per-node[:NODES], round-robin[:NODES]";
 
     /// Whether this policy places the parts of a region (`per-node`, `round-robin`).
     pub fn is_per_part(&self) -> bool {
@@ -384,6 +384,11 @@ fn node_list(
         .iter()
         .filter(|&n| topo.node(n).is_some_and(|x| x.memory_bytes == Some(0)))
         .collect();
+    if set.is_empty() {
+        return Err(PolicyError(format!(
+            "{what}: node list `{list}` is empty; nodes with memory: {usable}"
+        )));
+    }
     let kept = set.difference(&memless);
     if kept.is_empty() {
         return Err(PolicyError(format!(
@@ -535,6 +540,24 @@ mod tests {
             nodes: NodeSet::parse("0-1").unwrap(),
         };
         assert_eq!(two.part_node(0, 1), None);
+    }
+
+    #[test]
+    fn an_empty_node_list_is_named() {
+        let t = loci_topo::preset::build("xeon-silver-4114-2s").unwrap();
+        for text in ["bind:!all", "interleave:!all", "preferred-many:!0-1"] {
+            let e = text
+                .parse::<MemPolicy>()
+                .unwrap()
+                .resolve(&t)
+                .unwrap_err()
+                .to_string();
+            let list = text.split_once(':').unwrap().1;
+            assert!(
+                e.contains(&format!("node list `{list}` is empty")) && e.contains("0-1"),
+                "{text}: {e}"
+            );
+        }
     }
 
     #[test]

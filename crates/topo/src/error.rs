@@ -6,15 +6,12 @@ use std::path::{Path, PathBuf};
 use crate::model::ModelError;
 
 /// Why a topology could not be loaded. Every variant names the bad part (file, key, name) and,
-/// where there is a fixed set, the valid choices.
+/// where there is a fixed set, the valid choices. The message carries its cause, so no variant
+/// also reports it as `source()` (a printed error chain would say it twice).
 #[derive(Debug, thiserror::Error)]
 pub enum TopoError {
-    #[error("cannot read {}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot read {}: {err}", path.display())]
+    Io { path: PathBuf, err: std::io::Error },
     #[error("{}: {msg}", path.display())]
     Parse { path: PathBuf, msg: String },
     #[error("hwloc XML {}: {msg}", path.display())]
@@ -26,7 +23,6 @@ pub enum TopoError {
     #[error("topology from {source_name} is inconsistent: {err}")]
     Model {
         source_name: String,
-        #[source]
         err: ModelError,
     },
 }
@@ -35,7 +31,7 @@ impl TopoError {
     pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
         TopoError::Io {
             path: path.to_path_buf(),
-            source,
+            err: source,
         }
     }
     pub(crate) fn parse(path: &Path, msg: impl Into<String>) -> Self {

@@ -179,6 +179,8 @@ pub enum ModelError {
     NodeOrder,
     #[error("cpu ids are not sorted and unique")]
     CpuOrder,
+    #[error("node {node} lists cpu {cpu}, but cpu {cpu} names node {other}")]
+    NodeCpus { node: u32, cpu: u32, other: u32 },
 }
 
 impl Topology {
@@ -253,6 +255,18 @@ impl Topology {
                         cpu: c.id,
                         node,
                         valid: self.node_ids().to_string(),
+                    });
+                }
+            }
+        }
+        // A node's cpu list and the cpus' own node agree: placement reads both.
+        for n in &self.nodes {
+            for id in n.cpus.iter() {
+                if let Some(m) = self.cpu(id).and_then(|c| c.node).filter(|&m| m != n.id) {
+                    return Err(ModelError::NodeCpus {
+                        node: n.id,
+                        cpu: id,
+                        other: m,
                     });
                 }
             }
@@ -450,5 +464,18 @@ mod tests {
             }
         }
         assert_eq!(m[0].iter().max(), Some(&3));
+    }
+
+    #[test]
+    fn a_node_listing_another_nodes_cpu_is_inconsistent() {
+        let mut t = crate::preset::build("xeon-silver-4114-2s").unwrap();
+        assert_eq!(t.validate(), Ok(()));
+        let foreign = t.nodes[1].cpus.iter().next().unwrap();
+        t.nodes[0].cpus.insert(foreign);
+        let e = t.validate().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("node 0 lists cpu {foreign}, but cpu {foreign} names node 1")
+        );
     }
 }

@@ -50,6 +50,20 @@ fn ty<'a>(n: &XNode<'a, '_>) -> &'a str {
     n.attribute("type").unwrap_or("")
 }
 
+/// An `os_index` (a cpu, node or package id): a number no larger than the ids cpu and node
+/// lists can hold ([`crate::idset::MAX_ID`]).
+fn attr_id(n: &XNode, key: &str) -> Result<Option<u32>, String> {
+    match attr_u64(n, key)? {
+        Some(v) if v > crate::idset::MAX_ID as u64 => Err(format!(
+            "line {}: `{key}=\"{v}\"` on a {} object is beyond the largest id {}",
+            n.document().text_pos_at(n.range().start).row,
+            ty(n),
+            crate::idset::MAX_ID
+        )),
+        v => Ok(v.map(|v| v as u32)),
+    }
+}
+
 fn attr_u64(n: &XNode, key: &str) -> Result<Option<u64>, String> {
     n.attribute(key)
         .map(|v| {
@@ -159,7 +173,7 @@ pub fn parse(text: &str) -> Result<Topology, String> {
         .descendants()
         .filter(|n| is_obj(n) && ty(n) == "NUMANode")
     {
-        let id = attr_u64(&n, "os_index")?.ok_or("a NUMANode has no os_index")? as u32;
+        let id = attr_id(&n, "os_index")?.ok_or("a NUMANode has no os_index")?;
         let mut anchor = n.parent().ok_or("NUMANode without parent")?;
         while is_obj(&anchor) && ty(&anchor) == "MemCache" {
             anchor = anchor.parent().ok_or("MemCache without parent")?;
@@ -191,7 +205,7 @@ pub fn parse(text: &str) -> Result<Topology, String> {
     let mut next_core = 0u32;
     let mut node_cpus: BTreeMap<u32, CpuSet> = numa.iter().map(|n| (n.id, CpuSet::new())).collect();
     for pu in machine.descendants().filter(|n| is_obj(n) && ty(n) == "PU") {
-        let id = attr_u64(&pu, "os_index")?.ok_or("a PU has no os_index")? as u32;
+        let id = attr_id(&pu, "os_index")?.ok_or("a PU has no os_index")?;
         let mut core = None;
         let mut package = None;
         let mut home = None;
@@ -199,7 +213,7 @@ pub fn parse(text: &str) -> Result<Topology, String> {
             match ty(&a) {
                 "Core" if core.is_none() => core = Some(a.id()),
                 "Package" if package.is_none() => {
-                    package = Some(attr_u64(&a, "os_index")?.unwrap_or(0) as u32)
+                    package = Some(attr_id(&a, "os_index")?.unwrap_or(0))
                 }
                 _ => {}
             }
@@ -580,6 +594,18 @@ mod tests {
         assert!(parse(&bad_mem)
             .unwrap_err()
             .contains("local_memory=\"lots\""));
+        for id in ["99999999999", "4294967295", "65536"] {
+            let big = SMALL.replace(
+                r#"<object type="PU" os_index="2"/>"#,
+                &format!(r#"<object type="PU" os_index="{id}"/>"#),
+            );
+            let e = parse(&big).unwrap_err();
+            assert!(
+                e.contains(&format!("os_index=\"{id}\""))
+                    && e.contains("beyond the largest id 65535"),
+                "{e}"
+            );
+        }
         let short = SMALL.replace("10 31 30 31 10 20 30 20 10", "10 31 30");
         assert!(parse(&short)
             .unwrap_err()

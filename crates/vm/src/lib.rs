@@ -479,7 +479,7 @@ impl NumaVm {
                 })?;
                 let elapsed = read("elapsed")
                     .and_then(|e| e.trim().parse::<f64>().ok())
-                    .map(Duration::from_secs_f64)
+                    .and_then(|e| Duration::try_from_secs_f64(e).ok())
                     .unwrap_or_default();
                 Ok(VmOutput {
                     topology,
