@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::rules::Advice;
 use super::search::{median, paired_ratios, Samples};
 use super::trial::Target;
-use super::Config;
+use super::Knobs;
 
 /// What the full matrix says about the advice.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -22,12 +22,12 @@ pub struct MatrixCheck {
     pub reps: usize,
     pub elapsed_s: f64,
     /// Every configuration and its median paired ratio to the default (below 1 is better).
-    pub medians: Vec<(Config, f64)>,
+    pub medians: Vec<(Knobs, f64)>,
     /// Huge-page faults that fell back to 4 KiB pages during each configuration's runs, in the
     /// order of `medians`.
     #[serde(default)]
     pub thp_fallbacks: Vec<u64>,
-    pub best: Config,
+    pub best: Knobs,
     /// The advised configuration's paired ratio over the matrix's best, both from the matrix run
     /// (1.0 = advise found the best).
     pub advised_over_best: f64,
@@ -37,12 +37,12 @@ pub struct MatrixCheck {
 
 /// Every combination of the open values, and the default (the pairs' other half) where the open
 /// values leave it out.
-pub fn combinations(a: &Advice) -> Vec<Config> {
-    let mut out = vec![Config::default()];
+pub fn combinations(a: &Advice) -> Vec<Knobs> {
+    let mut out = vec![Knobs::default()];
     for [threads, mem, alloc, thp] in
         crate::run_cmd::product4([&a.threads, &a.mem, &a.alloc, &a.thp])
     {
-        let c = Config {
+        let c = Knobs {
             threads: threads.into(),
             mem: mem.into(),
             alloc: alloc.into(),
@@ -61,7 +61,7 @@ pub fn check(
     exe: &Path,
     threads: usize,
     advice: &Advice,
-    advised: &Config,
+    advised: &Knobs,
     advise_s: f64,
     reps: usize,
 ) -> anyhow::Result<MatrixCheck> {
@@ -84,7 +84,7 @@ pub fn check(
     }
     bar.finish_and_clear();
     let default = 0;
-    let medians: Vec<(Config, f64)> = configs
+    let medians: Vec<(Knobs, f64)> = configs
         .into_iter()
         .zip(
             samples
@@ -146,7 +146,7 @@ mod tests {
     fn combinations_cover_every_open_value() {
         let a = Advice {
             findings: vec![],
-            recommended: Config::default(),
+            recommended: Knobs::default(),
             threads: vec!["os".into(), "sparse".into()],
             mem: vec![
                 "first-touch".into(),
@@ -159,7 +159,7 @@ mod tests {
         };
         let c = combinations(&a);
         assert_eq!(c.len(), 24);
-        assert_eq!(c[0], Config::default());
+        assert_eq!(c[0], Knobs::default());
         let mut uniq = c.clone();
         uniq.dedup();
         assert_eq!(uniq.len(), 24);

@@ -100,7 +100,7 @@ pub struct AdviseCmd {
 
 /// One configuration: the `loci run` flags under test.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Config {
+pub struct Knobs {
     pub threads: String,
     pub mem: String,
     pub alloc: String,
@@ -108,9 +108,9 @@ pub struct Config {
     pub thp: String,
 }
 
-impl Default for Config {
+impl Default for Knobs {
     fn default() -> Self {
-        Config {
+        Knobs {
             threads: "os".into(),
             mem: "first-touch".into(),
             alloc: "glibc".into(),
@@ -119,7 +119,7 @@ impl Default for Config {
     }
 }
 
-impl Config {
+impl Knobs {
     /// The `loci run` arguments before `--`.
     pub fn run_args(&self, n: usize) -> Vec<String> {
         let thp = (!self.thp.is_empty()).then_some(self.thp.as_str());
@@ -166,7 +166,7 @@ impl Config {
 /// One measured candidate.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Measured {
-    pub config: Config,
+    pub config: Knobs,
     pub outcome: Outcome,
     /// Why the candidate could not run, if it could not.
     pub failed: Option<String>,
@@ -192,7 +192,7 @@ pub struct Found {
     pub advice: rules::Advice,
     pub measured: Vec<Measured>,
     /// The configuration to use: the best significantly better candidate, else the default.
-    pub best: Config,
+    pub best: Knobs,
     pub budget_s: f64,
     pub elapsed_s: f64,
     /// Seconds since the Unix epoch when it was measured.
@@ -302,7 +302,7 @@ fn facts(topo: &loci_topo::Topology, threads: usize, program: Option<&Path>) -> 
 
 /// The default with every factor set to its best significantly better value, when better values
 /// were found for two factors or more and that combination was not measured yet.
-fn combine(configs: &[Config], outcomes: &[Outcome]) -> Option<Config> {
+fn combine(configs: &[Knobs], outcomes: &[Outcome]) -> Option<Knobs> {
     let mut best: [Option<(f64, String)>; 4] = Default::default();
     let base = &configs[0];
     for (c, o) in configs.iter().zip(outcomes) {
@@ -331,7 +331,7 @@ fn combine(configs: &[Config], outcomes: &[Outcome]) -> Option<Config> {
             .map(|(_, v)| v.clone())
             .unwrap_or_else(|| d.clone())
     };
-    let combo = Config {
+    let combo = Knobs {
         threads: pick(0, &base.threads),
         mem: pick(1, &base.mem),
         alloc: pick(2, &base.alloc),
@@ -342,15 +342,15 @@ fn combine(configs: &[Config], outcomes: &[Outcome]) -> Option<Config> {
 
 /// The candidates: the default, every value the rules leave open changed one factor at a time,
 /// and the flowchart's own answer.
-fn candidates(a: &rules::Advice) -> Vec<Config> {
-    let base = Config::default();
+fn candidates(a: &rules::Advice) -> Vec<Knobs> {
+    let base = Knobs::default();
     let mut out = vec![base.clone()];
-    let mut add = |c: Config| {
+    let mut add = |c: Knobs| {
         if !out.contains(&c) {
             out.push(c);
         }
     };
-    type Setter = fn(&mut Config, &str);
+    type Setter = fn(&mut Knobs, &str);
     let factors: [(&[String], Setter); 4] = [
         (&a.threads, |c, v| c.threads = v.into()),
         (&a.mem, |c, v| c.mem = v.into()),
@@ -634,7 +634,7 @@ mod tests {
             advice: rules::decide(&f),
             facts: f,
             measured: vec![Measured {
-                config: Config::default(),
+                config: Knobs::default(),
                 outcome: Outcome {
                     samples: vec![1.0, 1.1],
                     passes: vec![0, 1],
@@ -646,7 +646,7 @@ mod tests {
                 failed: None,
                 thp_fallbacks: 0,
             }],
-            best: Config::default(),
+            best: Knobs::default(),
             budget_s: 60.0,
             elapsed_s: 3.0,
             when: 0,
@@ -668,9 +668,9 @@ mod tests {
         let f = two_node_facts();
         let a = rules::decide(&f);
         let c = candidates(&a);
-        assert_eq!(c[0], Config::default());
-        let changed = |x: &Config| {
-            let d = Config::default();
+        assert_eq!(c[0], Knobs::default());
+        let changed = |x: &Knobs| {
+            let d = Knobs::default();
             [
                 x.threads != d.threads,
                 x.mem != d.mem,
@@ -702,22 +702,22 @@ mod tests {
 
     #[test]
     fn better_values_of_two_factors_are_combined_once() {
-        let d = Config::default();
+        let d = Knobs::default();
         let c = vec![
             d.clone(),
-            Config {
+            Knobs {
                 alloc: "jemalloc".into(),
                 ..d.clone()
             },
-            Config {
+            Knobs {
                 alloc: "tbbmalloc".into(),
                 ..d.clone()
             },
-            Config {
+            Knobs {
                 thp: "off".into(),
                 ..d.clone()
             },
-            Config {
+            Knobs {
                 mem: "interleave".into(),
                 ..d.clone()
             },

@@ -9,10 +9,10 @@ use loci_report::{Report, Row};
 use super::rules::{Advice, Facts, OsChange};
 use super::search::{median, Verdict, MIN_EFFECT};
 use super::trial::Target;
-use super::{AdviseCmd, Config, Found};
+use super::{AdviseCmd, Found, Knobs};
 
 /// The exact command that runs the workload under `config`.
-pub fn run_line(config: &Config, threads: usize, command: &[String]) -> String {
+pub fn run_line(config: &Knobs, threads: usize, command: &[String]) -> String {
     let args: Vec<String> = std::iter::once("loci".to_string())
         .chain(config.run_args(threads))
         .chain(std::iter::once("--".to_string()))
@@ -23,7 +23,7 @@ pub fn run_line(config: &Config, threads: usize, command: &[String]) -> String {
 
 /// The line that runs `command` under `config`: wrapped in `loci run`, or, for a command that
 /// takes the configuration as its own flags (`loci bench tpch`), with those flags appended.
-pub fn advice_line(config: &Config, threads: usize, command: &[String], flags: bool) -> String {
+pub fn advice_line(config: &Knobs, threads: usize, command: &[String], flags: bool) -> String {
     if flags {
         let args: Vec<String> = command
             .iter()
@@ -435,10 +435,10 @@ mod tests {
 
     #[test]
     fn run_line_quotes_what_a_shell_would_split() {
-        let c = Config {
+        let c = Knobs {
             alloc: "jemalloc".into(),
             thp: "off".into(),
-            ..Config::default()
+            ..Knobs::default()
         };
         let line = run_line(&c, 4, &["./app".into(), "a b".into(), "it's".into()]);
         assert_eq!(

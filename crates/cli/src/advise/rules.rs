@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::Config;
+use super::Knobs;
 
 /// What the rules look at.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -58,7 +58,7 @@ pub struct OsChange {
 pub struct Advice {
     pub findings: Vec<Finding>,
     /// The flowchart's answer, before any measurement.
-    pub recommended: Config,
+    pub recommended: Knobs,
     /// What to measure: each value a rule leaves open, one factor at a time.
     pub threads: Vec<String>,
     pub mem: Vec<String>,
@@ -105,7 +105,7 @@ pub fn decide(f: &Facts) -> Advice {
     };
     let multi = f.mem_nodes > 1;
     let oversubscribed = f.threads > f.cpus;
-    let mut rec = Config::default();
+    let mut rec = Knobs::default();
     let mut threads = vec!["os".to_string()];
     let mut mem = vec!["first-touch".to_string()];
 

@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use regex::Regex;
 
-use super::Config;
+use super::Knobs;
 
 /// A built-in workload: the arguments of `loci bench` run once per trial. Its figure is the
 /// workload's own timed region (data generation and process start left out): the `loci` rows'
@@ -253,7 +253,7 @@ impl Target {
 
     /// Runs the target once under `config` with `n` plan threads and returns its score (lower is
     /// better: a maximised figure is inverted, so ratios of scores stay ratios of figures).
-    pub fn trial(&self, exe: &Path, config: &Config, n: usize) -> anyhow::Result<f64> {
+    pub fn trial(&self, exe: &Path, config: &Knobs, n: usize) -> anyhow::Result<f64> {
         if let Some(j) = &self.json {
             let _ = std::fs::remove_file(j);
         }
@@ -412,10 +412,10 @@ mod tests {
         use clap::Parser;
         let t = Target::tpch("postgres", Path::new("loci"), Path::new("/tmp/x")).unwrap();
         assert!(t.config_flags);
-        let c = Config {
+        let c = Knobs {
             alloc: "jemalloc".into(),
             thp: "off".into(),
-            ..Config::default()
+            ..Knobs::default()
         };
         let mut argv = t.argv.clone();
         argv.extend(c.bench_flags().into_iter().map(OsString::from));

@@ -70,7 +70,7 @@ pub struct Instance {
 
 /// Every instance of a deployment, and what was handled on the way (said once).
 #[derive(Debug, Clone)]
-pub struct Layout {
+pub struct Deployment {
     pub design: Design,
     pub instances: Vec<Instance>,
     pub notes: Vec<String>,
@@ -293,7 +293,7 @@ fn nics(topo: &Topology, names: Option<&[String]>) -> anyhow::Result<Vec<(String
 
 /// Lays out `design` on `topo`: every instance's cpus, memory policy, device and plan. Errors
 /// (an impossible instance count, no cpu, a device that is not there) come before anything runs.
-pub fn layout(topo: &Topology, design: Design, o: &Options) -> anyhow::Result<Layout> {
+pub fn layout(topo: &Topology, design: Design, o: &Options) -> anyhow::Result<Deployment> {
     let mut notes = Vec::new();
     let sets = cpu_sets(topo, design, o.instances, &mut notes)?;
     let devices = nics(topo, o.nics.as_deref())?;
@@ -342,7 +342,7 @@ pub fn layout(topo: &Topology, design: Design, o: &Options) -> anyhow::Result<La
     }
     let mut seen = std::collections::HashSet::new();
     notes.retain(|n| seen.insert(n.clone()));
-    Ok(Layout {
+    Ok(Deployment {
         design,
         instances,
         notes,
@@ -357,7 +357,7 @@ mod tests {
         loci_topo::load(&loci_topo::Source::Synthetic(spec.into())).unwrap()
     }
 
-    fn sets(l: &Layout) -> Vec<String> {
+    fn sets(l: &Deployment) -> Vec<String> {
         l.instances.iter().map(|i| i.cpus.to_string()).collect()
     }
 

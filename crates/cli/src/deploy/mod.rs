@@ -16,7 +16,7 @@ pub mod manifest;
 mod supervise;
 pub mod template;
 
-use layout::{Design, Layout, MemMode};
+use layout::{Deployment, Design, MemMode};
 use manifest::{InstanceRecord, Manifest};
 use template::{Template, Values};
 
@@ -148,7 +148,7 @@ pub fn run(c: DeployCmd) -> anyhow::Result<()> {
 /// The manifest of a layout with every template expanded: the plan before anything starts.
 /// Instance i gets port `port_base + i`.
 pub fn planned(
-    layout: &Layout,
+    layout: &Deployment,
     tpl: &Template,
     port_base: u16,
     a: &Common,
