@@ -38,56 +38,30 @@ fn out_of_range_numbers_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().to_str().unwrap();
     let seed = "preset:xeon-gold-6346-2s";
-    let cases: [(&[&str], &str); 4] = [
-        (
-            &[
-                "stream",
-                "send",
-                "--reconnect-timeout",
-                "18446744073709551615",
-                "--to",
-                "127.0.0.1:1",
-            ],
-            "not in 0..=604800",
-        ),
-        (&["stream", "recv", "--streams", "0"], "at least 1"),
-        (
-            &[
-                "stream",
-                "plan",
-                "--sender",
-                seed,
-                "--receiver",
-                seed,
-                "--nic",
-                "ens5f0np0",
-                "--chunk-bytes",
-                "0",
-                "-o",
-                out,
-            ],
-            "--chunk-bytes 0 outside 1..=268435456",
-        ),
-        (
-            &[
-                "stream",
-                "plan",
-                "--sender",
-                seed,
-                "--receiver",
-                seed,
-                "--nic",
-                "ens5f0np0",
-                "--chunk-bytes",
-                "8G",
-                "-o",
-                out,
-            ],
-            "--chunk-bytes 8000000000 outside",
-        ),
+    let plan = |chunk: &'static str| -> Vec<&str> {
+        let nic = ["--nic", "ens5f0np0", "--chunk-bytes", chunk, "-o", out];
+        [
+            &["stream", "plan", "--sender", seed, "--receiver", seed][..],
+            &nic,
+        ]
+        .concat()
+    };
+    let send = [
+        "stream",
+        "send",
+        "--reconnect-timeout",
+        "18446744073709551615",
+        "--to",
+        "127.0.0.1:1",
+    ];
+    let cases: [(Vec<&str>, &str); 4] = [
+        (send.to_vec(), "not in 0..=604800"),
+        (vec!["stream", "recv", "--streams", "0"], "at least 1"),
+        (plan("0"), "--chunk-bytes 0 outside 1..=268435456"),
+        (plan("8G"), "--chunk-bytes 8000000000 outside"),
     ];
     for (args, want) in cases {
-        let (ok, _, err) = loci(args);
+        let (ok, _, err) = loci(&args);
         assert!(!ok, "{args:?} succeeded");
         assert!(
             err.contains(want) && !err.contains("panicked"),
