@@ -188,3 +188,31 @@ fn c_abi_program_under_valgrind_memcheck() {
     let out = run(&mut memcheck, true);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "cabi ok\n");
 }
+
+/// A bad setting is named with its valid range on stderr and the default is used: the program
+/// still runs. A size suffix is not a count.
+#[test]
+fn bad_settings_are_named_and_the_program_runs() {
+    for (var, value, says) in [
+        ("LOCI_ALLOC_CACHE", "8K", "from 0 to 1048576; using 8"),
+        ("LOCI_ALLOC_CACHE", "2000000", "from 0 to 1048576; using 8"),
+        ("LOCI_ALLOC_SUPERBLOCK", "1K", "between 2M and 64M"),
+    ] {
+        // `ls` allocates, which is when the settings are read.
+        let out = run(Command::new("ls").arg("/").env(var, value), true);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("{var}={value}")) && err.contains(says),
+            "{var}={value}: {err}"
+        );
+    }
+    let out = run(
+        Command::new("ls").arg("/").env("LOCI_ALLOC_CACHE", "16"),
+        true,
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -122,6 +122,22 @@ impl Layout {
             "attribute",
             &attrs.iter().map(|a| &*a.name).collect::<Vec<_>>(),
         )?;
+        // Every cell of every attribute must be addressable: the product of the dimensions
+        // times the bytes of a cell must not wrap (the arena would be smaller than the array).
+        let cell_bytes: usize = attrs.iter().map(|a| a.dtype.size()).sum();
+        let bytes = dims
+            .iter()
+            .try_fold(cell_bytes, |acc, d| acc.checked_mul(d.len))
+            .filter(|&b| b <= isize::MAX as usize);
+        if bytes.is_none() {
+            return Err(ArrayError::Schema(format!(
+                "an array of {} cells of {cell_bytes} bytes is larger than memory can address",
+                dims.iter()
+                    .map(|d| format!("{}={}", d.name, d.len))
+                    .collect::<Vec<_>>()
+                    .join(" x ")
+            )));
+        }
         let chunk = match chunking {
             Chunking::Shape(s) => {
                 if s.len() != dims.len() {
@@ -524,6 +540,17 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("`x`"), "{e}");
+        let e = Layout::new(
+            vec![Dim::new("x", 1 << 62), Dim::new("y", 1)],
+            vec![Attr::new("a", DType::F32)],
+            &Chunking::Count(1),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("x=4611686018427387904 x y=1") && e.contains("larger than memory"),
+            "{e}"
+        );
         let named = |dims: &[&str], attrs: &[&str]| {
             let dims = dims.iter().map(|n| Dim::new(n, 1)).collect();
             let attrs = attrs.iter().map(|n| Attr::new(n, DType::F32)).collect();

@@ -63,6 +63,14 @@ enum Cmd {
     Os(os_cmd::OsCmd),
 }
 
+/// A count given on the command line that must be at least 1 (`--reps`, `--streams`, ...).
+pub fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{s:?}: give a whole number of at least 1")),
+    }
+}
+
 /// The topology of the machine loci runs on, read from /sys, with the cpus and nodes this process
 /// may use marked allowed (affinity mask and cgroup cpuset).
 pub fn this_machine() -> anyhow::Result<loci_topo::Topology> {

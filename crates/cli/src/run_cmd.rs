@@ -369,7 +369,17 @@ pub fn run(c: RunCmd) -> anyhow::Result<()> {
     }
     if per_thread && !is_static {
         let sets: Vec<_> = plan.threads.iter().map(|t| t.cpus.clone()).collect();
-        cmd.env(pinenv::ENV_CPUS, pinenv::encode_cpus(&sets));
+        let encoded = pinenv::encode_cpus(&sets);
+        // The kernel refuses one environment string over 32 pages (MAX_ARG_STRLEN) at exec,
+        // which the program would report as "Argument list too long".
+        anyhow::ensure!(
+            encoded.len() + pinenv::ENV_CPUS.len() < 128 * 1024,
+            "the plan's {} threads take {} bytes in {}, more than an environment string may hold (128 KiB); use fewer threads (-n)",
+            sets.len(),
+            encoded.len(),
+            pinenv::ENV_CPUS
+        );
+        cmd.env(pinenv::ENV_CPUS, encoded);
         match skip {
             Some(m) => cmd.env(pinenv::ENV_SKIP, format!("{m:#x}")),
             None => cmd.env_remove(pinenv::ENV_SKIP),

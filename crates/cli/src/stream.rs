@@ -61,7 +61,7 @@ pub struct RecvArgs {
     #[arg(long, default_value = "null", value_name = "FILE|DIR|null|memory")]
     pub sink: SinkSpec,
     /// Exit after this many streams ended (default: every stream in the config, or 1).
-    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    #[arg(long, value_name = "N", value_parser = crate::at_least_one)]
     pub streams: Option<usize>,
     #[command(flatten)]
     pub side: SideArgs,
@@ -178,13 +178,6 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     };
     n.checked_mul(mul)
         .ok_or_else(|| format!("{s:?} is too large"))
-}
-
-fn at_least_one(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!("{s:?}: give a whole number of at least 1")),
-    }
 }
 
 fn parse_usize_bytes(s: &str) -> Result<usize, String> {

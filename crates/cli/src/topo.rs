@@ -28,9 +28,9 @@ pub fn run(cmd: TopoCmd) -> anyhow::Result<()> {
 }
 
 /// Bytes in binary units, as lstopo prints them (`16 GiB`, `1280 KiB`).
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
+pub fn human_bytes(b: impl Into<u128>) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut v = b.into() as f64;
     let mut u = 0;
     while v >= 1024.0 && u < UNITS.len() - 1 {
         v /= 1024.0;
@@ -83,7 +83,8 @@ pub fn render(t: &Topology) -> String {
     let packages: std::collections::BTreeSet<u32> = t.cpus.iter().map(|c| c.package).collect();
     let cores: std::collections::BTreeSet<(u32, u32)> =
         t.cpus.iter().map(|c| (c.package, c.core)).collect();
-    let total_mem: Option<u64> = t.nodes.iter().map(|n| n.memory_bytes).sum();
+    // Summed in u128: node sizes from a synthetic spec or a saved file can add past u64.
+    let total_mem: Option<u128> = t.nodes.iter().map(|n| n.memory_bytes.map(u128::from)).sum();
     let _ = writeln!(o, "Machine ({})", t.source);
     let _ = writeln!(
         o,
@@ -292,10 +293,11 @@ mod tests {
 
     #[test]
     fn bytes() {
-        assert_eq!(human_bytes(16 << 30), "16 GiB");
-        assert_eq!(human_bytes(1280 << 10), "1.2 MiB");
-        assert_eq!(human_bytes(32 << 10), "32 KiB");
-        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(16u64 << 30), "16 GiB");
+        assert_eq!(human_bytes(1280u64 << 10), "1.2 MiB");
+        assert_eq!(human_bytes(32u64 << 10), "32 KiB");
+        assert_eq!(human_bytes(0u64), "0 B");
+        assert_eq!(human_bytes(u128::from(u64::MAX) * 2), "32 EiB");
     }
 
     #[test]

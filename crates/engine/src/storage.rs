@@ -43,6 +43,10 @@ pub(crate) fn map_region(len: usize, plan: &MemPlan) -> Result<NodeRegion, Engin
     })
 }
 
+/// Largest column of one morsel, in bytes (2^40: far beyond any memory this runs on, small
+/// enough that no size arithmetic on it can wrap).
+pub const MAX_MORSEL_BYTES: usize = 1 << 40;
+
 /// A slice of a table: `rows` keys and values in one mapping, with a home node.
 pub struct Morsel {
     region: NodeRegion,
@@ -58,8 +62,17 @@ pub struct Morsel {
 impl Morsel {
     fn new(rows: usize, width: usize, plan: &MemPlan) -> Result<Self, EngineError> {
         let ps = sys::page_size();
-        let vals_off = (rows * width).div_ceil(ps) * ps;
-        let region = map_region(vals_off + rows * width, plan)?;
+        // Checked: a wrapped size would map less than the column slices later claim.
+        let bytes = rows
+            .checked_mul(width)
+            .filter(|&b| b <= MAX_MORSEL_BYTES)
+            .ok_or_else(|| {
+                EngineError::Invalid(format!(
+                    "a morsel of {rows} rows of {width}-byte keys and values is larger than {MAX_MORSEL_BYTES} bytes per column"
+                ))
+            })?;
+        let vals_off = bytes.div_ceil(ps) * ps;
+        let region = map_region(vals_off + bytes, plan)?;
         let home = plan.part_node(0, 1);
         Ok(Morsel {
             region,

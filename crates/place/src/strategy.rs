@@ -269,6 +269,9 @@ struct Anchors {
     notes: Vec<String>,
 }
 
+/// Most threads one plan places (as many as cpu ids).
+pub const MAX_THREADS: usize = 65_536;
+
 /// Places `n` threads on `topo` with `strategy`. Returns one placement per thread and notes
 /// (things the user should know that are not errors).
 pub fn place_threads(
@@ -277,10 +280,10 @@ pub fn place_threads(
     n: usize,
     oversubscribe: bool,
 ) -> Result<(Vec<Placement>, Vec<String>), StrategyError> {
-    if n == 0 {
-        return Err(StrategyError::Placement(
-            "the number of threads must be at least 1".into(),
-        ));
+    if n == 0 || n > MAX_THREADS {
+        return Err(StrategyError::Placement(format!(
+            "{n} threads: the number of threads must be 1..={MAX_THREADS}"
+        )));
     }
     let allowed = topo.allowed_cpus();
     if allowed.is_empty() {

@@ -224,6 +224,8 @@ pub const MAX_CHUNK_BYTES: u64 = 256 << 20;
 fn default_max_chunk() -> u64 {
     MAX_CHUNK_BYTES
 }
+/// Largest window and queue depth, in chunks (the queues are allocated up front).
+const MAX_DEPTH: usize = 65536;
 /// Largest `max_connections` a receiver config may give.
 const MAX_CONNECTIONS: usize = 65536;
 /// Largest `handshake_timeout_secs` a receiver config may give (one hour).
@@ -332,8 +334,10 @@ impl SenderConfig {
             ("queue_depth", self.queue_depth),
             ("read_queue_depth", self.read_queue_depth),
         ] {
-            if v == 0 {
-                return Err(ConfigError::Invalid(format!("{name} must be at least 1")));
+            if !(1..=MAX_DEPTH).contains(&v) {
+                return Err(ConfigError::Invalid(format!(
+                    "{name} = {v} outside 1..={MAX_DEPTH}"
+                )));
             }
         }
         check_protection(self.encrypt, self.unauthenticated)?;
@@ -450,10 +454,10 @@ impl ReceiverConfig {
             s.recv.validate(&format!("stream {}.recv", s.id))?;
             s.decompress
                 .validate(&format!("stream {}.decompress", s.id))?;
-            if s.queue_depth == 0 {
+            if !(1..=MAX_DEPTH).contains(&s.queue_depth) {
                 return Err(ConfigError::Invalid(format!(
-                    "stream {}.queue_depth must be at least 1",
-                    s.id
+                    "stream {}.queue_depth = {} outside 1..={MAX_DEPTH}",
+                    s.id, s.queue_depth
                 )));
             }
         }
@@ -564,6 +568,20 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("bogus"), "{e}");
+        let bad = |f: fn(&mut SenderConfig)| {
+            let mut c = SenderConfig::default();
+            f(&mut c);
+            c.validate().unwrap_err().to_string()
+        };
+        assert_eq!(
+            bad(|c| c.window = usize::MAX >> 1),
+            format!(
+                "invalid configuration: window = {} outside 1..=65536",
+                usize::MAX >> 1
+            )
+        );
+        assert!(bad(|c| c.queue_depth = 0).contains("queue_depth = 0 outside 1..=65536"));
+        assert!(bad(|c| c.read_queue_depth = 65537).contains("read_queue_depth = 65537"));
     }
 
     #[test]

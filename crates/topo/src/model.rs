@@ -259,10 +259,15 @@ impl Topology {
                 }
             }
         }
-        // A node's cpu list and the cpus' own node agree: placement reads both.
+        // A node's cpu list and the cpus' own node agree: placement reads both. (Cpus are sorted
+        // by id, checked above: a binary search keeps this linear-logarithmic at 65536 cpus.)
+        let node_of = |id: u32| {
+            let i = self.cpus.binary_search_by_key(&id, |c| c.id).ok()?;
+            self.cpus[i].node
+        };
         for n in &self.nodes {
             for id in n.cpus.iter() {
-                if let Some(m) = self.cpu(id).and_then(|c| c.node).filter(|&m| m != n.id) {
+                if let Some(m) = node_of(id).filter(|&m| m != n.id) {
                     return Err(ModelError::NodeCpus {
                         node: n.id,
                         cpu: id,

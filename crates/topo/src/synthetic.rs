@@ -409,7 +409,7 @@ fn parse_dist(d: &str, nodes: u32) -> Result<Vec<Vec<u32>>, String> {
             .map_err(|_| format!("`{t}` is not a distance"))
     };
     let n = nodes as usize;
-    if !d.contains('/') {
+    let rows = if !d.contains('/') {
         let parts: Vec<&str> = d.split(':').collect();
         match parts.as_slice() {
             [l, r] => {
@@ -417,25 +417,45 @@ fn parse_dist(d: &str, nodes: u32) -> Result<Vec<Vec<u32>>, String> {
                 if r < l && n > 1 {
                     return Err(format!("remote {r} is smaller than local {l}"));
                 }
-                return Ok(uniform_distances(nodes, l, r));
+                uniform_distances(nodes, l, r)
             }
-            [l] if n == 1 => return Ok(vec![vec![val(l)?]]),
+            [l] if n == 1 => vec![vec![val(l)?]],
             _ => {
                 return Err(format!(
                     "expected `LOCAL:REMOTE` or a {n}x{n} matrix with rows split by `/` (e.g. `10:21/21:10`)"
                 ))
             }
         }
-    }
-    let rows: Vec<Vec<u32>> = d
-        .split('/')
-        .map(|r| r.split(':').map(val).collect::<Result<Vec<_>, _>>())
-        .collect::<Result<_, _>>()?;
-    if rows.len() != n || rows.iter().any(|r| r.len() != n) {
-        return Err(format!(
-            "the matrix must be {n}x{n} (rows split by `/`, values by `:`); got {} row(s)",
-            rows.len()
-        ));
+    } else {
+        let rows: Vec<Vec<u32>> = d
+            .split('/')
+            .map(|r| r.split(':').map(val).collect::<Result<Vec<_>, _>>())
+            .collect::<Result<_, _>>()?;
+        if rows.len() != n || rows.iter().any(|r| r.len() != n) {
+            return Err(format!(
+                "the matrix must be {n}x{n} (rows split by `/`, values by `:`); got {} row(s)",
+                rows.len()
+            ));
+        }
+        rows
+    };
+    // As the kernel's SLIT: 10 local, remote distances not below their row's local one, and
+    // every value a byte (at most 255).
+    for (i, r) in rows.iter().enumerate() {
+        for (j, &v) in r.iter().enumerate() {
+            let bad = if v > 255 {
+                Some("above 255")
+            } else if i == j && v < 10 {
+                Some("a local distance below 10")
+            } else if i != j && v < r[i] {
+                Some("smaller than the row's local distance")
+            } else {
+                None
+            };
+            if let Some(why) = bad {
+                return Err(format!("row {i}, column {j}: {v} is {why}"));
+            }
+        }
     }
     Ok(rows)
 }
@@ -523,6 +543,15 @@ mod tests {
             ("mem=lots", "`mem`"),
             ("nodes=3,dist=10:20/20:10", "3x3"),
             ("nodes=2,dist=10:5", "smaller"),
+            (
+                "nodes=2,dist=10:21/5:10",
+                "row 1, column 0: 5 is smaller than the row's local",
+            ),
+            (
+                "nodes=2,dist=0:0/0:0",
+                "row 0, column 0: 0 is a local distance below 10",
+            ),
+            ("nodes=2,dist=10:300", "300 is above 255"),
             ("nodes=2,cpuless=0-1", "at least one"),
             ("nodes=2,cpuless=5", "do not exist"),
             ("nodes=2,cpuless=1,memless=1", "neither"),
@@ -541,6 +570,9 @@ mod tests {
         for (spec, l3s, cpus_each) in [
             ("nodes=8,cores=4096,smt=2,llc=4096", 8, 8192),
             ("nodes=16,cores=4096,llc=package,packages=1", 1, 65536),
+            // Found by the fuzz target: validation looked each node's cpus up one by one in the
+            // list of 65536 cpus (quadratic) until it used a binary search.
+            ("nodes=1024,cores=64,smt=1", 1024, 64),
         ] {
             let t0 = std::time::Instant::now();
             let t = topo(spec);

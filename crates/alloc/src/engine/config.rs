@@ -121,12 +121,13 @@ fn init_slow() {
                 }
             }
             if let Some(v) = os::getenv(c"LOCI_ALLOC_CACHE") {
-                match os::parse_size(v) {
+                // A count: plain digits (a K/M suffix would be read as a size).
+                match os::parse_size(v).filter(|_| v.iter().all(u8::is_ascii_digit)) {
                     Some(n) if n <= 1 << 20 => CACHE_MAX.store(n, Relaxed),
                     _ => warn(&[
                         b"loci-alloc: LOCI_ALLOC_CACHE=",
                         v,
-                        b" is not a count of superblocks; using 8\n",
+                        b" is not a count of superblocks from 0 to 1048576; using 8\n",
                     ]),
                 }
             }

@@ -80,7 +80,7 @@ pub struct AdviseCmd {
     #[arg(long)]
     matrix: bool,
     /// Runs per configuration for --matrix.
-    #[arg(long, value_name = "N", default_value_t = 5, requires = "matrix")]
+    #[arg(long, value_name = "N", default_value_t = 5, requires = "matrix", value_parser = crate::at_least_one)]
     matrix_reps: usize,
     /// Measure again even if a cached result exists for this machine and workload.
     #[arg(long)]
@@ -435,7 +435,7 @@ pub fn run(c: AdviseCmd) -> anyhow::Result<()> {
             &found.advice,
             &found.best,
             found.elapsed_s,
-            c.matrix_reps.max(1),
+            c.matrix_reps,
         )?;
         matrix::print(&m);
         found.matrix = Some(m);

@@ -30,13 +30,13 @@ pub struct DeployArgs {
     pub workloads: Vec<String>,
     /// Rows of the group-by table and of the join's S (R has 1/16 as many) [default: 8000000;
     /// --quick: 1000000].
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub rows: Option<u64>,
     /// Distinct keys of the group-by.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     pub keys: u64,
     /// Partitions of every table [default: 4 per cpu, the same for every design].
-    #[arg(long)]
+    #[arg(long, value_parser = crate::at_least_one)]
     pub partitions: Option<usize>,
     /// Untimed runs of each workload before its timed run, in every round.
     #[arg(long, default_value_t = 1)]
@@ -276,8 +276,8 @@ pub fn run(a: DeployArgs) -> anyhow::Result<Report> {
     let rows = a
         .rows
         .unwrap_or(if a.common.quick { 1_000_000 } else { 8_000_000 });
-    let parts = a.partitions.unwrap_or(4 * cpus).max(1);
-    let reps = a.common.reps_or(1, 3).max(1);
+    let parts = a.partitions.unwrap_or(4 * cpus);
+    let reps = a.common.reps_or(1, 3);
     let paths = Paths::setup()?;
     let workers: Vec<usize> = a
         .designs

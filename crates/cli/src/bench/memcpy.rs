@@ -22,7 +22,6 @@ pub fn run(a: MemcpyArgs) -> anyhow::Result<Report> {
     };
     let reps = a.common.reps_or(3, 5);
     anyhow::ensure!(bytes > 0, "--bytes must be positive");
-    anyhow::ensure!(reps > 0, "--reps must be positive");
     let src = super::memcpy_source(bytes);
     let mut dst = vec![0u8; bytes];
     let mut times = Vec::with_capacity(reps);

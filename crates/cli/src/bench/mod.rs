@@ -68,7 +68,7 @@ pub struct Common {
     #[arg(long)]
     pub quick: bool,
     /// Repetitions per configuration (median, min and max are reported).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::at_least_one)]
     pub reps: Option<usize>,
     /// Write the results as JSON (the result format of BENCHMARKS.md).
     #[arg(long, value_name = "FILE")]

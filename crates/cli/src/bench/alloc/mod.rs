@@ -43,7 +43,7 @@ pub struct AllocArgs {
     #[arg(long)]
     pub ops: Option<u64>,
     /// Blocks each thread allocates and passes on in `buffer-passing` (default ops / 16).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub blocks: Option<u64>,
     /// Blocks per message in `buffer-passing` (a thread allocates a batch, sends it, then
     /// frees the batch it received: about two batches per thread are live at a time).
@@ -163,7 +163,6 @@ pub fn run(a: AllocArgs) -> anyhow::Result<Report> {
     }
     anyhow::ensure!(a.batch > 0, "--batch must be positive");
     let reps = a.common.reps.unwrap_or(5);
-    anyhow::ensure!(reps > 0, "--reps must be positive");
     let (exe, chosen) = choose_allocators(&a)?;
 
     let topo = crate::this_machine()?;

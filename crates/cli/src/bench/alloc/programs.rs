@@ -514,7 +514,6 @@ pub fn run(a: &AllocArgs, threads: usize) -> anyhow::Result<Report> {
         }
     }
     let reps = a.common.reps_or(3, 5);
-    anyhow::ensure!(reps > 0, "--reps must be positive");
     let (exe, chosen) = choose_allocators(a)?;
     anyhow::ensure!(!chosen.is_empty(), "no allocator of --peers can run here");
     let build_dir = exe

@@ -218,14 +218,22 @@ fn sizes(w: Workload, a: &EngineArgs) -> anyhow::Result<Sizes> {
     });
     let groups = a.groups.unwrap_or(if q { 100_000 } else { 1_000_000 });
     let reps = a.common.reps.unwrap_or(3);
-    anyhow::ensure!(reps > 0, "--reps must be at least 1");
     anyhow::ensure!(a.morsel_rows > 0, "--morsel-rows must be at least 1");
     if w.is_join() {
         anyhow::ensure!(
             rows >= 16,
             "--rows (S rows) must be at least 16 for a 1:16 join"
         );
+    } else {
+        anyhow::ensure!(rows >= 1, "--rows must be at least 1");
     }
+    // Beyond what any machine holds; keeps every size computed from them far from wrapping.
+    const MAX_ROWS: usize = 1 << 36;
+    anyhow::ensure!(
+        rows <= MAX_ROWS && a.morsel_rows <= MAX_ROWS,
+        "--rows {rows} / --morsel-rows {}: at most {MAX_ROWS} rows",
+        a.morsel_rows
+    );
     Ok(Sizes { rows, groups, reps })
 }
 

@@ -144,7 +144,6 @@ pub fn run(a: SchedArgs) -> anyhow::Result<Report> {
         spec.buffer_bytes
     );
     let reps = a.common.reps.unwrap_or(5);
-    anyhow::ensure!(reps > 0, "--reps must be positive");
     let topo = crate::this_machine()?;
     let affinity = if a.pin_cpu {
         Affinity::Cpu

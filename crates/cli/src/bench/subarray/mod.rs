@@ -60,7 +60,7 @@ pub struct SubarrayArgs {
     #[arg(long, value_delimiter = ',', default_value = ThreadPlacement::DEFAULTS)]
     pub threads: Vec<String>,
     /// Worker threads per query (default: every allowed cpu).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::at_least_one)]
     pub nthreads: Option<usize>,
     /// Peers on the same volume in the same run: numpy (a fresh result per rep, one thread),
     /// numpy-prealloc (`np.copyto` into a reused, faulted result, one thread), numpy-threads (the
@@ -157,7 +157,6 @@ fn case_reps(min: usize, bytes: usize) -> usize {
 pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
     let quick = a.common.quick;
     let reps = a.common.reps_or(3, 5);
-    anyhow::ensure!(reps > 0, "--reps must be positive");
     let size = if quick { a.size.min(64 << 20) } else { a.size };
     let side = ((size / 4) as f64).cbrt().floor() as usize;
     anyhow::ensure!(

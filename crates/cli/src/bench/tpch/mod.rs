@@ -417,11 +417,7 @@ pub fn run(a: TpchArgs) -> anyhow::Result<Report> {
             engines.push("loci".into());
         }
     }
-    let reps = a
-        .common
-        .reps
-        .unwrap_or(if a.common.quick { 1 } else { 3 })
-        .max(1);
+    let reps = a.common.reps.unwrap_or(if a.common.quick { 1 } else { 3 });
     let topo = crate::this_machine()?;
     // The Python peers (and their Parquet data) only when an engine other than loci runs.
     let paths = match engines.iter().any(|e| e != "loci") {
