@@ -477,3 +477,34 @@ fn verify_does_not_judge_a_thread_by_a_reading_before_its_binding() {
     assert!(!o.status.success());
     assert!(text(&o.stderr).contains("LOCI_PIN_LIB=/nonexistent/libloci_pin.so: no such file"));
 }
+
+/// Counts of 0 are refused by the flag's name everywhere (never silently run once), and a plan
+/// too large for the pin library's environment string is refused before the program starts.
+#[test]
+fn zero_counts_and_oversized_plans_are_refused() {
+    for args in [
+        &["bench", "tpch", "--reps", "0"][..],
+        &["bench", "deploy", "--partitions", "0"],
+        &["bench", "deploy", "--keys", "0"],
+        &["bench", "subarray", "--nthreads", "0"],
+        &["bench", "alloc", "--blocks", "0"],
+        &["advise", "--matrix", "--matrix-reps", "0"],
+    ] {
+        let o = run(args);
+        assert!(!o.status.success(), "{args:?} ran");
+        let e = text(&o.stderr);
+        assert!(
+            e.contains("'0'") && !e.contains("panicked"),
+            "{args:?}: {e}"
+        );
+    }
+    let o = run(&["bench", "w2", "--rows", "0"]);
+    assert!(text(&o.stderr).contains("--rows must be at least 1"));
+    let o = run_words("run --threads compact -n 65536 --oversubscribe -- true");
+    assert!(!o.status.success());
+    let e = text(&o.stderr);
+    assert!(
+        e.contains("more than an environment string may hold") && e.contains("-n"),
+        "{e}"
+    );
+}

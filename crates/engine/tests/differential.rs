@@ -365,3 +365,17 @@ fn allocators_agree() {
     }
     eprintln!("allocators_agree: {ran} allocators");
 }
+
+/// A table whose byte size would wrap is refused by name (it would otherwise map less memory
+/// than its columns claim).
+#[test]
+fn tables_too_large_to_address_are_refused() {
+    let plan = loci_place::MemPlan::first_touch();
+    let rows = (1usize << 61) + 1;
+    let e = Table::alloc_width(rows, rows, &plan, 8)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains(&format!("a morsel of {rows} rows")), "{e}");
+    assert!(Table::alloc_width(1000, 100, &plan, 8).is_ok());
+}

@@ -138,6 +138,10 @@ fn oversubscription_is_refused_unless_asked() {
     assert_eq!(p[2].cpus.to_string(), "0");
     assert!(place_threads(&t, &s("cpus:1"), 2, false).is_err());
     assert!(place_threads(&t, &s("compact"), 0, false).is_err());
+    for strategy in ["os", "compact"] {
+        let e = placement_error(&t, strategy, usize::MAX);
+        assert!(e.contains("must be 1..=65536"), "{e}");
+    }
     // Unpinned threads are never two to a cpu by our hand: more than cpus is a note.
     let (p, notes) = place_threads(&t, &s("os"), 3, false).unwrap();
     assert_eq!(p.len(), 3);
