@@ -60,6 +60,40 @@ fn required(cfg: &ReceiverConfig) -> Protection {
     }
 }
 
+/// TCP keepalive on an established connection: a peer that died without its FIN or RST
+/// arriving (a killed sender whose reset was lost) is found within about 20 s of silence, so its
+/// connection ends and its session stops holding the stream against a resuming sender. A live
+/// but idle peer's kernel answers the probes, so a slow sink never ends a healthy connection.
+pub(super) fn keepalive(s: &TcpStream) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = s.as_raw_fd();
+    for (level, name, value) in [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_S),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 2),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 5),
+    ] {
+        let v: libc::c_int = value;
+        // SAFETY: `fd` is the open socket `s` owns; `v` is a live c_int whose size is passed.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                &v as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Seconds of silence before the first keepalive probe.
+pub(super) const KEEPALIVE_IDLE_S: libc::c_int = 10;
+
 /// One connection: handshake, then the recv stage loop.
 pub(super) fn handle(sh: &Arc<Shared>, mut s: TcpStream) -> io::Result<()> {
     s.set_nonblocking(false)?;
@@ -103,6 +137,7 @@ pub(super) fn handle(sh: &Arc<Shared>, mut s: TcpStream) -> io::Result<()> {
         proto::server_accept(&mut d, &sh.opts.secret, &hello, &challenge, &cn, &have)?;
     s.set_read_timeout(None)?;
     s.set_write_timeout(None)?;
+    keepalive(&s)?;
     let conn_id = st.next_conn.fetch_add(1, Relaxed) + (1 << 32);
     let w = Arc::new(Mutex::new(Conn {
         s: s.try_clone()?,
@@ -308,4 +343,43 @@ fn stream_for(sh: &Arc<Shared>, h: &Hello) -> Result<Arc<StreamState>, Refusal> 
     }
     streams.insert(h.stream, st.clone());
     Ok(st)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opt(s: &TcpStream, level: libc::c_int, name: libc::c_int) -> libc::c_int {
+        use std::os::fd::AsRawFd;
+        let mut v: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: the socket is open; `v` and `len` are live and `len` is `v`'s size.
+        let r = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                level,
+                name,
+                &mut v as *mut libc::c_int as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0, "{}", io::Error::last_os_error());
+        v
+    }
+
+    #[test]
+    fn established_connections_probe_a_silent_peer() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        assert_eq!(opt(&s, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 0);
+        keepalive(&s).unwrap();
+        assert_eq!(opt(&s, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
+        assert_eq!(
+            opt(&s, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+            KEEPALIVE_IDLE_S
+        );
+        assert_eq!(opt(&s, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL), 2);
+        assert_eq!(opt(&s, libc::IPPROTO_TCP, libc::TCP_KEEPCNT), 5);
+    }
 }
