@@ -214,15 +214,18 @@ fn is_runner(pgid: i32) -> bool {
         && alive(pgid)
         // SAFETY: getpgid(2) has no memory-safety preconditions.
         && unsafe { libc::getpgid(pgid) } == pgid
-        && std::fs::read(format!("/proc/{pgid}/cmdline"))
-            .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == b"run"))
+        && has_arg(pgid, b"run")
+}
+
+/// Whether `pid`'s command line has the argument `arg`.
+fn has_arg(pid: i32, arg: &[u8]) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == arg))
 }
 
 /// Whether `pid` is a live `loci deploy` (not a process that reused the number).
 fn is_deploy(pid: i32) -> bool {
-    alive(pid)
-        && std::fs::read(format!("/proc/{pid}/cmdline"))
-            .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == b"deploy"))
+    alive(pid) && has_arg(pid, b"deploy")
 }
 
 /// Sends `sig` to a process group; false when the group is gone.
