@@ -3,7 +3,7 @@
 //! ```toml
 //! # send.toml: one stream leaving one sender
 //! stream = 0
-//! chunk_bytes = 11059200
+//! chunk_bytes = 1048576
 //! codec = "lz4-c"
 //! window = 32            # most chunks in flight (sent, not yet acknowledged)
 //! queue_depth = 8        # compress -> send queue
@@ -201,8 +201,11 @@ pub enum ConfigError {
     Secret(String),
 }
 
+/// Chunk size of a sender config that gives none: 1 MiB, what `loci stream plan` picks for cores
+/// with 1-2 MiB of L2 ([`crate::plan::cache_sized_chunk`]).
+pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
 fn default_chunk() -> usize {
-    crate::phantom::CHUNK_BYTES
+    DEFAULT_CHUNK_BYTES
 }
 fn default_window() -> usize {
     32

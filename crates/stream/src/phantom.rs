@@ -1,7 +1,7 @@
 //! A synthetic tomography phantom: X-ray projections of spheres of different densities, with
-//! detector noise, as uint16 little-endian images (default 2560x2160 = 11,059,200 bytes, one
-//! projection per chunk). Seeded and reproducible: projection `i` of seed `s` is always the same
-//! bytes, whoever computes it and on how many threads.
+//! detector noise, as uint16 little-endian images (default 2560x2160 = 11,059,200 bytes). Seeded
+//! and reproducible: projection `i` of seed `s` is always the same bytes, whoever computes it and
+//! on how many threads.
 //!
 //! Model: spheres inside a cylindrical sample rotate about the vertical axis; projection `i` is at
 //! angle `i * pi / angles`. A detector pixel sees `I0 * exp(-sum(mu_k * L_k))`, where `L_k` is the
@@ -16,7 +16,7 @@ pub const WIDTH: usize = 2560;
 /// Default detector height (pixels).
 pub const HEIGHT: usize = 2160;
 /// One projection: 2560 x 2160 x 2 bytes.
-pub const CHUNK_BYTES: usize = WIDTH * HEIGHT * 2;
+pub const PROJECTION_BYTES: usize = WIDTH * HEIGHT * 2;
 
 #[derive(Debug, Clone)]
 struct Sphere {
@@ -166,14 +166,14 @@ mod tests {
     #[test]
     fn default_ratio_is_about_1_87() {
         let p = Phantom::standard(42);
-        let mut raw = vec![0u8; CHUNK_BYTES];
-        let mut c = vec![0u8; Codec::bound(CHUNK_BYTES)];
+        let mut raw = vec![0u8; PROJECTION_BYTES];
+        let mut c = vec![0u8; Codec::bound(PROJECTION_BYTES)];
         let mut total = 0usize;
         for i in [0u64, 400] {
             p.fill(i, &mut raw);
             total += Codec::Lz4C.compress(&raw, &mut c).unwrap();
         }
-        let ratio = (2 * CHUNK_BYTES) as f64 / total as f64;
+        let ratio = (2 * PROJECTION_BYTES) as f64 / total as f64;
         assert!((1.78..1.96).contains(&ratio), "LZ4 ratio {ratio:.3}");
     }
 }

@@ -352,7 +352,7 @@ fn send_pass(opts: SendOptions, session: u64) -> Result<StreamReport, SendError>
         let mut reader = sh
             .opts
             .source
-            .open(cfg.chunk_bytes)
+            .open()
             .map_err(|e| SendError::Source(e.to_string()))?;
         handles.push(spawn("loci-read", move || {
             if let Err(e) = sh.read_stats.enter(0) {

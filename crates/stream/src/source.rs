@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::phantom::{Phantom, WIDTH};
+use crate::phantom::{Phantom, HEIGHT, PROJECTION_BYTES, WIDTH};
 
 /// A source of raw bytes, read in chunks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,9 +17,11 @@ pub enum SourceSpec {
     Synthetic { bytes: u64, seed: u64 },
 }
 
-/// Distinct phantom projections a synthetic source computes up front; chunk `i` is projection
-/// `i % POOL` with its first 8 bytes replaced by `i` (so every chunk differs and a misplaced chunk
-/// is caught). Computing a projection costs about 50 ms, far slower than the pipeline.
+/// Distinct phantom projections a synthetic source computes up front. Its bytes are projections
+/// `0, 1, 2, ...` back to back, projection `j` being `j % POOL`, whatever the chunk size; each
+/// chunk's first 8 bytes are then replaced by its sequence number (so every chunk differs and a
+/// misplaced chunk is caught). Computing a projection costs about 50 ms, far slower than the
+/// pipeline.
 pub const POOL: u64 = 16;
 
 impl SourceSpec {
@@ -46,12 +48,14 @@ impl SourceSpec {
                     m.mtime_nsec()
                 )
             }
-            SourceSpec::Synthetic { bytes, seed } => format!("synthetic:{bytes}:{seed}:{POOL}"),
+            SourceSpec::Synthetic { bytes, seed } => {
+                format!("synthetic-projections:{bytes}:{seed}:{POOL}")
+            }
         };
         Ok(xxh3_64(format!("{desc}:{chunk_bytes}").as_bytes()))
     }
-    /// Opens a reader of `chunk_bytes` chunks.
-    pub fn open(&self, chunk_bytes: usize) -> std::io::Result<ChunkReader> {
+    /// Opens a reader.
+    pub fn open(&self) -> std::io::Result<ChunkReader> {
         match self {
             SourceSpec::File(p) => {
                 Ok(ChunkReader::File(File::open(p).map_err(|e| {
@@ -59,22 +63,17 @@ impl SourceSpec {
                 })?))
             }
             SourceSpec::Synthetic { bytes, seed } => {
-                let chunks = bytes.div_ceil(chunk_bytes as u64).min(POOL);
-                Ok(ChunkReader::Synthetic(phantom_pool(
-                    *seed,
-                    chunk_bytes,
-                    chunks,
-                )))
+                let n = bytes.div_ceil(PROJECTION_BYTES as u64).clamp(1, POOL);
+                Ok(ChunkReader::Synthetic(phantom_pool(*seed, n)))
             }
         }
     }
 }
 
-/// Computes `n` phantom projections of `chunk_bytes` each, on all cpus.
-pub fn phantom_pool(seed: u64, chunk_bytes: usize, n: u64) -> Vec<Vec<u8>> {
-    let height = chunk_bytes.div_ceil(2 * WIDTH).max(1);
-    let ph = Phantom::new(seed, WIDTH, height);
-    let mut pool: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; chunk_bytes]).collect();
+/// Computes phantom projections `0..n` of `seed`, on all cpus.
+pub fn phantom_pool(seed: u64, n: u64) -> Vec<Vec<u8>> {
+    let ph = Phantom::new(seed, WIDTH, HEIGHT);
+    let mut pool: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; PROJECTION_BYTES]).collect();
     let threads = std::thread::available_parallelism()
         .map(|t| t.get())
         .unwrap_or(1);
@@ -83,11 +82,8 @@ pub fn phantom_pool(seed: u64, chunk_bytes: usize, n: u64) -> Vec<Vec<u8>> {
         for (k, part) in pool.chunks_mut(per).enumerate() {
             let ph = &ph;
             s.spawn(move || {
-                let mut full = vec![0u8; ph.chunk_bytes()];
                 for (j, out) in part.iter_mut().enumerate() {
-                    ph.fill((k * per + j) as u64, &mut full);
-                    let n = out.len();
-                    out.copy_from_slice(&full[..n]);
+                    ph.fill((k * per + j) as u64, out);
                 }
             });
         }
@@ -107,8 +103,17 @@ impl ChunkReader {
         match self {
             ChunkReader::File(f) => f.read_exact_at(out, offset),
             ChunkReader::Synthetic(pool) => {
-                let p = &pool[(seq % pool.len() as u64) as usize];
-                out.copy_from_slice(&p[..out.len()]);
+                let period = pool.len() as u64 * PROJECTION_BYTES as u64;
+                let mut at = offset % period;
+                let mut done = 0;
+                while done < out.len() {
+                    let p = &pool[(at / PROJECTION_BYTES as u64) as usize];
+                    let from = (at % PROJECTION_BYTES as u64) as usize;
+                    let n = (PROJECTION_BYTES - from).min(out.len() - done);
+                    out[done..done + n].copy_from_slice(&p[from..from + n]);
+                    done += n;
+                    at = (at + n as u64) % period;
+                }
                 let tag = seq.to_le_bytes();
                 let n = out.len().min(8);
                 out[..n].copy_from_slice(&tag[..n]);
@@ -127,7 +132,7 @@ pub fn write_synthetic_file(
     chunk_bytes: usize,
 ) -> std::io::Result<()> {
     let spec = SourceSpec::Synthetic { bytes, seed };
-    let mut r = spec.open(chunk_bytes)?;
+    let mut r = spec.open()?;
     let f = File::create(path)?;
     let mut buf = vec![0u8; chunk_bytes];
     let mut off = 0u64;
@@ -140,4 +145,50 @@ pub fn write_synthetic_file(
         seq += 1;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every chunk of a synthetic source, read with chunks of `chunk` bytes, concatenated, with
+    /// the 8 tag bytes at each chunk's start zeroed.
+    fn untagged(bytes: u64, chunk: usize) -> Vec<u8> {
+        let mut r = SourceSpec::Synthetic { bytes, seed: 3 }.open().unwrap();
+        let mut all = vec![0u8; bytes as usize];
+        for (seq, part) in all.chunks_mut(chunk).enumerate() {
+            r.read(seq as u64, (seq * chunk) as u64, part).unwrap();
+            let n = part.len().min(8);
+            part[..n].fill(0);
+        }
+        all
+    }
+
+    #[test]
+    fn synthetic_bytes_do_not_depend_on_the_chunk_size() {
+        // Two projections and a bit: chunks cross projection boundaries.
+        let bytes = 2 * PROJECTION_BYTES as u64 + 12_345;
+        let whole = untagged(bytes, PROJECTION_BYTES);
+        for chunk in [1 << 20, 524_288 + 7, 4096] {
+            let mut small = untagged(bytes, chunk);
+            // Zero where the projection-sized reading zeroed its tags, too.
+            for p in (0..small.len()).step_by(PROJECTION_BYTES) {
+                small[p..(p + 8).min(bytes as usize)].fill(0);
+            }
+            let mut whole = whole.clone();
+            for p in (0..whole.len()).step_by(chunk) {
+                whole[p..(p + 8).min(bytes as usize)].fill(0);
+            }
+            assert!(small == whole, "chunk {chunk}: bytes differ");
+        }
+        // Projections differ from each other, and chunks carry their sequence number.
+        assert_ne!(
+            whole[8..4096],
+            whole[PROJECTION_BYTES + 8..PROJECTION_BYTES + 4096]
+        );
+        let mut r = SourceSpec::Synthetic { bytes, seed: 3 }.open().unwrap();
+        let mut c = vec![0u8; 4096];
+        r.read(5, 5 * 4096, &mut c).unwrap();
+        assert_eq!(c[..8], 5u64.to_le_bytes());
+    }
 }

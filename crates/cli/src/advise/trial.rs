@@ -63,7 +63,7 @@ pub const WORKLOADS: &[Workload] = &[
     },
     Workload {
         name: "stream",
-        about: "LZ4 compress, send over loopback TCP, receive, decompress: 20 MB (seed 001)",
+        about: "LZ4 compress, send over loopback TCP, receive, decompress: 221 MB, 20 projections (seed 001)",
         bench: "stream --quick --no-os --peers= --protection=",
         printed: None,
     },

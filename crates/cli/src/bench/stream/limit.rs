@@ -61,7 +61,10 @@ pub(super) fn codec_rows(
     reps: usize,
 ) -> anyhow::Result<Vec<CodecCost>> {
     let raw = std::fs::read(data)?;
-    let raw = &raw[..raw.len().min(8 * chunk)];
+    // At least 8 projections (88 MB, beyond any cache) whatever the chunk size.
+    let raw = &raw[..raw
+        .len()
+        .min(8 * chunk.max(loci_stream::phantom::PROJECTION_BYTES))];
     let n = raw.chunks(chunk).count();
     let mut comp: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; Codec::bound(chunk)]).collect();
     let mut sizes = vec![0usize; n];

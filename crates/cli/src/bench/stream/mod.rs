@@ -90,13 +90,17 @@ pub struct StreamArgs {
     /// plan-vs-OS rows, no peers (so lz4 and nc are not needed).
     #[arg(long, conflicts_with = "codec_only")]
     pub protection_only: bool,
+    /// Chunk size of loci's stream and of the limit's codec and TCP measurements (the data stays
+    /// the same phantom projections). Default: what `loci stream plan` picks for this machine.
+    #[arg(long, value_parser = crate::stream::parse_usize_bytes)]
+    pub chunk_bytes: Option<usize>,
 }
 
 /// Every `--peers` name (the pipelines are in `peers`).
 const PEERS: [&str; 4] = ["lz4-nc", "lz4-nc-par", "lz4-mt", "raw-tcp"];
 
 /// Bytes per run without `--bytes` or `--quick`: the size the goals are stated for.
-const FULL_CHUNKS: u64 = 60;
+const FULL_PROJECTIONS: u64 = 60;
 
 pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
     a.peers.retain(|p| !p.is_empty()); // `--peers ''`: none
@@ -110,10 +114,10 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
         !(a.protection_only && modes.is_empty()),
         "--protection-only with no --protection modes: nothing to run"
     );
-    let chunk = loci_stream::phantom::CHUNK_BYTES;
-    let full_bytes = FULL_CHUNKS * chunk as u64;
+    let projection = loci_stream::phantom::PROJECTION_BYTES;
+    let full_bytes = FULL_PROJECTIONS * projection as u64;
     let bytes = a.bytes.unwrap_or(if a.common.quick {
-        20 * chunk as u64
+        20 * projection as u64
     } else {
         full_bytes
     });
@@ -122,6 +126,15 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
     // Allowed cpus (affinity, cgroup quota): the parallel peer's pipeline count and the limit's cores.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let topo = crate::this_machine()?;
+    let p = plan(
+        &topo,
+        &topo,
+        &PlanOptions {
+            chunk_bytes: a.chunk_bytes,
+            ..PlanOptions::default()
+        },
+    )?;
+    let chunk = p.senders[0].chunk_bytes;
     let mut rep = Report::new(
         "stream",
         serde_json::json!({ "bytes": bytes, "chunk_bytes": chunk, "reps": reps, "data": "phantom seed 42", "sink": "discard", "link": "loopback", "cores": cores }),
@@ -133,12 +146,11 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
         "writing {bytes} bytes of phantom projections to {}",
         data.display()
     );
-    loci_stream::source::write_synthetic_file(&data, bytes, 42, chunk)?;
+    loci_stream::source::write_synthetic_file(&data, bytes, 42, projection)?;
     let costs = codec_rows(&mut rep, &data, chunk, reps)?;
     if a.codec_only {
         return Ok(rep);
     }
-    let p = plan(&topo, &topo, &PlanOptions::default())?;
     // The limit's parts, for the codec loci streams with: one core each, measured now.
     let codec = p.senders[0].codec;
     let cost = costs[Codec::ALL
