@@ -141,11 +141,10 @@ pub struct PlanArgs {
     /// All streams leave one sender machine (split its cores); default: one sender per stream.
     #[arg(long)]
     pub shared_sender: bool,
-    /// Chunk size in bytes. Default: the L2 cache size of the sender's cores, as a power of two
-    /// in 256 KiB..4 MiB (so each chunk is still cached when it is hashed after compressing and
-    /// after decompressing), or 1 MiB when the sender's topology gives no L2.
-    #[arg(long, value_parser = parse_usize_bytes)]
-    pub chunk_bytes: Option<usize>,
+    /// Chunk size in bytes (1 MiB: a chunk is still cached when it is hashed after compressing
+    /// and after decompressing; docs/stream.md, "Chunk size").
+    #[arg(long, default_value_t = loci_stream::config::DEFAULT_CHUNK_BYTES, value_parser = parse_usize_bytes)]
+    pub chunk_bytes: usize,
     /// LZ4 implementation: lz4-c (the reference C library, the default: faster in quiet
     /// `loci bench stream --codec-only` runs) or lz4-flex (pure Rust); both speak the same block
     /// format.

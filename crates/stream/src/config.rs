@@ -201,8 +201,10 @@ pub enum ConfigError {
     Secret(String),
 }
 
-/// Chunk size of a sender config that gives none: 1 MiB, what `loci stream plan` picks for cores
-/// with 1-2 MiB of L2 ([`crate::plan::cache_sized_chunk`]).
+/// Chunk size of a sender config that gives none, and of `loci stream plan`: 1 MiB. Small enough
+/// that a chunk and its compressed copy are still cached when they are hashed, large enough that
+/// per-chunk costs vanish; the best of 512 KiB to 11 MB on the development machine
+/// (docs/stream.md, "Chunk size").
 pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
 fn default_chunk() -> usize {
     DEFAULT_CHUNK_BYTES

@@ -43,8 +43,8 @@ pub struct PlanOptions {
     /// All streams leave one sender machine (its cores are split between them); default: each
     /// stream has its own sender machine of this topology (seed 001 used four).
     pub shared_sender: bool,
-    /// Chunk size; `None`: sized to the compressing cores' L2 cache ([`cache_sized_chunk`]).
-    pub chunk_bytes: Option<usize>,
+    /// Chunk size (default [`crate::config::DEFAULT_CHUNK_BYTES`]).
+    pub chunk_bytes: usize,
     pub codec: Codec,
 }
 
@@ -56,7 +56,7 @@ impl Default for PlanOptions {
             nic_node: None,
             sender_nic_node: None,
             shared_sender: false,
-            chunk_bytes: None,
+            chunk_bytes: crate::config::DEFAULT_CHUNK_BYTES,
             codec: Codec::default(),
         }
     }
@@ -265,40 +265,6 @@ fn interleave(lists: Vec<Vec<u32>>) -> Vec<u32> {
     out
 }
 
-/// Smallest and largest chunk [`cache_sized_chunk`] picks.
-const CACHE_CHUNK_RANGE: (usize, usize) = (256 << 10, 4 << 20);
-
-/// The chunk size for compressing cores `cores` of `t`: the largest power of two at most their
-/// smallest L2 (clamped to 256 KiB..4 MiB), so a chunk is still cached when it is hashed after
-/// compressing it, and on the receiver after decompressing it. On the development machine (1 MiB
-/// of L2) 1 MiB chunks beat 512 KiB, 2, 4 and 11 MiB ones (docs/stream.md, "Cache-sized chunks").
-/// Without L2 facts, [`crate::config::DEFAULT_CHUNK_BYTES`]. Returns the size and why.
-pub fn cache_sized_chunk(t: &Topology, cores: &[u32]) -> (usize, String) {
-    let l2 = t
-        .caches_at(2)
-        .filter(|c| cores.iter().any(|&cpu| c.cpus.contains(cpu)))
-        .map(|c| c.size_bytes)
-        .min();
-    match l2 {
-        Some(size) if size > 0 => {
-            let size_usize = usize::try_from(size).unwrap_or(usize::MAX);
-            let pow = 1usize << (usize::BITS - 1 - size_usize.leading_zeros());
-            let (lo, hi) = CACHE_CHUNK_RANGE;
-            (
-                pow.clamp(lo, hi),
-                format!(
-                    "the {size}-byte L2 of the compressing cores, as a power of two in \
-                     {lo}..={hi}, so a chunk is still cached when it is hashed"
-                ),
-            )
-        }
-        _ => (
-            crate::config::DEFAULT_CHUNK_BYTES,
-            "the default: the sender's topology gives no L2 size for its cores".into(),
-        ),
-    }
-}
-
 /// Generates the sender and receiver configurations.
 pub fn plan(
     sender: &Topology,
@@ -309,13 +275,11 @@ pub fn plan(
     if k == 0 {
         return Err(StreamPlanError::NoStreams);
     }
-    if let Some(c) = o.chunk_bytes {
-        if c == 0 || c as u64 > crate::config::MAX_CHUNK_BYTES {
-            return Err(StreamPlanError::ChunkBytes {
-                bytes: c,
-                max: crate::config::MAX_CHUNK_BYTES,
-            });
-        }
+    if o.chunk_bytes == 0 || o.chunk_bytes as u64 > crate::config::MAX_CHUNK_BYTES {
+        return Err(StreamPlanError::ChunkBytes {
+            bytes: o.chunk_bytes,
+            max: crate::config::MAX_CHUNK_BYTES,
+        });
     }
     let mut notes = Vec::new();
     // Receiver.
@@ -429,14 +393,6 @@ pub fn plan(
             " (every core of its sender)".into()
         }
     ));
-    let chunk_bytes = match o.chunk_bytes {
-        Some(c) => c,
-        None => {
-            let (c, why) = cache_sized_chunk(sender, &sender_cores);
-            notes.push(format!("chunk {c} bytes: {why}"));
-            c
-        }
-    };
     let mut senders = Vec::new();
     let mut rparts = Vec::new();
     let (mut stages, mut rstages) = (Vec::new(), Vec::new());
@@ -468,7 +424,7 @@ pub fn plan(
         let window = comp.len() + queue_depth + nsend + recv_depth + dc.len() + 4;
         senders.push(SenderConfig {
             stream: s as u32,
-            chunk_bytes,
+            chunk_bytes: o.chunk_bytes,
             codec: o.codec,
             window,
             queue_depth,
@@ -643,55 +599,6 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn chunks_are_sized_to_the_compressing_cores_l2() {
-        let on_node_0 = |o: PlanOptions| PlanOptions {
-            nic_node: Some(0),
-            ..o
-        };
-        let plan_on = |t: &Topology, o: PlanOptions| plan_on(t, on_node_0(o));
-        let chunk = |t: &Topology, o: PlanOptions| plan_on(t, o).senders[0].chunk_bytes;
-        // Ice Lake: 1.25 MiB of L2 per core -> 1 MiB.
-        let gold = preset("xeon-gold-6346-2s");
-        assert_eq!(chunk(&gold, PlanOptions::default()), 1 << 20);
-        assert!(plan_on(&gold, PlanOptions::default())
-            .notes
-            .iter()
-            .any(|n| n.starts_with("chunk 1048576 bytes: the 1310720-byte L2")));
-        // Broadwell: 256 KiB of L2, the smallest chunk picked.
-        assert_eq!(
-            chunk(&preset("xeon-e7-4850v4-4s"), PlanOptions::default()),
-            256 << 10
-        );
-        // No cache facts: the config's default.
-        let bare = machine(2, 4, &[("eth0", Some(0))]);
-        assert_eq!(
-            chunk(&bare, PlanOptions::default()),
-            crate::config::DEFAULT_CHUNK_BYTES
-        );
-        // A chunk size given is kept, and no note explains a choice that was not made.
-        let given = PlanOptions {
-            chunk_bytes: Some(11_059_200),
-            ..Default::default()
-        };
-        assert_eq!(chunk(&gold, given.clone()), 11_059_200);
-        assert!(!plan_on(&gold, given)
-            .notes
-            .iter()
-            .any(|n| n.starts_with("chunk ")));
-        // A huge L2 is clamped to 4 MiB, a tiny one to 256 KiB.
-        let mut big = bare.clone();
-        big.caches.push(loci_topo::Cache {
-            level: 2,
-            kind: loci_topo::CacheKind::Unified,
-            size_bytes: 64 << 20,
-            cpus: big.cpus.iter().map(|c| c.id).collect(),
-        });
-        assert_eq!(chunk(&big, PlanOptions::default()), 4 << 20);
-        big.caches[0].size_bytes = 1000;
-        assert_eq!(chunk(&big, PlanOptions::default()), 256 << 10);
-    }
-
-    #[test]
     fn the_gold_6346_preset_gives_the_same_plan_as_the_hand_built_machine() {
         check_seed_split(&preset("xeon-gold-6346-2s"), "ens5f0np0");
     }
@@ -813,7 +720,7 @@ pub(crate) mod tests {
             (
                 xeon_6346(),
                 PlanOptions {
-                    chunk_bytes: Some(0),
+                    chunk_bytes: 0,
                     ..o()
                 },
                 "--chunk-bytes 0 outside 1..=268435456",
@@ -821,7 +728,7 @@ pub(crate) mod tests {
             (
                 xeon_6346(),
                 PlanOptions {
-                    chunk_bytes: Some(8 << 30),
+                    chunk_bytes: 8 << 30,
                     ..o()
                 },
                 "--chunk-bytes 8589934592 outside",

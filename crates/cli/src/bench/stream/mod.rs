@@ -91,9 +91,9 @@ pub struct StreamArgs {
     #[arg(long, conflicts_with = "codec_only")]
     pub protection_only: bool,
     /// Chunk size of loci's stream and of the limit's codec and TCP measurements (the data stays
-    /// the same phantom projections). Default: what `loci stream plan` picks for this machine.
-    #[arg(long, value_parser = crate::stream::parse_usize_bytes)]
-    pub chunk_bytes: Option<usize>,
+    /// the same phantom projections). Default: `loci stream`'s, 1 MiB.
+    #[arg(long, default_value_t = loci_stream::config::DEFAULT_CHUNK_BYTES, value_parser = crate::stream::parse_usize_bytes)]
+    pub chunk_bytes: usize,
 }
 
 /// Every `--peers` name (the pipelines are in `peers`).
