@@ -303,7 +303,13 @@ pub fn read_file(path: &core::ffi::CStr, buf: &mut [u8]) -> Option<usize> {
     Some(n)
 }
 
-/// Calls `f(id)` for every id of a Linux list (`0-3,8,10-11`). Returns false on malformed text.
+/// The largest id [`parse_list`] accepts: the limit of loci's cpu and node lists
+/// (`loci_topo::idset::MAX_ID`). Bounding ids bounds the work of a range (`0-99999999999`
+/// would otherwise call `f` for ever).
+pub const MAX_LIST_ID: usize = 65_535;
+
+/// Calls `f(id)` for every id of a Linux list (`0-3,8,10-11`). Returns false on malformed text
+/// and on an id above [`MAX_LIST_ID`].
 pub fn parse_list(text: &[u8], mut f: impl FnMut(usize)) -> bool {
     let mut i = 0;
     let num = |i: &mut usize| -> Option<usize> {
@@ -313,7 +319,7 @@ pub fn parse_list(text: &[u8], mut f: impl FnMut(usize)) -> bool {
             v = v.checked_mul(10)?.checked_add((text[*i] - b'0') as usize)?;
             *i += 1;
         }
-        (*i > s).then_some(v)
+        (*i > s && v <= MAX_LIST_ID).then_some(v)
     };
     while i < text.len() && !text[i].is_ascii_whitespace() {
         let Some(a) = num(&mut i) else { return false };
@@ -552,6 +558,16 @@ mod tests {
         assert!(!parse_list(b"3-1", |_| {}));
         assert!(!parse_list(b"1,x", |_| {}));
         assert!(!parse_list(b"-1", |_| {}));
+    }
+
+    #[test]
+    fn lists_refuse_ids_beyond_the_limit_instead_of_walking_them() {
+        // This range called `f` 2^64 times: a hang inside the allocator's first call.
+        assert!(!parse_list(b"0-18446744073709551615", |_| {}));
+        assert!(!parse_list(b"65536", |_| panic!()));
+        let mut n = 0;
+        assert!(parse_list(b"65530-65535\n", |_| n += 1));
+        assert_eq!(n, 6);
     }
 
     #[test]

@@ -30,13 +30,12 @@ pub struct Knobs {
 
 /// Parses `numa_balancing` (`0` off, `1` on, `2`/`3` memory-tiering modes).
 pub fn parse_autonuma(text: &str) -> Result<String, String> {
-    match text.trim() {
-        "0" => Ok("off".into()),
-        "1" => Ok("on".into()),
-        v => match v.parse::<u32>() {
-            Ok(n) => Ok(format!("on (mode {n})")),
-            Err(_) => Err(format!("numa_balancing: `{v}` is not a number")),
-        },
+    let v = text.trim();
+    match v.parse::<u32>() {
+        Ok(0) => Ok("off".into()),
+        Ok(1) => Ok("on".into()),
+        Ok(n) => Ok(format!("on (mode {n})")),
+        Err(_) => Err(format!("numa_balancing: `{v}` is not a number")),
     }
 }
 
@@ -164,6 +163,9 @@ mod tests {
         assert_eq!(parse_autonuma("1").unwrap(), "on");
         assert_eq!(parse_autonuma("2").unwrap(), "on (mode 2)");
         assert!(parse_autonuma("x").is_err());
+        // Found by the fuzz target proc_text: `00` read as "on (mode 0)", not as off.
+        assert_eq!(parse_autonuma("00\n").unwrap(), "off");
+        assert_eq!(parse_autonuma("+1").unwrap(), "on");
         assert_eq!(parse_choice("always [madvise] never\n").unwrap(), "madvise");
         assert_eq!(
             parse_choice("always defer defer+madvise [madvise] never").unwrap(),

@@ -174,7 +174,10 @@ pub fn parse_numa_maps(text: &str) -> Result<Vec<NumaMap>, ProcError> {
                     let pages: u64 = v
                         .parse()
                         .map_err(|_| err(format!("`{tok}`: page count is not a number")))?;
-                    *m.pages.entry(node).or_insert(0) += pages;
+                    let sum = m.pages.entry(node).or_insert(0);
+                    *sum = sum.checked_add(pages).ok_or_else(|| {
+                        err(format!("`{tok}`: pages of node {node} add up beyond 2^64"))
+                    })?;
                 }
             }
         }
@@ -183,12 +186,15 @@ pub fn parse_numa_maps(text: &str) -> Result<Vec<NumaMap>, ProcError> {
     Ok(out)
 }
 
-/// Bytes per node of the anonymous (non-file) mappings: the program's own data.
+/// Bytes per node of the anonymous (non-file) mappings: the program's own data. Saturates at
+/// `u64::MAX` bytes (only a forged numa_maps gets there).
 pub fn anon_bytes_per_node(maps: &[NumaMap]) -> BTreeMap<u32, u64> {
     let mut out = BTreeMap::new();
     for m in maps.iter().filter(|m| m.anon) {
         for (&n, &p) in &m.pages {
-            *out.entry(n).or_insert(0) += p * m.page_kb * 1024;
+            let bytes = p.saturating_mul(m.page_kb).saturating_mul(1024);
+            let sum: &mut u64 = out.entry(n).or_insert(0);
+            *sum = sum.saturating_add(bytes);
         }
     }
     out
@@ -196,14 +202,15 @@ pub fn anon_bytes_per_node(maps: &[NumaMap]) -> BTreeMap<u32, u64> {
 
 /// Share of bytes not on `expected` nodes (0.0 when there are none).
 pub fn remote_share(per_node: &BTreeMap<u32, u64>, expected: &NodeSet) -> f64 {
-    let total: u64 = per_node.values().sum();
+    // Summed in u128: the sum of 2^32 u64 values cannot wrap.
+    let total: u128 = per_node.values().map(|&b| u128::from(b)).sum();
     if total == 0 {
         return 0.0;
     }
-    let remote: u64 = per_node
+    let remote: u128 = per_node
         .iter()
         .filter(|(n, _)| !expected.contains(**n))
-        .map(|(_, b)| b)
+        .map(|(_, &b)| u128::from(b))
         .sum();
     remote as f64 / total as f64
 }
@@ -594,6 +601,31 @@ mod tests {
         assert_eq!(remote_share(&BTreeMap::new(), &NodeSet::single(0)), 0.0);
         assert!(parse_numa_maps("zz default N0=1\n").is_err());
         assert!(parse_numa_maps("1000 default N0=x\n").is_err());
+    }
+
+    #[test]
+    fn numa_maps_with_huge_counts_saturate_instead_of_wrapping() {
+        // Found by the fuzz target proc_text: pages times page size overflowed (a panic with
+        // overflow checks, a wrong byte count without).
+        let m =
+            parse_numa_maps("7f0000000005 interleave:0-1 anon=4 N0=203744114072970675\n").unwrap();
+        let per = anon_bytes_per_node(&m);
+        assert_eq!(per[&0], u64::MAX);
+        let m = parse_numa_maps(&format!(
+            "1000 default N0={0}\n2000 default N0={0} N1=1\n",
+            u64::MAX
+        ))
+        .unwrap();
+        let per = anon_bytes_per_node(&m);
+        assert_eq!(per[&0], u64::MAX);
+        let share = remote_share(&per, &NodeSet::single(1));
+        assert!((share - 1.0).abs() < 1e-12, "{share}");
+        // Two counts of one node on one line that add up beyond u64 (read while writing the
+        // target): an error naming the token, not a wrap.
+        let e = parse_numa_maps(&format!("1000 default N0={} N0=1\n", u64::MAX)).unwrap_err();
+        assert!(e.to_string().contains("line 1: `N0=1`"), "{e}");
+        let per = BTreeMap::from([(0, u64::MAX), (1, u64::MAX)]);
+        assert_eq!(remote_share(&per, &NodeSet::single(0)), 0.5);
     }
 
     #[test]

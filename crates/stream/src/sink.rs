@@ -244,8 +244,16 @@ pub fn load_journal(path: &Path, t: &Transfer) -> io::Result<Option<Vec<(u64, u6
     };
     let mut data = Vec::new();
     f.read_to_end(&mut data).map_err(at(&jp))?;
+    Ok(parse_journal(&data, t))
+}
+
+/// The chunks that the bytes of a journal file record for transfer `t`, as (seq, chunk hash)
+/// sorted by seq; `None` if they are not a version 2 journal of this transfer. What survived a
+/// crash or a power loss is outside input: a torn or forged journal loads as its valid prefix
+/// (the rules are in the module doc), never as an error.
+pub fn parse_journal(data: &[u8], t: &Transfer) -> Option<Vec<(u64, u64)>> {
     if data.len() < JHEADER || data[..JHEADER] != jheader(t) {
-        return Ok(None);
+        return None;
     }
     let mut have = BTreeMap::new();
     for rec in data[JHEADER..].chunks_exact(JRECORD) {
@@ -255,7 +263,7 @@ pub fn load_journal(path: &Path, t: &Transfer) -> io::Result<Option<Vec<(u64, u6
         }
         have.insert(seq, hash);
     }
-    Ok(Some(have.into_iter().collect()))
+    Some(have.into_iter().collect())
 }
 
 /// Reads every journaled chunk back from `file` and sorts them into kept and repaired.
@@ -583,6 +591,26 @@ mod tests {
         let (_, r) = StreamSink::open(&spec, 0, other, true, Sync::Data).unwrap();
         assert_eq!(r, Resumed::default());
         assert_eq!(std::fs::metadata(&p).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn journal_bytes_parse_without_a_file() {
+        let t = t38();
+        let mut j = jheader(&t).to_vec();
+        assert_eq!(parse_journal(&j, &t), Some(vec![]));
+        assert_eq!(parse_journal(&j[..JHEADER - 1], &t), None);
+        j.extend_from_slice(&jrecord(7, 70, t.transfer));
+        j.extend_from_slice(&jrecord(2, 20, t.transfer));
+        j.extend_from_slice(&jrecord(7, 71, t.transfer));
+        // A seq beyond the stream ends the journal, as a torn record does.
+        j.extend_from_slice(&jrecord(t.total_chunks, 1, t.transfer));
+        j.extend_from_slice(&jrecord(3, 30, t.transfer));
+        assert_eq!(parse_journal(&j, &t), Some(vec![(2, 20), (7, 71)]));
+        let other = Transfer {
+            chunk_bytes: 5,
+            ..t
+        };
+        assert_eq!(parse_journal(&j, &other), None);
     }
 
     #[test]
