@@ -5,7 +5,13 @@
 use loci_topo::{CpuSet, Source, Topology, TopologyJson};
 use proptest::prelude::*;
 
-/// A random valid spec.
+/// The divisors of `n`, ascending.
+fn divisors(n: u32) -> Vec<u32> {
+    (1..=n).filter(|&d| n.is_multiple_of(d)).collect()
+}
+
+/// A random valid spec. Cache groups must split a node evenly and an L2 group an L3 group, so
+/// numeric `llc` and `l2` are picked among the divisors (by index, modulo their count).
 fn spec() -> impl Strategy<Value = String> {
     (
         1u32..=6,
@@ -15,9 +21,9 @@ fn spec() -> impl Strategy<Value = String> {
             Just("node".to_string()),
             Just("core".to_string()),
             Just("package".to_string()),
-            (1u32..=4).prop_map(|n| n.to_string())
+            (0usize..4).prop_map(|i| format!("#{i}"))
         ],
-        prop_oneof![Just("core".to_string()), (1u32..=3).prop_map(|n| n.to_string())],
+        prop_oneof![Just("core".to_string()), (0usize..4).prop_map(|i| format!("#{i}"))],
         any::<bool>(),
         0u32..3,
         0u32..3,
@@ -26,6 +32,16 @@ fn spec() -> impl Strategy<Value = String> {
     )
         .prop_map(
             |(nodes, cores, smt, llc, l2, adjacent, cpuless, memless, local, remote)| {
+                let pick = |choice: String, of: u32| match choice.strip_prefix('#') {
+                    Some(i) => {
+                        let d = divisors(of);
+                        (d[i.parse::<usize>().unwrap() % d.len()].to_string(), true)
+                    }
+                    None => (choice, false),
+                };
+                let (llc, numeric) = pick(llc, cores);
+                let l3_cores = if numeric { llc.parse().unwrap() } else { cores };
+                let (l2, _) = pick(l2, l3_cores);
                 // cpuless: the last `cpuless` nodes, memless: the first ones, never all, never
                 // both on one node.
                 let cpuless = cpuless.min(nodes - 1);
