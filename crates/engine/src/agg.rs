@@ -212,7 +212,7 @@ pub fn w2(exec: &Exec, table: &Table) -> Result<(Vec<GroupAgg>, AggRun), EngineE
     }
     if width <= DENSE_MAX {
         let shift = range_shift(width);
-        let f = RangePart::new(min, max, shift);
+        let f = RangePart::new(min, max, shift)?;
         let parts = partition(exec, table, &f)?;
         let outs = per_partition(
             exec,
@@ -237,9 +237,7 @@ pub fn w2(exec: &Exec, table: &Table) -> Result<(Vec<GroupAgg>, AggRun), EngineE
             },
         ));
     }
-    let f = HashPart {
-        bits: hash_bits(table.rows()),
-    };
+    let f = HashPart::new(hash_bits(table.rows()))?;
     let parts = partition(exec, table, &f)?;
     let outs = per_partition(
         exec,
@@ -288,7 +286,7 @@ pub fn w1(exec: &Exec, table: &Table) -> Result<(Vec<GroupMedian>, AggRun), Engi
     };
     if width <= DENSE_MAX {
         let shift = range_shift(width);
-        let f = RangePart::new(min, max, shift);
+        let f = RangePart::new(min, max, shift)?;
         let parts = partition(exec, table, &f)?;
         let n = 1usize << shift;
         let outs = per_partition(
@@ -336,9 +334,7 @@ pub fn w1(exec: &Exec, table: &Table) -> Result<(Vec<GroupMedian>, AggRun), Engi
             },
         ));
     }
-    let f = HashPart {
-        bits: hash_bits(table.rows()),
-    };
+    let f = HashPart::new(hash_bits(table.rows()))?;
     let parts = partition(exec, table, &f)?;
     let outs = per_partition(exec, &parts, Vec::<u64>::new, |p, buf: &mut Vec<u64>| {
         buf.clear();

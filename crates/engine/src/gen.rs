@@ -174,13 +174,29 @@ pub struct ZipfTable {
 }
 
 impl ZipfTable {
-    /// Table for `n >= 1` ranks and exponent `e`.
-    pub fn new(n: usize, e: f64) -> ZipfTable {
+    /// Table for `n` ranks (1 to 2^32, as ranks are `u32`) and a finite exponent `e`.
+    pub fn new(n: usize, e: f64) -> Result<ZipfTable, EngineError> {
+        if n == 0 || n - 1 > u32::MAX as usize {
+            return Err(EngineError::Invalid(format!(
+                "zipf: {n} ranks; give 1 to {}",
+                u32::MAX as u64 + 1
+            )));
+        }
+        if !e.is_finite() {
+            return Err(EngineError::Invalid(format!(
+                "zipf: exponent {e}; give a finite number (0.5 is the usual skew)"
+            )));
+        }
         let mut cdf = Vec::with_capacity(n);
         let mut acc = 0.0f64;
         for r in 1..=n {
             acc += (r as f64).powf(-e);
             cdf.push(acc);
+        }
+        if !acc.is_finite() {
+            return Err(EngineError::Invalid(format!(
+                "zipf: exponent {e} over {n} ranks gives weights too large for an f64; give a larger exponent"
+            )));
         }
         for c in &mut cdf {
             *c /= acc;
@@ -197,12 +213,16 @@ impl ZipfTable {
             }
             guide.push(k as u32);
         }
-        ZipfTable { cdf, guide }
+        Ok(ZipfTable { cdf, guide })
     }
 
-    /// Zero-based rank for a uniform `u` in `[0, 1)`: the smallest `k` with `u < cdf[k]`.
+    /// Zero-based rank for a uniform `u` in `[0, 1)`: the smallest `k` with `u < cdf[k]`. Any
+    /// other `u` gives a rank too (below 0: the first, 1 or above: the last), never a panic.
     #[inline(always)]
     pub fn index(&self, u: f64) -> u32 {
+        // The largest f64 below 1: `cdf` ends with 1.0, so the search stops inside the table.
+        const BELOW_ONE: f64 = 1.0 - f64::EPSILON / 2.0;
+        let u = u.min(BELOW_ONE);
         let n = self.cdf.len();
         let mut k = self.guide[((u * n as f64) as usize).min(n - 1)] as usize;
         while self.cdf[k] <= u {
@@ -233,7 +253,10 @@ impl AggGen {
         if spec.groups == 0 {
             return Err(EngineError::Invalid("--groups must be at least 1".into()));
         }
-        let zipf = (spec.dist == Dist::Zipf).then(|| ZipfTable::new(spec.groups as usize, 0.5));
+        let zipf = match spec.dist {
+            Dist::Zipf => Some(ZipfTable::new(spec.groups as usize, 0.5)?),
+            _ => None,
+        };
         Ok(AggGen { spec, zipf })
     }
 
@@ -396,12 +419,32 @@ mod tests {
 
     #[test]
     fn zipf_inverse_cdf_matches_linear_search() {
-        let z = ZipfTable::new(1000, 0.5);
+        let z = ZipfTable::new(1000, 0.5).unwrap();
         for i in 0..10_000u64 {
             let u = (mix64(i) >> 11) as f64 / (1u64 << 53) as f64;
             let want = z.cdf.iter().position(|&c| u < c).unwrap() as u32;
             assert_eq!(z.index(u), want);
         }
+    }
+
+    #[test]
+    fn zipf_refuses_what_it_cannot_draw_from() {
+        let e = ZipfTable::new(0, 0.5).err().unwrap().to_string();
+        assert!(e.contains("zipf: 0 ranks; give 1 to 4294967296"), "{e}");
+        let e = ZipfTable::new(10, f64::NAN).err().unwrap().to_string();
+        assert!(e.contains("exponent NaN") && e.contains("finite"), "{e}");
+        assert!(ZipfTable::new(10, f64::INFINITY).is_err());
+        let e = ZipfTable::new(10, -400.0).err().unwrap().to_string();
+        assert!(e.contains("too large for an f64"), "{e}");
+        // One rank: every draw is rank 0, for any u (out-of-range ones included).
+        let z = ZipfTable::new(1, 0.5).unwrap();
+        for u in [0.0, 0.5, 1.0, 2.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert_eq!(z.index(u), 0, "{u}");
+        }
+        let z = ZipfTable::new(100, 0.5).unwrap();
+        assert_eq!(z.index(1.0), 99);
+        assert_eq!(z.index(f64::INFINITY), 99);
+        assert_eq!(z.index(-3.0), 0);
     }
 
     #[test]

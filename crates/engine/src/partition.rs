@@ -48,19 +48,24 @@ pub trait PartFn: Sync {
 }
 
 /// Range partitioning: `(k - min) >> shift` (keys in one partition form a key range; order of
-/// partitions is key order).
+/// partitions is key order). Built by [`RangePart::new`], which checks the range.
 #[derive(Debug, Clone, Copy)]
 pub struct RangePart {
-    pub min: u32,
-    pub shift: u32,
-    pub parts: usize,
+    min: u32,
+    shift: u32,
+    parts: usize,
 }
 
 impl RangePart {
-    /// Partitions of `2^shift` keys covering `[min, max]`.
-    pub fn new(min: u32, max: u32, shift: u32) -> RangePart {
+    /// Partitions of `2^shift` keys covering `[min, max]` (`min <= max`, `shift` below 32).
+    pub fn new(min: u32, max: u32, shift: u32) -> Result<RangePart, EngineError> {
+        if min > max || shift >= 32 {
+            return Err(EngineError::Invalid(format!(
+                "range partitioning of keys {min}..={max} by 2^{shift}: give min <= max and a shift of 0 to 31"
+            )));
+        }
         let parts = (((max - min) as u64 >> shift) + 1) as usize;
-        RangePart { min, shift, parts }
+        Ok(RangePart { min, shift, parts })
     }
 }
 
@@ -74,10 +79,26 @@ impl PartFn for RangePart {
     }
 }
 
-/// Hash partitioning on the top `bits` bits of [`hash`].
+/// Hash partitioning on the top `bits` bits of [`hash`]. Built by [`HashPart::new`].
 #[derive(Debug, Clone, Copy)]
 pub struct HashPart {
-    pub bits: u32,
+    bits: u32,
+}
+
+impl HashPart {
+    /// The most bits: 2^20 partitions (a histogram row per morsel is 4 bytes per partition).
+    pub const MAX_BITS: u32 = 20;
+
+    /// `2^bits` partitions, `bits` at most [`HashPart::MAX_BITS`].
+    pub fn new(bits: u32) -> Result<HashPart, EngineError> {
+        if bits > Self::MAX_BITS {
+            return Err(EngineError::Invalid(format!(
+                "hash partitioning into 2^{bits} partitions: give 0 to {} bits",
+                Self::MAX_BITS
+            )));
+        }
+        Ok(HashPart { bits })
+    }
 }
 
 impl PartFn for HashPart {
@@ -142,15 +163,19 @@ pub fn part_home(nodes: &[u32], p: usize, n: usize) -> u32 {
     nodes[p * nodes.len() / n.max(1)]
 }
 
-/// Partitions `table` by `f` on the executor's workers.
+/// Partitions `table` by `f` on the executor's workers. A key `f` puts at or beyond
+/// `f.parts()` (a key outside a [`RangePart`]'s range) is an error.
 pub fn partition<F: PartFn>(exec: &Exec, table: &Table, f: &F) -> Result<Partitioned, EngineError> {
     partition_rows(
         exec,
         table,
         f.parts(),
         |mo, h| {
+            // Out-of-range partitions are left uncounted; the scatter pass reports them.
             for &k in mo.keys() {
-                h[f.part(k)] += 1;
+                if let Some(c) = h.get_mut(f.part(k)) {
+                    *c += 1;
+                }
             }
         },
         |mo, sink| {
@@ -164,32 +189,43 @@ pub fn partition<F: PartFn>(exec: &Exec, table: &Table, f: &F) -> Result<Partiti
 /// Rows per write-combining buffer of the scatter.
 const WC: usize = 8;
 
-/// Where the scatter of one morsel writes: per partition a small write-combining buffer and the
-/// next output slot.
+/// Where the scatter of one morsel writes: per partition a small write-combining buffer, the
+/// next output slot and the end of the slots the histogram reserved.
 pub struct Sink<'a, T> {
     buf: &'a mut [[T; WC]],
     fill: &'a mut [u8],
     pos: &'a mut [usize],
+    end: &'a [usize],
     bases: &'a [SendPtr<T>],
+    /// The first partition whose pushes did not match the histogram (those rows are dropped).
+    bad: Option<usize>,
 }
 
 impl<T: Copy> Sink<'_, T> {
-    /// Appends `row` to partition `p`. The caller's histogram must have counted it (the
-    /// partition function of the scatter is the histogram's).
+    /// Appends `row` to partition `p`. A row the histogram did not count there (or a partition
+    /// out of range) is not written: [`partition_rows`] then returns an error.
     #[inline(always)]
     pub fn push(&mut self, p: usize, row: T) {
+        let Some(b) = self.buf.get_mut(p) else {
+            self.bad.get_or_insert(p);
+            return;
+        };
         let n = self.fill[p] as usize;
-        self.buf[p][n] = row;
+        b[n] = row;
         if n == WC - 1 {
-            // SAFETY: pos[p]..pos[p]+WC lies inside the range reserved for (morsel, p) by the
-            // histogram of pass 1; no other morsel writes it.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    self.buf[p].as_ptr(),
-                    self.bases[p].ptr().add(self.pos[p]),
-                    WC,
-                )
-            };
+            if self.pos[p] + WC > self.end[p] {
+                self.bad.get_or_insert(p);
+            } else {
+                // SAFETY: pos[p]..pos[p]+WC lies inside the range reserved for (morsel, p) by
+                // the histogram of pass 1 (checked just above); no other morsel writes it.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        b.as_ptr(),
+                        self.bases[p].ptr().add(self.pos[p]),
+                        WC,
+                    )
+                };
+            }
             self.pos[p] += WC;
             self.fill[p] = 0;
         } else {
@@ -197,11 +233,16 @@ impl<T: Copy> Sink<'_, T> {
         }
     }
 
+    /// Writes the buffered rows; every partition must now have exactly its reserved rows.
     fn flush(&mut self) {
         for p in 0..self.fill.len() {
             let n = self.fill[p] as usize;
+            if self.pos[p] + n != self.end[p] {
+                self.bad.get_or_insert(p);
+                continue;
+            }
             if n > 0 {
-                // SAFETY: as in `push`, the last n < WC rows of (morsel, p).
+                // SAFETY: as in `push`, the last n < WC rows of (morsel, p), ending at end[p].
                 unsafe {
                     std::ptr::copy_nonoverlapping(
                         self.buf[p].as_ptr(),
@@ -216,7 +257,8 @@ impl<T: Copy> Sink<'_, T> {
 
 /// Partitions `table` into `np` partitions of rows `T`: `count(morsel, hist)` adds each row's
 /// partition to `hist` (pass 1), `scatter(morsel, sink)` pushes every row to the same partition
-/// (pass 2).
+/// (pass 2). Passes that disagree (a row pushed where it was not counted, a counted row never
+/// pushed) are an error naming the partition; nothing is written outside the reserved slots.
 pub fn partition_rows<T, C, S>(
     exec: &Exec,
     table: &Table,
@@ -302,6 +344,7 @@ where
         .collect();
 
     // Pass 2: scatter through write-combining buffers (per worker).
+    type ScatterState<T> = (Vec<[T; WC]>, Vec<u8>, Vec<usize>, Vec<usize>, Option<usize>);
     let scattered = exec.for_each(
         &homes,
         || {
@@ -309,21 +352,37 @@ where
                 vec![[T::default(); WC]; np],
                 vec![0u8; np],
                 vec![0usize; np],
+                vec![0usize; np],
+                None,
             )
         },
-        |(buf, fill, pos): &mut (Vec<[T; WC]>, Vec<u8>, Vec<usize>), m| {
-            pos.copy_from_slice(&starts[m * np..(m + 1) * np]);
+        |(buf, fill, pos, end, bad): &mut ScatterState<T>, m| {
+            let row = m * np..(m + 1) * np;
+            pos.copy_from_slice(&starts[row.clone()]);
+            for ((e, &s), &h) in end.iter_mut().zip(&starts[row.clone()]).zip(&hist[row]) {
+                *e = s + h as usize;
+            }
             fill.iter_mut().for_each(|x| *x = 0);
             let mut sink = Sink {
                 buf,
                 fill,
                 pos,
+                end,
                 bases: &bases,
+                bad: None,
             };
             scatter(&table.morsels[m], &mut sink);
             sink.flush();
+            if bad.is_none() {
+                *bad = sink.bad;
+            }
         },
     );
+    if let Some(p) = scattered.states.iter().find_map(|s| s.4) {
+        return Err(EngineError::Invalid(format!(
+            "partitioning into {np} partitions: the rows pushed to partition {p} are not the rows counted for it (a partition function must give every row the same partition below {np} in both passes)"
+        )));
+    }
     let trace = counted.trace.and(scattered.trace);
     Ok(Partitioned {
         regions,
@@ -332,4 +391,104 @@ where
         trace,
         _rows: std::marker::PhantomData,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::flat_topology;
+    use crate::{Sched, Strategy};
+
+    fn exec() -> Exec {
+        Exec::new(&flat_topology(), Sched::Las, Strategy::os(), Some(1)).unwrap()
+    }
+
+    /// Keys 0..rows, in morsels of 100 rows.
+    fn table(rows: u32) -> Table {
+        let keys: Vec<u32> = (0..rows).collect();
+        Table::from_rows(&keys, &keys, 100).unwrap()
+    }
+
+    #[test]
+    fn partition_functions_refuse_impossible_ranges() {
+        let e = RangePart::new(9, 3, 0).unwrap_err().to_string();
+        assert!(e.contains("keys 9..=3") && e.contains("min <= max"), "{e}");
+        let e = RangePart::new(0, 3, 32).unwrap_err().to_string();
+        assert!(e.contains("shift of 0 to 31"), "{e}");
+        assert_eq!(RangePart::new(0, u32::MAX, 31).unwrap().parts(), 2);
+        assert_eq!(RangePart::new(5, 5, 0).unwrap().parts(), 1);
+        let e = HashPart::new(21).unwrap_err().to_string();
+        assert!(e.contains("2^21") && e.contains("0 to 20 bits"), "{e}");
+        assert_eq!(HashPart::new(0).unwrap().parts(), 1);
+    }
+
+    #[test]
+    fn rows_land_in_their_partitions_in_table_order() {
+        let ex = exec();
+        let t = table(1000);
+        let f = RangePart::new(0, 999, 8).unwrap();
+        let parts = partition(&ex, &t, &f).unwrap();
+        assert_eq!(parts.len(), 4);
+        for p in 0..4 {
+            let keys: Vec<u32> = parts.part(p).iter().map(|&x| key_of(x)).collect();
+            let want: Vec<u32> = (p as u32 * 256..((p as u32 + 1) * 256).min(1000)).collect();
+            assert_eq!(keys, want, "partition {p}");
+        }
+    }
+
+    #[test]
+    fn keys_outside_the_range_and_disagreeing_passes_are_errors() {
+        let ex = exec();
+        let t = table(1000);
+        // Keys 500..999 fall beyond a range that ends at 499.
+        let f = RangePart::new(0, 499, 8).unwrap();
+        let e = partition(&ex, &t, &f).err().unwrap().to_string();
+        assert!(
+            e.contains("into 2 partitions") && e.contains("partition"),
+            "{e}"
+        );
+        // The scatter puts every row in partition 0, the count spreads them over 4: more rows
+        // than partition 0's slots, none for the others. Nothing is written outside them.
+        let e = partition_rows::<u64, _, _>(
+            &ex,
+            &t,
+            4,
+            |mo, h| {
+                for &k in mo.keys() {
+                    h[k as usize % 4] += 1;
+                }
+            },
+            |mo, sink| {
+                for &k in mo.keys() {
+                    sink.push(0, k as u64);
+                }
+            },
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("not the rows counted"), "{e}");
+        // A counted row never pushed.
+        let e = partition_rows::<u64, _, _>(
+            &ex,
+            &t,
+            2,
+            |mo, h| h[1] += mo.keys().len() as u32,
+            |mo, sink| {
+                for &k in mo.keys().iter().skip(1) {
+                    sink.push(1, k as u64);
+                }
+            },
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("partition 1"), "{e}");
+        // A partition beyond the count.
+        let e = partition_rows::<u64, _, _>(&ex, &t, 2, |_, _| {}, |_, sink| sink.push(7, 0))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("partition 7"), "{e}");
+    }
 }
