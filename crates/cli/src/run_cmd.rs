@@ -51,7 +51,8 @@ pub struct RunCmd {
     #[arg(long, value_name = "STRATEGY", default_value = "os", long_help = THREADS_HELP)]
     pub threads: Strategy,
     /// Number of plan threads [default: every cpu the strategy may use]. When given, also sets
-    /// OMP_NUM_THREADS for the program unless it is already set.
+    /// OMP_NUM_THREADS for the program unless it is already set (an inherited value is kept; a
+    /// note names it when it differs from N).
     #[arg(short = 'n', long = "nthreads", value_name = "N")]
     pub n: Option<usize>,
     #[arg(long, value_name = "POLICY", default_value = "first-touch", long_help = MEM_HELP)]
@@ -392,8 +393,15 @@ pub fn run(c: RunCmd) -> anyhow::Result<()> {
         }
     }
     if let Some(n) = c.n {
-        if std::env::var_os("OMP_NUM_THREADS").is_none() {
-            cmd.env("OMP_NUM_THREADS", n.to_string());
+        match std::env::var_os("OMP_NUM_THREADS") {
+            None => {
+                cmd.env("OMP_NUM_THREADS", n.to_string());
+            }
+            Some(v) => {
+                if let Some(note) = omp_threads_note(n, &v) {
+                    eprintln!("{note}");
+                }
+            }
         }
     }
     setup.install(&mut cmd);
@@ -436,6 +444,19 @@ pub fn run(c: RunCmd) -> anyhow::Result<()> {
         child.wait()?
     };
     std::process::exit(exit_code(status));
+}
+
+/// The note for an inherited `OMP_NUM_THREADS` that asks for another thread count than `-n`
+/// (its first entry: `4,2` asks for 4 at the outer level); `None` when they agree.
+pub fn omp_threads_note(n: usize, inherited: &std::ffi::OsStr) -> Option<String> {
+    let v = inherited.to_string_lossy();
+    let first = v.split(',').next().unwrap_or("").trim();
+    if first.parse::<usize>() == Ok(n) {
+        return None;
+    }
+    Some(format!(
+        "loci: note: OMP_NUM_THREADS={v} is kept from the environment, though -n asks for {n} threads; unset it (or set it to {n}) for {n} OpenMP threads"
+    ))
 }
 
 /// The shell convention: the exit status, or 128+N for death by signal N.
@@ -581,6 +602,20 @@ mod tests {
         h[4] = 2;
         h[5] = 1;
         assert_eq!(is_static_elf(&h), Some(true));
+    }
+
+    #[test]
+    fn inherited_omp_num_threads_is_noted_only_when_it_differs() {
+        use std::ffi::OsStr;
+        let note = omp_threads_note(4, OsStr::new("8")).unwrap();
+        assert!(
+            note.contains("OMP_NUM_THREADS=8") && note.contains("-n asks for 4"),
+            "{note}"
+        );
+        assert_eq!(omp_threads_note(4, OsStr::new("4")), None);
+        assert_eq!(omp_threads_note(4, OsStr::new(" 4,2")), None);
+        assert!(omp_threads_note(4, OsStr::new("2,4")).is_some());
+        assert!(omp_threads_note(4, OsStr::new("")).is_some());
     }
 
     #[test]

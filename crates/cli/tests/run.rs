@@ -508,3 +508,92 @@ fn zero_counts_and_oversized_plans_are_refused() {
         "{e}"
     );
 }
+
+/// The pin library reports `LOCI_PIN_CPUS` and `LOCI_PIN_SKIP` values that are not UTF-8 by the
+/// variable's name (never as if unset), and takes a `LOCI_PIN_LOG` path of any bytes.
+#[test]
+fn pin_library_reports_non_utf8_values_and_takes_any_log_path() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    built();
+    let lib = loci().parent().unwrap().join("libloci_pin.so");
+    let cpu = *allowed().last().unwrap();
+    let bad = || OsString::from_vec(b"0;\xff".to_vec());
+    let preloaded = |vars: &[(&str, OsString)]| {
+        let mut cmd = Command::new("true");
+        cmd.env("LD_PRELOAD", &lib)
+            .env_remove("LOCI_PIN_SKIP")
+            .env_remove("LOCI_PIN_LOG");
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        text(&o.stderr)
+    };
+    let e = preloaded(&[("LOCI_PIN_CPUS", bad())]);
+    assert!(
+        e.contains("loci-pin: LOCI_PIN_CPUS=`0;\u{fffd}` is not valid UTF-8")
+            && e.contains("threads are not pinned"),
+        "{e}"
+    );
+    let e = preloaded(&[
+        ("LOCI_PIN_CPUS", cpu.to_string().into()),
+        ("LOCI_PIN_SKIP", bad()),
+    ]);
+    assert!(
+        e.contains("loci-pin: LOCI_PIN_SKIP=") && e.contains("not valid UTF-8"),
+        "{e}"
+    );
+    let mut log = std::env::temp_dir()
+        .join(format!("loci-pin-{}-", std::process::id()))
+        .into_os_string()
+        .into_vec();
+    log.extend_from_slice(b"\xff.log");
+    let log = PathBuf::from(OsString::from_vec(log));
+    let e = preloaded(&[
+        ("LOCI_PIN_CPUS", cpu.to_string().into()),
+        ("LOCI_PIN_LOG", log.clone().into_os_string()),
+    ]);
+    assert!(e.is_empty(), "{e}");
+    let written = std::fs::read_to_string(&log).unwrap();
+    std::fs::remove_file(&log).unwrap();
+    assert!(
+        written.contains(&format!("thread=0 cpus={cpu}")),
+        "{written}"
+    );
+}
+
+/// `-n` with an inherited OMP_NUM_THREADS: the program keeps the user's value and a note names
+/// both; an agreeing value gets no note.
+#[test]
+fn inherited_omp_num_threads_is_kept_with_a_note() {
+    let run_n2 = |omp: &str| {
+        Command::new(loci())
+            .args(["run", "-n", "2", "--", "sh", "-c", "echo $OMP_NUM_THREADS"])
+            .env("OMP_NUM_THREADS", omp)
+            .output()
+            .unwrap()
+    };
+    let o = run_n2("3");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout).trim(), "3");
+    let e = text(&o.stderr);
+    assert!(
+        e.contains("note: OMP_NUM_THREADS=3 is kept") && e.contains("-n asks for 2"),
+        "{e}"
+    );
+    let o = run_n2("2");
+    assert_eq!(text(&o.stdout).trim(), "2");
+    assert!(
+        !text(&o.stderr).contains("OMP_NUM_THREADS"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = Command::new(loci())
+        .args(["run", "-n", "2", "--", "sh", "-c", "echo $OMP_NUM_THREADS"])
+        .env_remove("OMP_NUM_THREADS")
+        .output()
+        .unwrap();
+    assert_eq!(text(&o.stdout).trim(), "2");
+}

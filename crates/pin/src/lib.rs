@@ -46,7 +46,13 @@ fn warn(msg: &str) {
 }
 
 fn load() -> Option<State> {
-    let cpus = std::env::var(pinenv::ENV_CPUS).ok()?;
+    // A value that is not UTF-8 is reported like any other bad value, not taken as unset.
+    let text = |name: &str| {
+        pinenv::text_var(name)
+            .map_err(|e| warn(&format!("{e}; threads are not pinned")))
+            .ok()
+    };
+    let cpus = text(pinenv::ENV_CPUS)??;
     let sets = match pinenv::decode_cpus(&cpus) {
         Ok(s) => s,
         Err(e) => {
@@ -54,15 +60,15 @@ fn load() -> Option<State> {
             return None;
         }
     };
-    let skip = match std::env::var(pinenv::ENV_SKIP) {
-        Ok(s) => match pinenv::parse_skip(&s) {
+    let skip = match text(pinenv::ENV_SKIP)? {
+        Some(s) => match pinenv::parse_skip(&s) {
             Ok(v) => v,
             Err(e) => {
                 warn(&format!("{e}; threads are not pinned"));
                 return None;
             }
         },
-        Err(_) => 0,
+        None => 0,
     };
     let mut entries = Vec::new();
     for s in &sets {
@@ -79,8 +85,10 @@ fn load() -> Option<State> {
     }
     let union = sets.iter().fold(CpuSet::new(), |a, s| a.union(s));
     let umask = CpuMask::new(&union).ok()?;
-    if let Ok(path) = std::env::var(pinenv::ENV_LOG) {
-        if let Ok(c) = std::ffi::CString::new(path.clone()) {
+    // A path, so any bytes (a TMPDIR that is not UTF-8 included).
+    if let Some(path) = std::env::var_os(pinenv::ENV_LOG) {
+        use std::os::unix::ffi::OsStrExt;
+        if let Ok(c) = std::ffi::CString::new(path.as_bytes()) {
             // SAFETY: valid C string; flags are plain integers.
             let fd = unsafe {
                 libc::open(
@@ -90,7 +98,11 @@ fn load() -> Option<State> {
                 )
             };
             if fd < 0 {
-                warn(&format!("cannot open {}={path}; no log", pinenv::ENV_LOG));
+                warn(&format!(
+                    "cannot open {}={}; no log",
+                    pinenv::ENV_LOG,
+                    path.to_string_lossy()
+                ));
             }
             LOG_FD.store(fd, Ordering::Relaxed);
         }

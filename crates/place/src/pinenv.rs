@@ -17,6 +17,8 @@
 //! `pid=4242 tid=4243 thread=1 cpus=1 policy=bind:0` where `thread` is a plan index, `skip` or
 //! `extra`, and `policy` is the thread's memory policy as `get_mempolicy(2)` reports it.
 
+use std::ffi::OsString;
+
 use loci_topo::CpuSet;
 
 /// Environment variable: per-thread cpu lists.
@@ -25,6 +27,31 @@ pub const ENV_CPUS: &str = "LOCI_PIN_CPUS";
 pub const ENV_SKIP: &str = "LOCI_PIN_SKIP";
 /// Environment variable: log file path.
 pub const ENV_LOG: &str = "LOCI_PIN_LOG";
+
+/// Reads the text variable `name` ([`ENV_CPUS`], [`ENV_SKIP`]): `Ok(None)` when unset, an error
+/// naming the variable when its value is not UTF-8 (never taken as unset).
+pub fn text_var(name: &str) -> Result<Option<String>, String> {
+    text_value(name, std::env::var_os(name))
+}
+
+/// [`text_var`] on a value already read.
+pub fn text_value(name: &str, value: Option<OsString>) -> Result<Option<String>, String> {
+    value
+        .map(|v| {
+            v.into_string().map_err(|v| {
+                format!(
+                    "{name}=`{}` is not valid UTF-8 (expected {})",
+                    v.to_string_lossy(),
+                    if name == ENV_SKIP {
+                        "a hex mask such as 0x1"
+                    } else {
+                        "cpu lists separated by `;`, such as 0;2-3"
+                    }
+                )
+            })
+        })
+        .transpose()
+}
 
 /// Encodes per-thread cpu sets for [`ENV_CPUS`].
 pub fn encode_cpus(sets: &[CpuSet]) -> String {
@@ -198,6 +225,25 @@ mod tests {
         assert!(decode_cpus("0;;1").unwrap_err().contains("entry 1"));
         assert!(decode_cpus("0;x").unwrap_err().contains("entry 1"));
         assert!(decode_cpus("").is_err());
+    }
+
+    #[test]
+    fn non_utf8_values_are_errors_naming_the_variable() {
+        use std::os::unix::ffi::OsStringExt;
+        assert_eq!(text_value(ENV_CPUS, None), Ok(None));
+        assert_eq!(
+            text_value(ENV_CPUS, Some("0;1".into())),
+            Ok(Some("0;1".into()))
+        );
+        let bad = OsString::from_vec(b"0;\xff".to_vec());
+        let e = text_value(ENV_CPUS, Some(bad.clone())).unwrap_err();
+        assert!(
+            e.starts_with("LOCI_PIN_CPUS=`0;\u{fffd}` is not valid UTF-8"),
+            "{e}"
+        );
+        assert!(e.contains("0;2-3"), "{e}");
+        let e = text_value(ENV_SKIP, Some(bad)).unwrap_err();
+        assert!(e.starts_with("LOCI_PIN_SKIP=") && e.contains("0x1"), "{e}");
     }
 
     #[test]
