@@ -28,7 +28,8 @@ pub enum OsCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Change system-wide settings (root only); prints each old value.
+    /// Change system-wide settings (root only); prints each old value. All are checked before
+    /// any is written; if a write fails, the ones already written are restored.
     /// SETTING: autonuma=on|off, thp=always|madvise|never.
     Set {
         #[arg(required = true, value_name = "SETTING")]
@@ -80,9 +81,8 @@ pub fn run(c: OsCmd) -> anyhow::Result<()> {
                     "loci os set changes system-wide settings and needs root (run it with sudo); for one program without root use `loci run --thp off`"
                 );
             }
-            for s in &settings {
-                let (path, old, new) = knobs::set(Path::new("/"), s)?;
-                println!("{}: {old} -> {new}", path.display());
+            for c in knobs::set_all(Path::new("/"), &settings)? {
+                println!("{}: {} -> {}", c.path.display(), c.old, c.new);
             }
             Ok(())
         }

@@ -108,10 +108,31 @@ impl std::str::FromStr for Setting {
     }
 }
 
-/// Applies a setting under `root` and returns (file, old value, new value). Errors if the knob is
-/// absent or the write is refused (not root).
-pub fn set(root: &Path, setting: &Setting) -> io::Result<(PathBuf, String, String)> {
-    let (rel, new_raw, new_shown) = match setting {
+impl Setting {
+    /// The key as `loci os set` takes it.
+    pub fn key(&self) -> &'static str {
+        match self {
+            Setting::AutoNuma(_) => "autonuma",
+            Setting::Thp(_) => "thp",
+        }
+    }
+}
+
+/// A change [`check`] found possible: the knob file, its value before and after (as `loci os
+/// status` shows them), and the raw texts written to make and to undo it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub path: PathBuf,
+    pub old: String,
+    pub new: String,
+    old_raw: String,
+    new_raw: String,
+}
+
+/// Checks `setting` against the knob under `root` without writing: the knob exists, offers the
+/// value, and its current value reads. Returns the change it would make.
+pub fn check(root: &Path, setting: &Setting) -> io::Result<Change> {
+    let (rel, new_raw, new) = match setting {
         Setting::AutoNuma(on) => (
             NUMA_BALANCING,
             if *on { "1" } else { "0" }.to_string(),
@@ -126,8 +147,10 @@ pub fn set(root: &Path, setting: &Setting) -> io::Result<(PathBuf, String, Strin
             format!("{}: {e} (this kernel may lack the knob)", path.display()),
         )
     })?;
-    let old = match setting {
-        Setting::AutoNuma(_) => parse_autonuma(&old_text),
+    let (old, old_raw) = match setting {
+        Setting::AutoNuma(_) => {
+            parse_autonuma(&old_text).map(|old| (old, old_text.trim().to_string()))
+        }
         Setting::Thp(v) => {
             if !choices(&old_text).contains(v) {
                 return Err(io::Error::new(
@@ -138,13 +161,79 @@ pub fn set(root: &Path, setting: &Setting) -> io::Result<(PathBuf, String, Strin
                     ),
                 ));
             }
-            parse_choice(&old_text)
+            parse_choice(&old_text).map(|old| (old.clone(), old))
         }
     }
     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    std::fs::write(&path, &new_raw)
-        .map_err(|e| io::Error::new(e.kind(), format!("writing {}: {e}", path.display())))?;
-    Ok((path, old, new_shown))
+    Ok(Change {
+        path,
+        old,
+        new,
+        old_raw,
+        new_raw,
+    })
+}
+
+/// Applies a setting under `root` and returns (file, old value, new value). Errors if the knob is
+/// absent or the write is refused (not root).
+pub fn set(root: &Path, setting: &Setting) -> io::Result<(PathBuf, String, String)> {
+    let mut done = set_all(root, std::slice::from_ref(setting))?;
+    let c = done.remove(0);
+    Ok((c.path, c.old, c.new))
+}
+
+/// Applies several settings under `root` as one: every one is checked first (nothing is written
+/// when one is refused, or when a knob is named twice), then they are written in order; if a write
+/// fails, the ones already written get their old values back and the error says which.
+pub fn set_all(root: &Path, settings: &[Setting]) -> io::Result<Vec<Change>> {
+    set_all_with(root, settings, |p, text| std::fs::write(p, text))
+}
+
+/// [`set_all`] with the file writes made by `write` (tests make one fail).
+fn set_all_with(
+    root: &Path,
+    settings: &[Setting],
+    mut write: impl FnMut(&Path, &str) -> io::Result<()>,
+) -> io::Result<Vec<Change>> {
+    for (i, s) in settings.iter().enumerate() {
+        if settings[..i].iter().any(|t| t.key() == s.key()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("`{}` given twice; give each setting once", s.key()),
+            ));
+        }
+    }
+    let changes = settings
+        .iter()
+        .map(|s| check(root, s))
+        .collect::<io::Result<Vec<_>>>()?;
+    for (i, c) in changes.iter().enumerate() {
+        let Err(e) = write(&c.path, &c.new_raw) else {
+            continue;
+        };
+        let mut undo = Vec::new();
+        for d in changes[..i].iter().rev() {
+            undo.push(match write(&d.path, &d.old_raw) {
+                Ok(()) => format!("restored {} to {}", d.path.display(), d.old),
+                Err(e2) => format!(
+                    "could not restore {} to {} ({e2}): it stays {}",
+                    d.path.display(),
+                    d.old,
+                    d.new
+                ),
+            });
+        }
+        let after = if undo.is_empty() {
+            "nothing was changed".to_string()
+        } else {
+            undo.join("; ")
+        };
+        return Err(io::Error::new(
+            e.kind(),
+            format!("writing {}: {e}; {after}", c.path.display()),
+        ));
+    }
+    Ok(changes)
 }
 
 /// Whether the process runs as root (effective uid 0).
@@ -223,6 +312,100 @@ mod tests {
         assert_eq!(old, "madvise");
         std::fs::write(dir.join(THP_ENABLED), "[always] never\n").unwrap();
         assert!(set(&dir, &Setting::Thp("madvise".into())).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A fake root with AutoNUMA on and THP `madvise`.
+    fn fake_root(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("loci-knobs-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("proc/sys/kernel")).unwrap();
+        std::fs::create_dir_all(dir.join("sys/kernel/mm/transparent_hugepage")).unwrap();
+        std::fs::write(dir.join(NUMA_BALANCING), "2\n").unwrap();
+        std::fs::write(dir.join(THP_ENABLED), "always [madvise] never\n").unwrap();
+        dir
+    }
+
+    #[test]
+    fn set_all_checks_every_setting_before_writing_any() {
+        let dir = fake_root("check");
+        let autonuma_off = Setting::AutoNuma(false);
+        // The second is refused: the first must not have been written.
+        std::fs::write(dir.join(THP_ENABLED), "[always] never\n").unwrap();
+        let e = set_all(
+            &dir,
+            &[autonuma_off.clone(), Setting::Thp("madvise".into())],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("`madvise` is not one of them"), "{e}");
+        assert_eq!(
+            std::fs::read_to_string(dir.join(NUMA_BALANCING)).unwrap(),
+            "2\n"
+        );
+        std::fs::remove_file(dir.join(THP_ENABLED)).unwrap();
+        let e = set_all(&dir, &[autonuma_off.clone(), Setting::Thp("never".into())])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("transparent_hugepage/enabled"), "{e}");
+        let e = set_all(&dir, &[autonuma_off.clone(), Setting::AutoNuma(true)])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`autonuma` given twice"), "{e}");
+        assert_eq!(
+            std::fs::read_to_string(dir.join(NUMA_BALANCING)).unwrap(),
+            "2\n"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn set_all_restores_what_it_wrote_when_a_later_write_fails() {
+        let dir = fake_root("restore");
+        let thp = dir.join(THP_ENABLED);
+        let settings = [Setting::AutoNuma(false), Setting::Thp("never".into())];
+        let refuse_thp = |p: &Path, text: &str| {
+            if p == thp {
+                Err(io::Error::new(io::ErrorKind::PermissionDenied, "refused"))
+            } else {
+                std::fs::write(p, text)
+            }
+        };
+        let e = set_all_with(&dir, &settings, refuse_thp)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("writing {}: refused", thp.display()))
+                && e.contains("numa_balancing to on (mode 2)"),
+            "{e}"
+        );
+        // Restored to the exact old mode, not just "on".
+        assert_eq!(
+            std::fs::read_to_string(dir.join(NUMA_BALANCING)).unwrap(),
+            "2"
+        );
+        // A restore that fails too is said, with the value the knob is left at.
+        let e = set_all_with(&dir, &settings, |p: &Path, text: &str| {
+            if text == "0" {
+                std::fs::write(p, text)
+            } else {
+                Err(io::Error::new(io::ErrorKind::PermissionDenied, "refused"))
+            }
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("could not restore") && e.contains("stays off"),
+            "{e}"
+        );
+        // All writes succeed: every change is returned, in order.
+        std::fs::write(dir.join(NUMA_BALANCING), "1\n").unwrap();
+        let done = set_all(&dir, &settings).unwrap();
+        let shown: Vec<(&str, &str)> = done
+            .iter()
+            .map(|c| (c.old.as_str(), c.new.as_str()))
+            .collect();
+        assert_eq!(shown, vec![("on", "off"), ("madvise", "never")]);
+        assert_eq!(std::fs::read_to_string(&thp).unwrap(), "never");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -328,10 +328,13 @@ pub fn apply_os(changes: &[OsChange]) -> anyhow::Result<()> {
     if !loci_place::knobs::is_root() {
         bail!("--apply-os changes system-wide settings and needs root; run as root, or `sudo loci os set ...` as printed above");
     }
-    for ch in changes {
-        let setting: loci_place::knobs::Setting = ch.setting.parse().map_err(anyhow::Error::msg)?;
-        let (file, old, new) = loci_place::knobs::set(Path::new("/"), &setting)?;
-        println!("--apply-os: {} {old} -> {new}", file.display());
+    let settings = changes
+        .iter()
+        .map(|ch| ch.setting.parse().map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<Vec<loci_place::knobs::Setting>>>()?;
+    // All checked before any is written; a failed write restores the earlier ones.
+    for c in loci_place::knobs::set_all(Path::new("/"), &settings)? {
+        println!("--apply-os: {} {} -> {}", c.path.display(), c.old, c.new);
     }
     Ok(())
 }
