@@ -8,7 +8,7 @@ use loci_place::knobs::{self, Setting};
 use loci_place::policy::kernel_supports;
 use loci_place::sys::mode;
 
-/// Show or change AutoNUMA and transparent huge pages.
+/// Show or change AutoNUMA and transparent huge pages
 ///
 /// AutoNUMA (/proc/sys/kernel/numa_balancing) migrates pages and tasks toward each other; it can
 /// undo a placement. THP (/sys/kernel/mm/transparent_hugepage/enabled, defrag) changes page size

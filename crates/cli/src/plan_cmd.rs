@@ -47,7 +47,7 @@ Memoryless nodes in a list are left out, and interleave over one node is
 applied as preferred:N; either is said once on stderr. Nodes that are not
 present or not allowed are errors.";
 
-/// Where each thread of a program would run, and where its memory would go.
+/// Where each thread of a program would run, and where its memory would go
 ///
 /// Prints one line per thread (its cpus and nodes) and the memory policy, or with --json the
 /// plan document:

@@ -19,7 +19,7 @@ use crate::bench::common::{allocator, find_system_lib, system_lib_dirs, LOCI_CRA
 use crate::plan_cmd::{make_plan, MEM_HELP, THREADS_HELP};
 use crate::topo_args::TopoArgs;
 
-/// Run a program with its threads and memory placed on purpose, like numactl or likwid-pin.
+/// Run a program with its threads and memory placed on purpose, like numactl or likwid-pin
 ///
 /// The memory policy and THP setting are applied in the child between fork and exec, so they hold
 /// for every thread the program creates. For per-thread placement loci preloads its pin library

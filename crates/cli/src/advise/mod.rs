@@ -23,7 +23,7 @@ use rules::Facts;
 use search::{Outcome, Samples, Schedule, Verdict};
 use trial::{Metric, Target};
 
-/// Find how a workload should run on this machine: threads, memory policy, allocator, THP.
+/// Find how a workload should run on this machine: threads, memory policy, allocator, THP
 ///
 /// First the decision flowchart of seed 002 (application-agnostic tuning) runs as rules over the
 /// topology and the OS state (nodes, threads against cpus, AutoNUMA, THP, root, installed

@@ -20,7 +20,7 @@ use layout::{Deployment, Design, MemMode};
 use manifest::{InstanceRecord, Manifest};
 use template::{Template, Values};
 
-/// Run a set of worker instances placed by one of seed 004's designs, and supervise them.
+/// Run a set of worker instances placed by one of seed 004's designs, and supervise them
 ///
 /// Designs (seed 004: WIN with bound memory beat WIM and WIC by 2-3x on TPC-H):
 ///   wim     one instance for the machine, not pinned        (default --mem first-touch)
