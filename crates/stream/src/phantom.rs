@@ -89,7 +89,7 @@ impl Phantom {
     }
 
     /// Bytes per projection.
-    pub fn chunk_bytes(&self) -> usize {
+    pub fn projection_bytes(&self) -> usize {
         self.width * self.height * 2
     }
 
@@ -152,8 +152,8 @@ mod tests {
     #[test]
     fn projections_are_reproducible_and_differ_by_index_and_seed() {
         let p = Phantom::new(5, 256, 216);
-        let mut a = vec![0u8; p.chunk_bytes()];
-        let mut b = vec![0u8; p.chunk_bytes()];
+        let mut a = vec![0u8; p.projection_bytes()];
+        let mut b = vec![0u8; p.projection_bytes()];
         p.fill(10, &mut a);
         Phantom::new(5, 256, 216).fill(10, &mut b);
         assert_eq!(a, b);
