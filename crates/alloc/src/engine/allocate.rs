@@ -10,7 +10,7 @@ use core::sync::atomic::{
 };
 
 use super::blocks::{alloc_large, alloc_large_span, alloc_sized};
-use super::class_run::{alloc_class, block_start, pop, small_class_state};
+use super::class_run::{alloc_class, block_start, cache_pop, pop, small_class_state};
 use super::config::{current_node, ensure_init, home, SMALL_OWN};
 use super::deallocate::free;
 use super::heap::{heap, tls_heap};
@@ -42,8 +42,8 @@ pub unsafe fn alloc(size: usize, align: usize) -> *mut u8 {
     unsafe { alloc_full(size, align) }
 }
 
-/// The call-free fast path of an allocation of `size` bytes aligned to 16: the class's stashed
-/// block (the last one this thread freed) or a block from the class's active run of the
+/// The call-free fast path of an allocation of `size` bytes aligned to 16: the class's cached
+/// blocks (the last ones this thread freed) or a block from the class's active run of the
 /// thread's heap, nothing pending in its bins. Null when it does not apply (the caller then
 /// takes [`alloc_full`]).
 ///
@@ -66,10 +66,10 @@ pub unsafe fn alloc_small_fast(size: usize) -> *mut u8 {
         if !h.is_null() && unsafe { (*h).shared.pending.load(Relaxed) } == 0 {
             // SAFETY: size <= SMALL_MAX; `h` is this thread's heap.
             let cs = unsafe { small_class_state(h, size) };
-            let s = cs.stash.load(Relaxed);
+            // SAFETY: `h` is this thread's heap, whose claim it holds.
+            let s = unsafe { cache_pop(cs) };
             if !s.is_null() {
-                // The last block of the class this thread freed (see `ClassState::stash`).
-                cs.stash.store(null_mut(), Relaxed);
+                // A block of the class this thread freed last (see `ClassState::cache`).
                 bump(&cs.allocs, 1);
                 bump(&cs.requested, size as u64);
                 return s as *mut u8;

@@ -166,7 +166,7 @@ unsafe fn unlink(h: *mut Heap, r: *mut Run) {
 /// and nearly every free a regroup: callgrind counted 60.8 allocator instructions per
 /// operation, over a quarter of them on those slow paths (`alloc_full`, `refill`, `file`,
 /// `regroup`). Held back until `capacity / 16` blocks are free, a run that becomes active
-/// serves that many allocations: 39.9 instructions per operation before the class stash
+/// serves that many allocations: 39.9 instructions per operation before the class cache
 /// (1/64: 40.7, 1/32: 40.2, 1/8: 39.8), with the RSS of `general` within its run-to-run
 /// spread. At most 1/16 of a full run's blocks wait unused.
 pub(super) const FULL_SLACK: u32 = 16;
@@ -248,13 +248,24 @@ pub(super) unsafe fn file(h: *mut Heap, r: *mut Run) {
 /// block of `r`, freed once.
 #[inline]
 pub(super) unsafe fn local_free(h: *mut Heap, r: *mut Run, blk: usize) {
+    // SAFETY: `r` is a class run of `h` (contract above), whose class is below NCLASSES.
+    unsafe { bump(&run_class_state(h, r).frees, 1) };
+    // SAFETY: forwarded contract.
+    unsafe { run_free(h, r, blk) }
+}
+
+/// [`local_free`] of a block already counted in its class's `frees` (a cached one).
+///
+/// # Safety
+/// As for [`local_free`].
+#[inline]
+unsafe fn run_free(h: *mut Heap, r: *mut Run, blk: usize) {
     let f = blk as *mut Free;
     // SAFETY: the block is freed once: its first word becomes the list link; `r` is
-    // changed only by `h`'s claim holder, the caller, and its class is below NCLASSES.
+    // changed only by `h`'s claim holder, the caller.
     unsafe {
         (*f).next = (*r).free;
         (*r).free = f;
-        bump(&run_class_state(h, r).frees, 1);
     }
     // SAFETY: as above; a run whose `used` drops below its `lo` is neither active nor the
     // spare (their `lo` is 0).
@@ -304,21 +315,56 @@ pub(super) unsafe fn run_class_state<'a>(h: *mut Heap, r: *mut Run) -> &'a Class
     unsafe { &*((h as *const u8).add((*r).cs_off as usize) as *const ClassState) }
 }
 
-/// Frees class `c`'s stashed block (if any) into its run.
+/// Blocks a class's cache may hold: 8 KiB of them, at least 2 and at most 16 (16-byte blocks:
+/// 16; 1 KiB: 8; 4 KiB and more: 2). A heap holds at most about 0.4 MiB in its caches; with 8
+/// and 32 blocks of 16 bytes `general` ran as fast (docs/alloc.md, "Class caches").
+pub(super) const fn cache_max(size: usize) -> u32 {
+    let n = (8 << 10) / size;
+    if n < 2 {
+        2
+    } else if n > 16 {
+        16
+    } else {
+        n as u32
+    }
+}
+
+/// Frees class `c`'s cached blocks into their runs.
 ///
 /// # Safety
 /// The caller holds `h`'s claim and `c < NCLASSES`.
-pub(super) unsafe fn flush_stash(h: *mut Heap, c: usize) {
-    // SAFETY: `h` is a heap whose claim the caller holds, the one writer of the stash.
-    let s = unsafe { class_state(h, c).stash.swap(null_mut(), Relaxed) };
-    if s.is_null() {
-        return;
+pub(super) unsafe fn flush_cache(h: *mut Heap, c: usize) {
+    // SAFETY: `h` is a heap whose claim the caller holds, the one writer of the cache.
+    let cs = unsafe { class_state(h, c) };
+    let mut s = cs.cache.swap(null_mut(), Relaxed);
+    cs.cached.store(0, Relaxed);
+    while !s.is_null() {
+        // SAFETY: a cached block is a freed block of a class run of `h`, linked through its
+        // first word, which `run_free` overwrites: read the link first.
+        let next = unsafe { (*s).next };
+        if let Some((base, os::REGION_SUPERBLOCK)) = os::region(s as usize) {
+            // SAFETY: a cached block lies at the start of a block of a class run of `h` (its
+            // run counts it in `used`) in the superblock at `base`, and its free was counted.
+            unsafe { run_free(h, run_at(base, s as usize), s as usize) };
+        }
+        s = next;
     }
-    if let Some((base, os::REGION_SUPERBLOCK)) = os::region(s as usize) {
-        // SAFETY: a stashed block is a live block (its run counts it in `used`) at the start
-        // of a block of a class run of `h`, in the superblock at `base`; freed once.
-        unsafe { local_free(h, run_at(base, s as usize), s as usize) };
+}
+
+/// The newest block of class state `cs`'s cache, taken out of it (null when it is empty).
+///
+/// # Safety
+/// The caller holds the claim of the heap of `cs`.
+#[inline(always)]
+pub(super) unsafe fn cache_pop(cs: &ClassState) -> *mut Free {
+    let s = cs.cache.load(Relaxed);
+    if !s.is_null() {
+        // SAFETY: a cached block is linked through its first word; only the claim holder
+        // touches the list.
+        cs.cache.store(unsafe { (*s).next }, Relaxed);
+        cs.cached.store(cs.cached.load(Relaxed) - 1, Relaxed);
     }
+    s
 }
 
 /// Byte offsets in a [`Heap`] of the [`ClassState`] of the small class of each size, indexed
@@ -380,12 +426,11 @@ pub(super) unsafe fn alloc_class(h: *mut Heap, c: usize, size: usize) -> *mut u8
             drain(h);
         }
     }
-    // SAFETY: as above: the stash and the active run are `h`'s, and the claim holder is the
+    // SAFETY: as above: the cache and the active run are `h`'s, and the claim holder is the
     // one writer of them and of the counters.
     unsafe {
-        let s = (*h).classes[c].stash.load(Relaxed);
+        let s = cache_pop(&(*h).classes[c]);
         if !s.is_null() {
-            (*h).classes[c].stash.store(null_mut(), Relaxed);
             bump(&(*h).classes[c].allocs, 1);
             bump(&(*h).classes[c].requested, size as u64);
             return s as *mut u8;

@@ -63,10 +63,10 @@ pub unsafe fn free(p: *mut u8) {
                 // SAFETY: as above. A class run with a live block has an owner (not null), so
                 // a thread without a heap (`h` null) fails this test too.
                 if unsafe { (*r).owner.load(Relaxed) } == h {
-                    // An empty stash takes the block instead of its run (see
-                    // `ClassState::stash`), which keeps counting it.
+                    // A cache with room takes the block instead of its run (see
+                    // `ClassState::cache`), which keeps counting it.
                     // SAFETY: `r` is a class run of this thread's heap `h`, whose claim it
-                    // holds (so it is the one writer of the class's stash and counters, found
+                    // holds (so it is the one writer of the class's cache and counters, found
                     // through `r`'s `cs_off`); `p` is the block's start, freed once (its first
                     // word: the link); a run whose `used` drops below its `lo` is neither active
                     // nor the spare.
@@ -74,8 +74,11 @@ pub unsafe fn free(p: *mut u8) {
                         let f = p as *mut Free;
                         let cs = run_class_state(h, r);
                         bump(&cs.frees, 1);
-                        if cs.stash.load(Relaxed).is_null() {
-                            cs.stash.store(f, Relaxed);
+                        let n = cs.cached.load(Relaxed);
+                        if n < cs.cache_max {
+                            (*f).next = cs.cache.load(Relaxed);
+                            cs.cache.store(f, Relaxed);
+                            cs.cached.store(n + 1, Relaxed);
                             return;
                         }
                         (*f).next = (*r).free;

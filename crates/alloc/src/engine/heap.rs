@@ -8,7 +8,7 @@ use core::sync::atomic::{
     Ordering::{AcqRel, Acquire, Relaxed, SeqCst},
 };
 
-use super::class_run::{file, flush_stash, local_free};
+use super::class_run::{cache_max, file, flush_cache, local_free};
 use super::config::{
     current_node, ensure_init, home, memoryless_fallback, nodemap, FAST_SMALL, KEY, MULTI_NODE,
 };
@@ -16,7 +16,7 @@ use super::deallocate::{flush_outbox, return_batch};
 use super::spans::{node_free, run_at};
 use super::structs::{push_list, Heap, NODES};
 use super::{bump, PAGE, SLOW};
-use crate::classes::NCLASSES;
+use crate::classes::{NCLASSES, NSMALL, SIZES};
 use crate::os;
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
@@ -120,6 +120,9 @@ pub(super) fn create_heap(node: usize, claimed: bool) -> *mut Heap {
         (*p).shared
             .pending
             .store(if FAST_SMALL.load(Relaxed) { 0 } else { SLOW }, Relaxed);
+        for (cs, &size) in (*p).classes.iter_mut().zip(&SIZES[..NSMALL]) {
+            cs.cache_max = cache_max(size);
+        }
         (*p).shared.claim.store(claimed as u32, Relaxed);
         (*p).shared.abandoned.store(!claimed, Relaxed);
         // SAFETY: `p` is a fresh heap in no list; its link is `all_next`.
@@ -258,10 +261,10 @@ unsafe fn abandon(h: *mut Heap) {
     }
     for c in 0..NCLASSES {
         // SAFETY: `h`'s class state and runs are changed only by its claim holder, the
-        // caller; the stashed block goes back to its run first, then the active run, no
+        // caller; the cached blocks go back to their runs first, then the active run, no
         // longer active, is filed (it is in no list).
         unsafe {
-            flush_stash(h, c);
+            flush_cache(h, c);
             let a = (*h).classes[c].take_active();
             if !a.is_null() {
                 file(h, a);

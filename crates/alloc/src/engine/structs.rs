@@ -343,28 +343,37 @@ pub(super) struct Returned {
     pub(super) head: AtomicPtr<Batch>,
 }
 
-/// A heap's sub-allocator of one class. Two cache lines, aligned (112 bytes of fields): an
+/// A heap's sub-allocator of one class. Two cache lines, aligned (120 bytes of fields): an
 /// allocation or a free reads and writes only the first.
 #[repr(C, align(64))]
 pub(super) struct ClassState {
     pub(super) active: *mut Run,
-    /// Blocks of this class handed out, and freed back to their runs or into the stash
+    /// Blocks of this class handed out, and freed back to their runs or into the cache
     /// (local frees and drained remote ones), by this heap. Per class, next to `active`, so
     /// that an allocation bumps a counter on the line it reads anyway and the bytes of live
     /// blocks follow from the two counts (see [`stats`](fn@super::stats)) without a byte
     /// counter on either path.
     pub(super) allocs: AtomicU64,
     pub(super) frees: AtomicU64,
-    /// The last block of this class the owner thread freed (null when empty), handed out by
-    /// the next allocation of the class before anything else; its run still counts it in
-    /// `used`. Written by the claim holder only (relaxed atomic: plain loads and stores).
+    /// The blocks of this class the owner thread freed last, newest first, linked through
+    /// their first words: at most `cache_max` of them, handed out before anything else; their
+    /// runs still count them in `used`. Written by the claim holder only (relaxed atomics:
+    /// plain loads and stores). Emptied into the runs when the heap is abandoned
+    /// ([`flush_cache`](super::class_run::flush_cache)).
     ///
-    /// Why: `general` reads a block just before freeing it, so the block is in the cache;
-    /// put back into its run's list it was handed out again only once that run became
-    /// active, by then out of the cache (callgrind's cache simulation: 12% more last-level
-    /// read misses than with the block reused at once). Emptied into its run when the heap
-    /// is abandoned ([`flush_stash`](super::class_run::flush_stash)).
-    pub(super) stash: AtomicPtr<Free>,
+    /// Why: `general` reads a block just before freeing it, so the block is in the cache; put
+    /// back into its run's list it is handed out again only once that run is active, by then
+    /// out of the cache (callgrind: 12% more last-level read misses). A cache of one block
+    /// (before 2026-11-28) made both paths branch on whether it was empty, which under
+    /// random alloc/free is a coin toss: half a mispredicted branch per operation, and 14% of
+    /// `general`'s time on this machine (docs/alloc.md, "Class caches"). With room for several
+    /// blocks the list is rarely empty when an allocation comes and rarely full when a free
+    /// comes.
+    pub(super) cache: AtomicPtr<Free>,
+    pub(super) cached: AtomicU32,
+    /// Room in `cache`: [`cache_max`](super::class_run::cache_max) of the class's size, set
+    /// when the heap is created (0 for the classes of spans, which never use it).
+    pub(super) cache_max: u32,
     /// Bytes requested by this heap's allocations of this class (on the line an allocation
     /// touches anyway; blocks of other sizes count in [`HeapStats::requested`]).
     pub(super) requested: AtomicU64,
