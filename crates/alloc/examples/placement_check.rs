@@ -1,6 +1,6 @@
 //! Placement check for loci-alloc, meant for multi-node machines and the NUMA VMs: for every
 //! node k with cpus, a thread pinned to node k allocates and writes small, medium and large
-//! blocks, and `move_pages` must find at least 99% of their pages on node k; blocks that
+//! blocks (three large ones grown by `realloc`), and `move_pages` must find at least 99% of their pages on node k; blocks that
 //! `alloc_on(k)` gives to a thread of another node must sit on k as well.
 //!
 //! Prints one check line per node with loci-vm's `Checker` (`LOCI-CHECK ok NAME` and a
@@ -125,6 +125,23 @@ fn alloc_write(n: usize) -> (usize, usize) {
     (p as usize, n)
 }
 
+/// Grows the first three large blocks by 16 MiB with `realloc` and writes the new bytes: the
+/// mapping grows in place or, past its region slot, moves (`mremap`), and its pages, old and
+/// new, must stay on the block's node. (Three: the 4-node VM has 256 MiB per node.)
+fn grow_large(blocks: &mut [(usize, usize)]) {
+    const MORE: usize = 16 << 20;
+    for b in blocks.iter_mut().filter(|b| b.1 > 512 << 10).take(3) {
+        let (p, n) = *b;
+        let l = Layout::from_size_align(n, 16).unwrap();
+        // SAFETY: a live block of `n` bytes allocated with `l`.
+        let q = unsafe { std::alloc::realloc(p as *mut u8, l, n + MORE) };
+        assert!(!q.is_null());
+        // SAFETY: q has n + MORE bytes.
+        unsafe { std::ptr::write_bytes(q.add(n), 0x5a, MORE) };
+        *b = (q as usize, n + MORE);
+    }
+}
+
 fn free_all(blocks: Vec<(usize, usize)>) {
     for (p, _) in blocks {
         // SAFETY: live blocks of this allocator.
@@ -175,7 +192,8 @@ pub fn check_all() -> Vec<NodeCheck> {
             // a heap is created before pinning, as in real programs
             let warm = alloc_write(100_000);
             loci_place::sys::set_affinity(0, &cpus).expect("sched_setaffinity");
-            let blocks: Vec<_> = sizes().into_iter().map(alloc_write).collect();
+            let mut blocks: Vec<_> = sizes().into_iter().map(alloc_write).collect();
+            grow_large(&mut blocks);
             let agrees = blocks
                 .iter()
                 .all(|&(p, _)| loci_alloc::node_of(p as *const u8) == Some(target));

@@ -49,6 +49,32 @@ pub fn map_aligned(len: usize, align: usize) -> *mut u8 {
     aligned as *mut u8
 }
 
+/// Resizes the mapping at `p` (`len` bytes) to `new_len` bytes where it lies (`to` None: shrinking
+/// always works, growing only where the address space after it is free), or moves it onto `to`,
+/// a mapping of `new_len` bytes that it replaces (`mremap` with `MREMAP_FIXED`: the pages move
+/// with their contents and memory policy, nothing is copied or faulted in again). False when the
+/// kernel refuses.
+///
+/// # Safety
+/// `p..p + len` is a mapping of ours that nothing else uses, and `to`, if any, is one of
+/// `new_len` bytes that nothing uses; both are page aligned.
+pub unsafe fn remap(p: *mut u8, len: usize, new_len: usize, to: Option<*mut u8>) -> bool {
+    // SAFETY: the caller owns both ranges (contract above).
+    let q = unsafe {
+        match to {
+            None => libc::mremap(p as *mut libc::c_void, len, new_len, 0),
+            Some(t) => libc::mremap(
+                p as *mut libc::c_void,
+                len,
+                new_len,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                t as *mut libc::c_void,
+            ),
+        }
+    };
+    q != libc::MAP_FAILED
+}
+
 /// Unmaps a range made by [`map_aligned`].
 ///
 /// # Safety

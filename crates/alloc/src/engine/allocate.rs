@@ -9,7 +9,7 @@ use core::sync::atomic::{
     Ordering::{Acquire, Relaxed, Release},
 };
 
-use super::blocks::{alloc_large, alloc_large_span, alloc_sized};
+use super::blocks::{alloc_large, alloc_large_span, alloc_sized, realloc_large};
 use super::class_run::{alloc_class, block_start, cache_pop, pop, small_class_state};
 use super::config::{current_node, ensure_init, home, SMALL_OWN};
 use super::deallocate::free;
@@ -319,6 +319,16 @@ pub unsafe fn realloc(p: *mut u8, new: usize, align: usize) -> *mut u8 {
             unsafe { sys_usable_size(p) }
         }
     };
+    if new > MEDIUM_MAX {
+        if let Some((base, os::REGION_LARGE)) = os::region(p as usize) {
+            // SAFETY: `p` is a live large block (its region is a large mapping), the start of
+            // the block (contract above), and the caller gives it up; `new > MEDIUM_MAX`.
+            let q = unsafe { realloc_large(base, p, new) };
+            if !q.is_null() {
+                return q;
+            }
+        }
+    }
     // SAFETY: `align` is a power of two (contract above).
     let q = unsafe { alloc(new, align) };
     if q.is_null() {

@@ -182,6 +182,72 @@ pub(super) unsafe fn alloc_large(size: usize, align: usize, node: usize) -> *mut
     unsafe { p.add(off) }
 }
 
+/// Resizes the large block `p` (in the mapping at `base`) to `new` bytes without copying it:
+/// the mapping shrinks or grows where it lies, or, where the address space after it is taken,
+/// moves onto a fresh mapping aligned like every region (`mremap`: the pages keep their contents,
+/// node and memory policy). The block keeps its offset in the mapping, so its alignment too.
+/// Null when neither works (the caller then copies).
+///
+/// Why: programs grow buffers by `realloc` doubling (sqlite3's sorter and statement buffers, 0.5
+/// MiB to 64 MiB in `loci bench alloc --programs`); a copy into a new mapping faults every page
+/// in again and copies the old ones (docs/alloc.md, "Large reallocations").
+///
+/// # Safety
+/// `p` is a live large block, the start of a block handed out by [`alloc_large`] (in the
+/// mapping at `base`), given up by the caller if a new block is returned; `new > MEDIUM_MAX`.
+pub(super) unsafe fn realloc_large(base: usize, p: *mut u8, new: usize) -> *mut u8 {
+    let off = p as usize - base;
+    let Some(want) = off.checked_add(new).and_then(|l| l.checked_add(PAGE - 1)) else {
+        return null_mut();
+    };
+    let want = want / PAGE * PAGE;
+    let l = os::header_of(base) as *mut Large;
+    // SAFETY: the header of a live large mapping (contract above).
+    let (len, requested, node) = unsafe { ((*l).map_len, (*l).requested, (*l).node) };
+    let mut to = base;
+    // SAFETY: the mapping is the caller's block's own, used by nothing else.
+    if want != len && !unsafe { os::remap(base as *mut u8, len, want, None) } {
+        // Move onto a fresh mapping at the region alignment (the region map and `free` find a
+        // region by its aligned start).
+        let r = os::map_aligned(want, region_size());
+        if r.is_null() {
+            return null_mut();
+        }
+        // `mark(r, 0)` changes nothing (a fresh region's slot is 0) and is false where the map
+        // could not record `r`, which is then not used.
+        // SAFETY: `r` is our fresh mapping of `want` bytes and the block's mapping is the
+        // caller's; nothing else uses either.
+        if !os::mark(r as usize, 0) || !unsafe { os::remap(base as *mut u8, len, want, Some(r)) } {
+            // SAFETY: ours, unused (the move did not happen).
+            unsafe { os::unmap(r, want) };
+            return null_mut();
+        }
+        to = r as usize;
+        // The header moved with the first page, but its slot depends on the region's address.
+        let (from, at) = (to + (l as usize - base), os::header_of(to));
+        if from != at {
+            // SAFETY: both slots lie in the moved mapping's first page, before the block, and
+            // do not overlap (distinct multiples of HEADER_STEP, which a header fits in).
+            unsafe { core::ptr::copy_nonoverlapping(from as *const Large, at as *mut Large, 1) };
+        }
+        os::mark(to, os::REGION_LARGE);
+        os::mark(base, 0);
+    }
+    let l = os::header_of(to) as *mut Large;
+    // SAFETY: the header of the (possibly moved) live mapping, the caller's.
+    unsafe {
+        (*l).map_len = want;
+        (*l).requested = new;
+    }
+    let ns = &NODES[node as usize];
+    let grown = want as u64 as i64 - len as u64 as i64;
+    ns.os_bytes.fetch_add(grown as u64, Relaxed);
+    ns.large_bytes.fetch_add(grown as u64, Relaxed);
+    ns.large_requested
+        .fetch_add((new as u64).wrapping_sub(requested as u64), Relaxed);
+    (to + off) as *mut u8
+}
+
 /// Frees a large block: unmaps its mapping.
 ///
 /// # Safety
