@@ -13,7 +13,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use loci_stream::proto::{
-    frame_keys, kind, Header, Hello, ProtoError, Protection, Side, FLAG_LZ4, HEADER,
+    frame_keys, kind, Header, Hello, Protection, ProtoError, Side, FLAG_LZ4, HEADER,
 };
 use loci_stream::recv::decode_payload;
 use loci_stream::Codec;
@@ -105,7 +105,10 @@ fuzz_target!(|data: &[u8]| {
         };
         if seal_first {
             // What was sealed opens to the same fields and bytes.
-            assert_eq!((hdr.kind, hdr.a, hdr.raw_len, hdr.comp_len), (fields.kind, fields.a, fields.raw_len, fields.comp_len));
+            assert_eq!(
+                (hdr.kind, hdr.a, hdr.raw_len, hdr.comp_len),
+                (fields.kind, fields.a, fields.raw_len, fields.comp_len)
+            );
             if hdr.kind == kind::DATA {
                 assert_eq!(hdr.c, fields.c);
                 assert_eq!(&body[off..], payload);
