@@ -61,18 +61,31 @@ pub fn encode_cpus(sets: &[CpuSet]) -> String {
         .join(";")
 }
 
+/// Cpu ids [`decode_cpus`] accepts over all entries together: 16 Mi, 2,048 threads on every cpu
+/// of an 8,192-cpu machine. Each id costs a few bytes, and a hand-written value of 128 KiB (the
+/// kernel's limit for one environment string) made of full ranges (`0-65535;0-65535;...`) would
+/// otherwise ask for gigabytes inside the program being pinned.
+pub const MAX_PIN_IDS: usize = 1 << 24;
+
 /// Decodes [`ENV_CPUS`]. Errors name the entry.
 pub fn decode_cpus(s: &str) -> Result<Vec<CpuSet>, String> {
     let s = s.trim();
     if s.is_empty() {
         return Err(format!("{ENV_CPUS} is empty"));
     }
+    let mut total = 0usize;
     s.split(';')
         .enumerate()
         .map(|(i, e)| {
             let set = CpuSet::parse(e).map_err(|err| format!("{ENV_CPUS} entry {i}: {err}"))?;
+            total += set.len();
             if set.is_empty() {
                 Err(format!("{ENV_CPUS} entry {i} is empty"))
+            } else if total > MAX_PIN_IDS {
+                Err(format!(
+                    "{ENV_CPUS} names more than {MAX_PIN_IDS} cpu ids over its entries (reached at \
+                     entry {i}); a plan needs one list per thread, each of the cpus that thread may use"
+                ))
             } else {
                 Ok(set)
             }
@@ -225,6 +238,18 @@ mod tests {
         assert!(decode_cpus("0;;1").unwrap_err().contains("entry 1"));
         assert!(decode_cpus("0;x").unwrap_err().contains("entry 1"));
         assert!(decode_cpus("").is_err());
+        // Full ranges repeated past the cap: refused at the entry that crosses it, before the
+        // rest is parsed.
+        let full = vec!["0-65535"; 300].join(";");
+        let err = decode_cpus(&full).unwrap_err();
+        assert!(
+            err.contains("entry 256") && err.contains("16777216"),
+            "{err}"
+        );
+        assert_eq!(
+            decode_cpus(&vec!["0-65535"; 256].join(";")).unwrap().len(),
+            256
+        );
     }
 
     #[test]
