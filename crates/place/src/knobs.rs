@@ -338,10 +338,8 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("`madvise` is not one of them"), "{e}");
-        assert_eq!(
-            std::fs::read_to_string(dir.join(NUMA_BALANCING)).unwrap(),
-            "2\n"
-        );
+        let balancing = || std::fs::read_to_string(dir.join(NUMA_BALANCING)).unwrap();
+        assert_eq!(balancing(), "2\n");
         std::fs::remove_file(dir.join(THP_ENABLED)).unwrap();
         let e = set_all(&dir, &[autonuma_off.clone(), Setting::Thp("never".into())])
             .unwrap_err()
@@ -351,10 +349,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("`autonuma` given twice"), "{e}");
-        assert_eq!(
-            std::fs::read_to_string(dir.join(NUMA_BALANCING)).unwrap(),
-            "2\n"
-        );
+        assert_eq!(balancing(), "2\n");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -134,6 +134,12 @@ pub(super) unsafe fn alloc_sized(h: *mut Heap, size: usize, requested: usize) ->
     }
 }
 
+/// Bytes of the mapping of a large block of `size` bytes at offset `off` in it: whole pages.
+/// None on overflow.
+fn large_map_len(off: usize, size: usize) -> Option<usize> {
+    Some(off.checked_add(size)?.checked_add(PAGE - 1)? / PAGE * PAGE)
+}
+
 /// A large block: a node-bound mapping of its own, its header in the first page.
 ///
 /// # Safety
@@ -143,10 +149,9 @@ pub(super) unsafe fn alloc_large(size: usize, align: usize, node: usize) -> *mut
     // The block starts after the first page, which holds the header at its colored slot.
     const _: () = assert!(os::HEADER_COLORS * os::HEADER_STEP <= PAGE);
     let off = align.max(PAGE);
-    let Some(len) = off.checked_add(size).and_then(|l| l.checked_add(PAGE - 1)) else {
+    let Some(len) = large_map_len(off, size) else {
         return null_mut();
     };
-    let len = len / PAGE * PAGE;
     debug_assert!(
         align < region_size(),
         "alignment {align} reaches a region slot"
@@ -197,10 +202,9 @@ pub(super) unsafe fn alloc_large(size: usize, align: usize, node: usize) -> *mut
 /// mapping at `base`), given up by the caller if a new block is returned; `new > MEDIUM_MAX`.
 pub(super) unsafe fn realloc_large(base: usize, p: *mut u8, new: usize) -> *mut u8 {
     let off = p as usize - base;
-    let Some(want) = off.checked_add(new).and_then(|l| l.checked_add(PAGE - 1)) else {
+    let Some(want) = large_map_len(off, new) else {
         return null_mut();
     };
-    let want = want / PAGE * PAGE;
     let l = os::header_of(base) as *mut Large;
     // SAFETY: the header of a live large mapping (contract above).
     let (len, requested, node) = unsafe { ((*l).map_len, (*l).requested, (*l).node) };

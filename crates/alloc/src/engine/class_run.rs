@@ -254,12 +254,13 @@ pub(super) unsafe fn local_free(h: *mut Heap, r: *mut Run, blk: usize) {
     unsafe { run_free(h, r, blk) }
 }
 
-/// [`local_free`] of a block already counted in its class's `frees` (a cached one).
+/// [`local_free`] of a block already counted in its class's `frees` (a cached one, or one
+/// `free` counted before its cache turned it away).
 ///
 /// # Safety
 /// As for [`local_free`].
-#[inline]
-unsafe fn run_free(h: *mut Heap, r: *mut Run, blk: usize) {
+#[inline(always)]
+pub(super) unsafe fn run_free(h: *mut Heap, r: *mut Run, blk: usize) {
     let f = blk as *mut Free;
     // SAFETY: the block is freed once: its first word becomes the list link; `r` is
     // changed only by `h`'s claim holder, the caller.
@@ -365,6 +366,25 @@ pub(super) unsafe fn cache_pop(cs: &ClassState) -> *mut Free {
         cs.cached.store(cs.cached.load(Relaxed) - 1, Relaxed);
     }
     s
+}
+
+/// Puts the freed block `f` on class state `cs`'s cache if it has room (true), else leaves it
+/// to the caller (false).
+///
+/// # Safety
+/// The caller holds the claim of the heap of `cs`; `f` is a block of its class freed once (its
+/// first word becomes the list link).
+#[inline(always)]
+pub(super) unsafe fn cache_push(cs: &ClassState, f: *mut Free) -> bool {
+    let n = cs.cached.load(Relaxed);
+    if n < cs.cache_max {
+        // SAFETY: as above: the block's first word is free to hold the link.
+        unsafe { (*f).next = cs.cache.load(Relaxed) };
+        cs.cache.store(f, Relaxed);
+        cs.cached.store(n + 1, Relaxed);
+        return true;
+    }
+    false
 }
 
 /// Byte offsets in a [`Heap`] of the [`ClassState`] of the small class of each size, indexed

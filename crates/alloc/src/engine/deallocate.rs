@@ -29,7 +29,7 @@ use core::sync::atomic::{
 };
 
 use super::blocks::{free_block, free_large};
-use super::class_run::{block_start, count_free, local_free, regroup, run_class_state};
+use super::class_run::{block_start, cache_push, local_free, run_class_state, run_free};
 use super::heap::{collect, tls_heap};
 use super::spans::run_at;
 use super::structs::{push_list, Batch, Free, Heap, Outbox, Run, NBATCH, R_BLOCK, R_CLASS};
@@ -71,20 +71,10 @@ pub unsafe fn free(p: *mut u8) {
                     // word: the link); a run whose `used` drops below its `lo` is neither active
                     // nor the spare.
                     unsafe {
-                        let f = p as *mut Free;
                         let cs = run_class_state(h, r);
                         bump(&cs.frees, 1);
-                        let n = cs.cached.load(Relaxed);
-                        if n < cs.cache_max {
-                            (*f).next = cs.cache.load(Relaxed);
-                            cs.cache.store(f, Relaxed);
-                            cs.cached.store(n + 1, Relaxed);
-                            return;
-                        }
-                        (*f).next = (*r).free;
-                        (*r).free = f;
-                        if count_free(r) {
-                            regroup(h, r);
+                        if !cache_push(cs, p as *mut Free) {
+                            run_free(h, r, p as usize);
                         }
                     }
                     return;
