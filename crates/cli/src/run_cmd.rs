@@ -143,7 +143,7 @@ pub enum Thp {
     Off,
 }
 
-fn parse_wait(s: &str) -> Result<f64, String> {
+pub fn parse_wait(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if (0.0..=3600.0).contains(&v) => Ok(v),
         _ => Err(format!("{s:?}: give seconds from 0 to 3600")),

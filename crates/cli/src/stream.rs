@@ -181,7 +181,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{s:?} is too large"))
 }
 
-pub(crate) fn parse_usize_bytes(s: &str) -> Result<usize, String> {
+pub fn parse_usize_bytes(s: &str) -> Result<usize, String> {
     parse_bytes(s).map(|v| v as usize)
 }
 

@@ -4,10 +4,10 @@
 //! ([`trial`]).
 
 mod matrix;
-mod output;
+pub(crate) mod output;
 mod rules;
 mod search;
-mod trial;
+pub(crate) mod trial;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -54,12 +54,12 @@ pub struct AdviseCmd {
     /// bench/peers/setup --tpch).
     #[arg(long, value_name = "NAME", conflicts_with = "cmd")]
     workload: Option<String>,
-    /// Time for the measured part: 90s, 2m, 45 (seconds).
+    /// Time for the measured part: 90s, 2m, 45 (seconds); 1ms to a week.
     #[arg(long, value_name = "DURATION", default_value = "75s", value_parser = parse_duration)]
     budget: Duration,
     /// What a trial's figure is: `time` (the program's wall time) or a regex over its output
-    /// whose first capture group (or whole match) is the number (lower is better unless
-    /// --maximize). Built-in workloads report their own timed region.
+    /// whose first capture group (or whole match) is the number, finite and above 0 (lower is
+    /// better unless --maximize). Built-in workloads report their own timed region.
     #[arg(long, value_name = "time|REGEX")]
     metric: Option<String>,
     /// A larger --metric figure is better (a throughput).
@@ -204,8 +204,10 @@ pub struct Found {
 
 /// The longest `--budget`: a week.
 const MAX_BUDGET_S: f64 = 604_800.0;
+/// The shortest `--budget`: a millisecond (a shorter one would round to nothing).
+const MIN_BUDGET_S: f64 = 0.001;
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, mult) = if let Some(v) = s.strip_suffix("ms") {
         (v, 0.001)
@@ -219,6 +221,9 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         (s, 1.0)
     };
     match num.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v * mult < MIN_BUDGET_S => Err(format!(
+            "`{s}` is shorter than a millisecond, the shortest budget"
+        )),
         Ok(v) if v > 0.0 && v * mult <= MAX_BUDGET_S => Ok(Duration::from_secs_f64(v * mult)),
         Ok(v) if v > 0.0 => Err(format!(
             "`{s}` is longer than a week ({MAX_BUDGET_S} s), the longest budget"
@@ -594,6 +599,11 @@ mod tests {
         let e = parse_duration("soon").unwrap_err();
         assert!(e.contains("`soon`") && e.contains("90s"), "{e}");
         assert!(parse_duration("-3s").is_err());
+        for tiny in ["1e-300", "0.0001s", "0.5ms"] {
+            let e = parse_duration(tiny).unwrap_err();
+            assert!(e.contains("shorter than a millisecond"), "{tiny}: {e}");
+        }
+        assert_eq!(parse_duration("1ms").unwrap(), Duration::from_millis(1));
         for huge in ["1e300", "5e20", "170h"] {
             let e = parse_duration(huge).unwrap_err();
             assert!(e.contains("longer than a week"), "{huge}: {e}");

@@ -394,7 +394,7 @@ pub fn cache_load(key: &str) -> Option<Found> {
 
 /// A cached result; a damaged or hand-edited entry without the default's runs (the baseline)
 /// is a miss.
-pub(super) fn parse_cached(text: &str) -> Option<Found> {
+pub fn parse_cached(text: &str) -> Option<Found> {
     serde_json::from_str(text).ok().filter(|f: &Found| {
         f.measured
             .first()

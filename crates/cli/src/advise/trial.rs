@@ -315,7 +315,7 @@ pub fn thp_fault_fallbacks() -> Option<u64> {
     parse_vmstat(&text, "thp_fault_fallback")
 }
 
-fn parse_vmstat(text: &str, key: &str) -> Option<u64> {
+pub fn parse_vmstat(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|l| {
         let (k, v) = l.split_once(' ')?;
         (k == key).then(|| v.trim().parse().ok()).flatten()
@@ -354,6 +354,8 @@ fn report_time(path: &Path, geomean: bool) -> anyhow::Result<f64> {
 }
 
 /// The number `re` finds in `text`: capture group 1 if the regex has one, else the whole match.
+/// It must be finite and above 0: trials are compared by ratios (and a higher-is-better figure
+/// is inverted), which a 0, a negative number, `inf` or `NaN` would turn into nonsense.
 pub fn parse_metric(re: &Regex, text: &str) -> anyhow::Result<f64> {
     let caps = re
         .captures(text)
@@ -362,12 +364,18 @@ pub fn parse_metric(re: &Regex, text: &str) -> anyhow::Result<f64> {
         .get(1)
         .or_else(|| caps.get(0))
         .expect("a match has group 0");
-    m.as_str().trim().parse::<f64>().with_context(|| {
+    let v = m.as_str().trim().parse::<f64>().with_context(|| {
         format!(
             "--metric `{re}` matched `{}`, which is not a number (put the number in a capture group)",
             m.as_str()
         )
-    })
+    })?;
+    anyhow::ensure!(
+        v.is_finite() && v > 0.0,
+        "--metric `{re}` matched `{}`: the figure must be a finite number above 0 (times and rates are compared by ratios)",
+        m.as_str()
+    );
+    Ok(v)
 }
 
 #[cfg(test)]
@@ -384,6 +392,17 @@ mod tests {
         assert!(e.to_string().contains("not a number"), "{e}");
         let e = parse_metric(&Regex::new("zzz").unwrap(), "took 1").unwrap_err();
         assert!(e.to_string().contains("matched nothing"), "{e}");
+        // Figures compared by ratios: no zero, negative, infinite or NaN ones.
+        let re = Regex::new(r"took (\S+) s").unwrap();
+        for bad in ["0", "-2.5", "inf", "NaN", "1e999"] {
+            let e = parse_metric(&re, &format!("took {bad} s")).unwrap_err();
+            assert!(
+                e.to_string().contains("finite number above 0"),
+                "{bad}: {e}"
+            );
+            assert!(e.to_string().contains(bad), "{bad}: {e}");
+        }
+        assert_eq!(parse_metric(&re, "took 2e-3 s").unwrap(), 2e-3);
     }
 
     #[test]

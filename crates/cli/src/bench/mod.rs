@@ -16,7 +16,7 @@ mod memcpy;
 mod sched;
 mod stream;
 mod subarray;
-mod tpch;
+pub(crate) mod tpch;
 
 #[derive(Subcommand)]
 pub enum BenchCmd {

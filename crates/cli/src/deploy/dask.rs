@@ -62,7 +62,7 @@ impl DaskInfo {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NThreads(Option<usize>);
 
-fn parse_nthreads(s: &str) -> Result<NThreads, String> {
+pub fn parse_nthreads(s: &str) -> Result<NThreads, String> {
     match s {
         "auto" => Ok(NThreads(None)),
         _ => match s.parse::<usize>() {
@@ -143,7 +143,7 @@ struct Endpoint {
 }
 
 /// Parses `tcp://HOST:PORT` or `HOST:PORT` into the URL the workers get and the host and port.
-fn parse_address(addr: &str) -> anyhow::Result<(String, String, u16)> {
+pub fn parse_address(addr: &str) -> anyhow::Result<(String, String, u16)> {
     let bad = |why: &str| {
         anyhow::anyhow!("--scheduler {addr}: {why}; valid: tcp://HOST:PORT or HOST:PORT, e.g. tcp://10.0.0.1:8786")
     };

@@ -140,14 +140,14 @@ impl Manifest {
     pub fn read(path: &Path) -> anyhow::Result<Manifest> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading the manifest {}", path.display()))?;
-        let m: Manifest = serde_json::from_str(&text).with_context(|| {
-            format!(
-                "{} is not a loci deploy manifest (see docs/deploy.md)",
-                path.display()
-            )
-        })?;
-        m.check()
-            .with_context(|| format!("{}: a damaged or edited manifest", path.display()))?;
+        Manifest::parse(&text).with_context(|| path.display().to_string())
+    }
+
+    /// A manifest from its JSON text, with every value `stop` and `status` act on checked.
+    pub fn parse(text: &str) -> anyhow::Result<Manifest> {
+        let m: Manifest = serde_json::from_str(text)
+            .context("not a loci deploy manifest (see docs/deploy.md)")?;
+        m.check().context("a damaged or edited manifest")?;
         Ok(m)
     }
 

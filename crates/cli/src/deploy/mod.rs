@@ -318,7 +318,7 @@ fn refuse_live_manifest(path: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn parse_grace(s: &str) -> Result<f64, String> {
+pub fn parse_grace(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .parse()
         .map_err(|_| format!("{s:?} is not a number of seconds"))?;

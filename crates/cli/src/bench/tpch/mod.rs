@@ -174,7 +174,7 @@ fn configs(a: &TpchArgs) -> anyhow::Result<Vec<Config>> {
 }
 
 /// `--queries`: `all` or a list of numbers in 1..=22.
-fn parse_queries(s: &str) -> anyhow::Result<Vec<u32>> {
+pub fn parse_queries(s: &str) -> anyhow::Result<Vec<u32>> {
     if s == "all" {
         return Ok((1..=22).collect());
     }
