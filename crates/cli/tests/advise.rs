@@ -91,6 +91,61 @@ fn recommends_the_default_when_nothing_matters() {
     assert!(v["results"].as_array().unwrap().len() >= 2);
 }
 
+/// `--matrix` on a program that is faster only under an allocator *and* with THP off: advise
+/// changes one factor at a time, finds neither better alone and keeps the default; the matrix
+/// finds the pair; the head-to-head runs after it measure the advice against the matrix's best
+/// again, in fresh pairs.
+#[test]
+fn matrix_check_measures_the_advice_and_the_matrix_best_again_head_to_head() {
+    let Some(alloc) = some_allocator() else {
+        eprintln!("note: no preloadable allocator installed (scripts/install-deps installs them); test skipped");
+        return;
+    };
+    // `loci run --thp off` disables THP with prctl, which the kernel shows as `THP_enabled: 0`
+    // in /proc/PID/status and children inherit.
+    let script = format!(
+        "case \"$LD_PRELOAD\" in *{alloc}*) if grep -q 'THP_enabled:[[:space:]]*0' /proc/self/status; \
+         then sleep 0.04; else sleep 0.06; fi ;; *) sleep 0.06 ;; esac"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("advise.json");
+    let stdout = loci(
+        Command::new(LOCI)
+            .args([
+                "advise",
+                "--budget",
+                "8s",
+                "--matrix",
+                "--matrix-reps",
+                "5",
+                "--json",
+            ])
+            .arg(&json)
+            .args(["--", "sh", "-c", &script])
+            .env("XDG_CACHE_HOME", dir.path()),
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let m = &v["params"]["matrix"];
+    assert_eq!(m["best"]["alloc"], alloc, "{m}\n{stdout}");
+    assert_eq!(m["best"]["thp"], "off", "{m}\n{stdout}");
+    assert_ne!(
+        v["params"]["best"], m["best"],
+        "advise changes one factor at a time\n{stdout}"
+    );
+    let h = &m["head_to_head"];
+    assert_eq!(h["runs"], 5, "{m}");
+    // 0.06 / 0.04 less the start-up both sides pay: well above 1, the interval too.
+    let ratio = h["ratio"].as_f64().unwrap();
+    assert!(
+        (1.15..1.7).contains(&ratio),
+        "head to head: {ratio}\n{stdout}"
+    );
+    let (lo, hi) = (h["ci"][0].as_f64().unwrap(), h["ci"][1].as_f64().unwrap());
+    assert!(1.0 < lo && lo <= ratio && ratio <= hi, "{h}");
+    assert!(stdout.contains("head to head in 5 fresh pairs"), "{stdout}");
+}
+
 /// `loci advise --rules-only ARGS -- ./app`, which must succeed and print the rule `rule` and
 /// the advice `command`.
 fn assert_rules_only_advises(args: &[&str], rule: &str, command: &str) {
