@@ -31,20 +31,25 @@ fn loci(cmd: &mut Command) -> String {
     stdout
 }
 
-/// Runs `loci advise` on a shell script with a fresh cache; returns (stdout, result JSON).
-fn advise(script: &str, budget: &str) -> (String, serde_json::Value) {
+/// Runs `loci advise OPTIONS --json FILE [-- COMMAND]` with a fresh cache; returns (stdout,
+/// result JSON).
+fn advise_json(options: &[&str], command: &[&str]) -> (String, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("advise.json");
-    let stdout = loci(
-        Command::new(LOCI)
-            .args(["advise", "--budget", budget, "--json"])
-            .arg(&json)
-            .args(["--", "sh", "-c", script])
-            .env("XDG_CACHE_HOME", dir.path()),
-    );
+    let mut cmd = Command::new(LOCI);
+    cmd.arg("advise").args(options).arg("--json").arg(&json);
+    if !command.is_empty() {
+        cmd.arg("--").args(command);
+    }
+    let stdout = loci(cmd.env("XDG_CACHE_HOME", dir.path()));
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     (stdout, v)
+}
+
+/// Runs `loci advise` on a shell script.
+fn advise(script: &str, budget: &str) -> (String, serde_json::Value) {
+    advise_json(&["--budget", budget], &["sh", "-c", script])
 }
 
 #[test]
@@ -108,25 +113,10 @@ fn matrix_check_measures_the_advice_and_the_matrix_best_again_head_to_head() {
          case \"$LD_PRELOAD:$off\" in *{alloc}*:1) sleep 0.04 ;; *{alloc}*|*:1) sleep 0.066 ;; \
          *) sleep 0.06 ;; esac"
     );
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("advise.json");
-    let stdout = loci(
-        Command::new(LOCI)
-            .args([
-                "advise",
-                "--budget",
-                "8s",
-                "--matrix",
-                "--matrix-reps",
-                "5",
-                "--json",
-            ])
-            .arg(&json)
-            .args(["--", "sh", "-c", &script])
-            .env("XDG_CACHE_HOME", dir.path()),
+    let (stdout, v) = advise_json(
+        &["--budget", "8s", "--matrix", "--matrix-reps", "5"],
+        &["sh", "-c", &script],
     );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let m = &v["params"]["matrix"];
     assert_eq!(m["best"]["alloc"], alloc, "{m}\n{stdout}");
     assert_eq!(m["best"]["thp"], "off", "{m}\n{stdout}");
@@ -230,23 +220,7 @@ fn tpch_workload_measures_the_engine_through_the_bench() {
         eprintln!("note: bench/peers/setup --tpch could not install the TPC-H set; test skipped");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("advise.json");
-    let stdout = loci(
-        Command::new(LOCI)
-            .args([
-                "advise",
-                "--workload",
-                "tpch:duckdb:0.01",
-                "--budget",
-                "20s",
-                "--json",
-            ])
-            .arg(&json)
-            .env("XDG_CACHE_HOME", dir.path()),
-    );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (stdout, v) = advise_json(&["--workload", "tpch:duckdb:0.01", "--budget", "20s"], &[]);
     let p = &v["params"];
     assert_eq!(p["workload"], "tpch:duckdb:0.01");
     assert_eq!(p["metric"], "the geometric mean of the queries' times (s)");
