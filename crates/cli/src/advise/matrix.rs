@@ -16,7 +16,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::rules::Advice;
-use super::search::{median, paired_ratios, Samples, MIN_RUNS};
+use super::search::{median, paired_ratios, run_pairs, Samples, MIN_RUNS};
 use super::trial::Target;
 use super::Knobs;
 use crate::stats::median_interval;
@@ -158,16 +158,13 @@ pub fn head_to_head(
     let bar = indicatif::ProgressBar::new((2 * passes) as u64);
     bar.set_message("head to head: the advised configuration and the matrix's best");
     let (mut a, mut b) = (Samples::default(), Samples::default());
-    for pass in 0..passes {
-        for k in 0..2 {
-            if (k + pass) % 2 == 0 {
-                a.push(pass, trial(advised)?);
-            } else {
-                b.push(pass, trial(best)?);
-            }
-            bar.inc(1);
-        }
-    }
+    run_pairs(
+        0..passes,
+        &mut a,
+        &mut b,
+        |first| trial(if first { advised } else { best }),
+        || bar.inc(1),
+    )?;
     bar.finish_and_clear();
     let ratios = paired_ratios(&a, &b);
     Ok(HeadToHead {

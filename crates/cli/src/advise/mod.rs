@@ -528,16 +528,19 @@ fn measure(
         let dropped: Vec<Option<usize>> = outcomes.iter().map(|o| o.dropped_in).collect();
         let mut extra = Samples::default();
         let first_pass = samples[0].passes.iter().max().map_or(0, |p| p + 1);
-        for pass in first_pass..first_pass + schedule.first_reps.max(search::MIN_RUNS) {
-            for k in 0..2 {
-                if (k + pass) % 2 == 0 {
-                    samples[0].push(pass, target.trial(exe, &configs[0], threads)?);
+        search::run_pairs(
+            first_pass..first_pass + schedule.first_reps.max(search::MIN_RUNS),
+            &mut samples[0],
+            &mut extra,
+            |default| {
+                if default {
+                    target.trial(exe, &configs[0], threads)
                 } else {
-                    let v = target.trial(exe, &combo, threads).unwrap_or(f64::INFINITY);
-                    extra.push(pass, v);
+                    Ok(target.trial(exe, &combo, threads).unwrap_or(f64::INFINITY))
                 }
-            }
-        }
+            },
+            || {},
+        )?;
         samples.push(extra);
         configs.push(combo);
         failed.push(None);

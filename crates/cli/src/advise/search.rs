@@ -131,6 +131,27 @@ pub fn halve(
     Ok(outcomes(&samples, &dropped_in))
 }
 
+/// Runs two configurations once in each pass of `passes`, the first of the two alternating
+/// with the pass: `run(true)` measures the one whose samples go to `sa`, `run(false)` the other
+/// (into `sb`); `on_trial` is told after every run.
+pub fn run_pairs(
+    passes: std::ops::Range<usize>,
+    sa: &mut Samples,
+    sb: &mut Samples,
+    mut run: impl FnMut(bool) -> anyhow::Result<f64>,
+    mut on_trial: impl FnMut(),
+) -> anyhow::Result<()> {
+    for pass in passes {
+        for k in 0..2 {
+            let first = (k + pass) % 2 == 0;
+            let v = run(first)?;
+            if first { &mut *sa } else { &mut *sb }.push(pass, v);
+            on_trial();
+        }
+    }
+    Ok(())
+}
+
 /// Judges every candidate's samples against candidate 0's (the default), pair by pair.
 pub fn outcomes(samples: &[Samples], dropped_in: &[Option<usize>]) -> Vec<Outcome> {
     let m = samples.len().saturating_sub(1);
