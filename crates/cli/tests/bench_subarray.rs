@@ -155,6 +155,41 @@ fn bad_input_is_refused_before_work() {
     }
 }
 
+/// A Python peer whose module the interpreter lacks fails the run before the loci matrix, naming
+/// the modules and how to install them (not after minutes of measuring).
+#[test]
+fn a_missing_python_module_is_refused_before_work() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = fresh_dir("loci-bench-subarray-nomodule");
+    let py = dir.join("python");
+    std::fs::write(
+        &py,
+        "#!/bin/sh\necho \"ModuleNotFoundError: No module named 'xarray'\" >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&py, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = bench(
+        &[
+            "--size",
+            "262144",
+            "--peers",
+            "memcpy,xarray",
+            "--python",
+            py.to_str().unwrap(),
+        ],
+        &dir,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("cannot import numpy and xarray")
+            && err.contains("No module named 'xarray'")
+            && err.contains("bench/peers/setup --subarray"),
+        "{err}"
+    );
+    assert!(!err.contains(" done"), "measured before refusing: {err}");
+}
+
 /// The like-for-like rows: `loci-nopool` repeats the headline strategy with fresh memory (same
 /// result, pool off) and the goals pair it with the new mapping; with the Python venv present,
 /// numpy-prealloc and numpy-threads run with as many threads as loci and match its checksums.

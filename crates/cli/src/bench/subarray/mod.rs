@@ -32,7 +32,10 @@ mod peers;
 mod progress;
 
 pub use goals::goals;
-use peers::{is_python_peer, memcpy_rows, peers_dir, python_rows, PythonJob, DEFAULT_PEERS, PEERS};
+use peers::{
+    check_python_modules, is_python_peer, memcpy_rows, peers_dir, python_rows, PythonJob,
+    DEFAULT_PEERS, PEERS,
+};
 use progress::Progress;
 
 #[derive(Args, Debug)]
@@ -198,6 +201,9 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
             "the Python peers need {} (create it with bench/peers/setup --subarray, or pass --python)",
             python.display()
         );
+    }
+    if has_py_peers {
+        check_python_modules(&python, &a.peers)?;
     }
     let mem = loci_array::chunk_policy(&a.mem, &topo)?;
     let huge = !a.no_huge_pages;

@@ -32,6 +32,39 @@ pub(super) fn is_python_peer(p: &str) -> bool {
     !matches!(p, "memcpy" | "loci-nopool")
 }
 
+/// Checks, before any measurement, that `python` imports the modules that `peers` need (numpy
+/// for every Python peer, xarray for `xarray`; TileDB, whose wheel may not install, is skipped
+/// with a note instead), so that a missing module fails the run at once, not after the loci
+/// matrix.
+pub(super) fn check_python_modules(python: &Path, peers: &[String]) -> anyhow::Result<()> {
+    let mut mods = vec![];
+    if peers.iter().any(|p| is_python_peer(p)) {
+        mods.push("numpy");
+    }
+    if peers.iter().any(|p| p == "xarray") {
+        mods.push("xarray");
+    }
+    if mods.is_empty() {
+        return Ok(());
+    }
+    let out = Command::new(python)
+        .arg("-c")
+        .arg(format!("import {}", mods.join(", ")))
+        .output()
+        .with_context(|| format!("cannot run {}", python.display()))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().last().unwrap_or("").trim();
+        bail!(
+            "{} cannot import {} ({last}): install them with bench/peers/setup --subarray, pass \
+             another --python, or leave those peers out of --peers",
+            python.display(),
+            mods.join(" and ")
+        );
+    }
+    Ok(())
+}
+
 /// The bench/peers directory holding subarray.py (else bench/peers under the current directory,
 /// for the error that names the missing interpreter).
 pub(super) fn peers_dir() -> PathBuf {
