@@ -230,7 +230,7 @@ mod tests {
     #[test]
     fn stream_writer_equals_concatenated_runs_at_every_alignment() {
         let src: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + 3) as u8).collect();
-        let patterns: [&[usize]; 7] = [
+        let patterns: [&[usize]; 8] = [
             &[],
             &[0],
             &[1, 15, 16, 17, 0, 63, 64, 65],
@@ -238,7 +238,12 @@ mod tests {
             &[100; 40],
             &[7; 70],
             &[4096, 3, 5000, 129, 61, 2],
+            &[9000, 8000],
         ];
+        assert!(patterns.iter().any(|p| p.len() > PREFETCH_RUNS));
+        assert!(patterns
+            .iter()
+            .any(|p| p.iter().sum::<usize>() > PREFETCH_BYTES));
         for off in 0..70 {
             for runs in patterns {
                 let total: usize = runs.iter().sum();
