@@ -33,7 +33,7 @@ mod progress;
 
 pub use goals::goals;
 use peers::{
-    check_python_modules, is_python_peer, memcpy_rows, peers_dir, python_rows, PythonJob,
+    check_python_peers, is_python_peer, memcpy_rows, peers_dir, python_rows, PythonJob,
     DEFAULT_PEERS, PEERS,
 };
 use progress::Progress;
@@ -191,20 +191,13 @@ pub fn run(a: SubarrayArgs) -> anyhow::Result<Report> {
         }
     }
     let has_py_peers = a.peers.iter().any(|p| is_python_peer(p));
-    // The Python peers' interpreter, checked before the loci matrix runs (not after minutes of it).
+    // The Python peers' interpreter and modules, checked before the loci matrix runs (not after
+    // minutes of it).
     let python = a
         .python
         .clone()
         .unwrap_or_else(|| peers_dir().join(".venv/bin/python"));
-    if has_py_peers && !python.is_file() {
-        bail!(
-            "the Python peers need {} (create it with bench/peers/setup --subarray, or pass --python)",
-            python.display()
-        );
-    }
-    if has_py_peers {
-        check_python_modules(&python, &a.peers)?;
-    }
+    check_python_peers(&python, &a.peers)?;
     let mem = loci_array::chunk_policy(&a.mem, &topo)?;
     let huge = !a.no_huge_pages;
     let gen = BuildOptions {

@@ -32,20 +32,23 @@ pub(super) fn is_python_peer(p: &str) -> bool {
     !matches!(p, "memcpy" | "loci-nopool")
 }
 
-/// Checks, before any measurement, that `python` imports the modules that `peers` need (numpy
-/// for every Python peer, xarray for `xarray`; TileDB, whose wheel may not install, is skipped
-/// with a note instead), so that a missing module fails the run at once, not after the loci
-/// matrix.
-pub(super) fn check_python_modules(python: &Path, peers: &[String]) -> anyhow::Result<()> {
-    let mut mods = vec![];
-    if peers.iter().any(|p| is_python_peer(p)) {
-        mods.push("numpy");
+/// Checks, before any measurement, that the Python peers among `peers` can run: `python`
+/// exists and imports the modules they need (numpy for every Python peer, xarray for `xarray`;
+/// TileDB, whose wheel may not install, is skipped with a note instead), so that a missing one
+/// fails the run at once, not after the loci matrix.
+pub(super) fn check_python_peers(python: &Path, peers: &[String]) -> anyhow::Result<()> {
+    if !peers.iter().any(|p| is_python_peer(p)) {
+        return Ok(());
     }
+    if !python.is_file() {
+        bail!(
+            "the Python peers need {} (create it with bench/peers/setup --subarray, or pass --python)",
+            python.display()
+        );
+    }
+    let mut mods = vec!["numpy"];
     if peers.iter().any(|p| p == "xarray") {
         mods.push("xarray");
-    }
-    if mods.is_empty() {
-        return Ok(());
     }
     let out = Command::new(python)
         .arg("-c")
