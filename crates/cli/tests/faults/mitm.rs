@@ -1,5 +1,5 @@
 //! A man in the middle: a TCP proxy (threads of the test process) between a `loci stream send`
-//! and its receiver that parses protocol v3 (the 44-byte ServerHello, the 125-byte ClientHello
+//! and its receiver that parses the wire protocol (the 44-byte ServerHello, the 125-byte ClientHello
 //! whose byte 60 is the frame protection, the accept answer or refusal, then 56-byte frame
 //! headers; a DATA frame's payload is `comp_len` bytes, 8 more in encrypt mode; control frames
 //! have none) and attacks the frames without knowing the secret.
@@ -330,9 +330,10 @@ fn upstream(
     let mut hello = [0u8; CLIENT_HELLO];
     fill(st, &mut from, &mut hello, false)?;
     let version = u16::from_le_bytes([hello[8], hello[9]]);
-    if &hello[..8] != b"LOCISTRM" || version != 3 {
+    if &hello[..8] != b"LOCISTRM" || version != loci_stream::proto::VERSION {
         st.error(format!(
-            "connection {k}: not a protocol v3 ClientHello (magic {:?}, version {version})",
+            "connection {k}: not a protocol v{} ClientHello (magic {:?}, version {version})",
+            loci_stream::proto::VERSION,
             String::from_utf8_lossy(&hello[..8])
         ));
         to.write_all(&hello)?;

@@ -172,7 +172,7 @@ pub fn two_streams_one_file(scale: Scale) {
 }
 
 /// Holds `n` half-open connections to a receiver: even ones send nothing, odd ones the first
-/// 10 bytes of a ClientHello (magic, version 3) and stall. One that the receiver closes (its
+/// 10 bytes of a ClientHello (magic, version) and stall. One that the receiver closes (its
 /// handshake deadline) is opened again, so the pressure lasts. Stopped and joined on drop.
 pub struct Flood {
     stop: Arc<AtomicBool>,
@@ -187,7 +187,7 @@ impl Flood {
             let mut c = TcpStream::connect_timeout(&to, Duration::from_secs(2)).ok()?;
             if i % 2 == 1 {
                 let mut partial = b"LOCISTRM".to_vec();
-                partial.extend_from_slice(&3u16.to_le_bytes());
+                partial.extend_from_slice(&loci_stream::proto::VERSION.to_le_bytes());
                 c.write_all(&partial).ok()?;
             }
             c.set_nonblocking(true).ok()?;

@@ -21,7 +21,7 @@
 //!
 //! **Frame protection** (`--protection`, case `protection`): loci with the plan, on the same file
 //! and cores, once per protection mode of the wire protocol (`checksum`: xxh3 only, no
-//! authentication; `auth`: a BLAKE3 MAC per frame, the default; `encrypt`: AES-256-GCM), the
+//! authentication; `auth`: an AES-256-GCM tag per frame, the default; `encrypt`: AES-256-GCM), the
 //! modes' repetitions interleaved with the order rotated every round (so load drift hits every
 //! mode alike). Each mode's goodput and cpu-s/GB is set against `checksum`'s, and the goals are
 //! checked: authentication costs at most 10% of the checksum-only goodput, encryption at most 35%.
@@ -75,7 +75,7 @@ pub struct StreamArgs {
     pub no_os: bool,
     /// Frame protection modes to compare, in a section of their own: loci with the plan on the
     /// same data and cores in each mode, the modes' repetitions interleaved. checksum = xxh3 only
-    /// (no authentication: `--unauthenticated` on both sides), auth = a BLAKE3 MAC per frame (the
+    /// (no authentication: `--unauthenticated` on both sides), auth = an AES-256-GCM tag per frame (the
     /// default), encrypt = AES-256-GCM (`--encrypt`). Prints each mode's goodput and cpu-s/GB
     /// against checksum's and the goals (auth costs at most 10% of the checksum goodput, encrypt
     /// at most 35%). Empty (`--protection ''`): skip the section.
