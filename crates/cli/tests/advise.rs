@@ -96,6 +96,44 @@ fn recommends_the_default_when_nothing_matters() {
     assert!(v["results"].as_array().unwrap().len() >= 2);
 }
 
+/// A program faster under an allocator, faster with THP off, and faster still with both: each
+/// value alone is promising, so their combination is next; with a budget the search alone
+/// overruns, advise leaves the combination unmeasured and says how much more budget it needs.
+#[test]
+fn a_promising_combination_past_the_budget_is_named_not_measured() {
+    let Some(alloc) = some_allocator() else {
+        eprintln!("note: no preloadable allocator installed (scripts/install-deps installs them); test skipped");
+        return;
+    };
+    let script = format!(
+        "off=$(grep -c 'THP_enabled:[[:space:]]*0' /proc/self/status); \
+         case \"$LD_PRELOAD:$off\" in *{alloc}*:1) sleep 0.02 ;; *{alloc}*|*:1) sleep 0.06 ;; \
+         *) sleep 0.12 ;; esac"
+    );
+    // A second's budget: the smallest search (three screening runs of every candidate, the
+    // survivors topped up to a verdict) takes longer, so nothing is left for the combination.
+    let (stdout, v) = advise(&script, "1s");
+    let skipped = &v["params"]["combination_not_measured"];
+    let label = skipped["config"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}\n{stdout}"));
+    assert!(
+        label.contains(&format!("alloc={alloc} thp=off")),
+        "{label}\n{stdout}"
+    );
+    assert!(
+        skipped["past_budget_s"].as_f64().unwrap() > 0.0,
+        "{skipped}"
+    );
+    assert!(stdout.contains("was not measured"), "{stdout}");
+    let measured_combo = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["config"]["alloc"] == alloc && r["config"]["thp"] == "off");
+    assert!(!measured_combo, "the combination was run\n{stdout}");
+}
+
 /// `--matrix` on a program that is faster only under an allocator *and* with THP off, and a little
 /// slower with either alone: advise changes one factor at a time and combines only values that
 /// were promising alone, so it keeps the default; the matrix finds the pair; the head-to-head

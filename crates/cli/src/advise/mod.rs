@@ -54,7 +54,9 @@ pub struct AdviseCmd {
     /// bench/peers/setup --tpch).
     #[arg(long, value_name = "NAME", conflicts_with = "cmd")]
     workload: Option<String>,
-    /// Time for the measured part: 90s, 2m, 45 (seconds); 1ms to a week.
+    /// Time for the measured part: 90s, 2m, 45 (seconds); 1ms to a week. The search fits its
+    /// rounds into it, except that every candidate needs a few runs for a verdict: when those
+    /// alone take longer, advise says so before it starts and takes the time.
     #[arg(long, value_name = "DURATION", default_value = "75s", value_parser = parse_duration)]
     budget: Duration,
     /// What a trial's figure is: `time` (the program's wall time) or a regex over its output
@@ -200,6 +202,10 @@ pub struct Found {
     /// The --matrix check, when asked for.
     #[serde(default)]
     pub matrix: Option<matrix::MatrixCheck>,
+    /// A combination of promising values left unmeasured because the budget was spent, and
+    /// about how many seconds more it would have needed.
+    #[serde(default)]
+    pub combination_not_measured: Option<(String, f64)>,
 }
 
 /// The longest `--budget`: a week.
@@ -484,6 +490,16 @@ fn measure(
         schedule.first_reps,
         c.budget.as_secs_f64()
     );
+    let least = schedule.least_time(configs.len(), trial_time);
+    if least > c.budget.as_secs_f64() * search::BUDGET_SLACK {
+        eprintln!(
+            "note: at {:.2} s a trial, the smallest search that gives every candidate a verdict takes about {:.0} s, more than --budget {:.0} s; it runs to its end (--budget {:.0}s plans for it)",
+            trial_time.as_secs_f64(),
+            least,
+            c.budget.as_secs_f64(),
+            least.ceil()
+        );
+    }
     let bar = indicatif::ProgressBar::new(c.budget.as_secs());
     bar.set_style(
         indicatif::ProgressStyle::with_template("{elapsed:>4} [{bar:30}] {pos}/{len} s  {msg}")
@@ -522,14 +538,24 @@ fn measure(
     // Where better values of different factors were found separately, their combination is
     // measured too (interleaved with the default) and judged like the others.
     let mut configs = configs;
-    if let Some(combo) = combine(&configs, &outcomes) {
+    let mut combination_not_measured = None;
+    let combo_runs = 2 * schedule.first_reps.max(search::MIN_RUNS);
+    let combo = combine(&configs, &outcomes).filter(|combo| {
+        // Measured only inside the budget: the runs it needs, at the mean trial so far (the
+        // first run of the default included).
+        let done = 1 + outcomes.iter().map(|o| o.samples.len()).sum::<usize>();
+        let over = search::overrun(start.elapsed(), done, combo_runs, c.budget);
+        combination_not_measured = over.map(|s| (combo.label(), s));
+        over.is_none()
+    });
+    if let Some(combo) = combo {
         bar.set_message(format!("combination: {}", combo.label()));
         let mut samples: Vec<Samples> = outcomes.iter().map(Samples::from).collect();
         let dropped: Vec<Option<usize>> = outcomes.iter().map(|o| o.dropped_in).collect();
         let mut extra = Samples::default();
         let first_pass = samples[0].passes.iter().max().map_or(0, |p| p + 1);
         search::run_pairs(
-            first_pass..first_pass + schedule.first_reps.max(search::MIN_RUNS),
+            first_pass..first_pass + combo_runs / 2,
             &mut samples[0],
             &mut extra,
             |default| {
@@ -593,6 +619,7 @@ fn measure(
             .map(|d| d.as_secs())
             .unwrap_or(0),
         matrix: None,
+        combination_not_measured,
     })
 }
 
@@ -671,6 +698,7 @@ mod tests {
             elapsed_s: 3.0,
             when: 0,
             matrix: None,
+            combination_not_measured: None,
         };
         let text = serde_json::to_string(&found).unwrap();
         assert!(output::parse_cached(&text).is_some());

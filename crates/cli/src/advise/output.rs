@@ -184,6 +184,12 @@ bootstrap of that median at {:.1}% (95% Bonferroni-corrected over {k} candidates
         MIN_EFFECT * 100.0
     );
     print_thp_fallbacks(found);
+    if let Some((label, more)) = &found.combination_not_measured {
+        println!(
+            "note: {label} combines values that each looked promising, but was not measured: the budget was spent (with it the search takes about {0:.0} s: --budget {0:.0}s)",
+            (found.budget_s + more).ceil()
+        );
+    }
     let best = found
         .measured
         .iter()
@@ -281,6 +287,9 @@ pub fn write_outputs(
         "advice": found.advice, "best": found.best, "line": line,
         "budget_s": found.budget_s, "elapsed_s": found.elapsed_s, "measured_at": found.when,
         "matrix": found.matrix,
+        "combination_not_measured": found.combination_not_measured.as_ref().map(|(config, past_budget_s)| {
+            serde_json::json!({ "config": config, "past_budget_s": past_budget_s })
+        }),
     });
     let mut report = Report::new("advise", params, loci_report::Machine::of(topo));
     for m in &found.measured {

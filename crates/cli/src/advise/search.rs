@@ -14,6 +14,8 @@ pub use crate::stats::{median, paired_ratios, Samples, Verdict, MIN_EFFECT, MIN_
 /// The fewest runs per candidate in the first round, the screening round, when trials are long:
 /// survivors collect [`MIN_RUNS`] in the rounds that follow.
 pub const SCREEN_RUNS: usize = 3;
+/// How far past `--budget` a search may plan to run (its estimates come from the mean trial).
+pub const BUDGET_SLACK: f64 = 1.1;
 
 /// One candidate's measurements and verdict. `score`: lower is better (a time, or the negated
 /// figure when a higher one is better).
@@ -63,6 +65,27 @@ impl Schedule {
             rounds,
         }
     }
+
+    /// Seconds the smallest search [`halve`] can run with this schedule takes at `trial` a run:
+    /// the first round, then the survivors topped up to [`MIN_RUNS`] (the default among them).
+    pub fn least_time(&self, candidates: usize, trial: Duration) -> f64 {
+        let first = self.first_reps * candidates;
+        let survivors = if self.rounds > 1 {
+            1 + candidates.saturating_sub(1).div_ceil(2)
+        } else {
+            candidates
+        };
+        let top_up = survivors * MIN_RUNS.saturating_sub(self.first_reps);
+        (first + top_up) as f64 * trial.as_secs_f64()
+    }
+}
+
+/// Seconds by which `more` runs, at the mean trial so far (`spent` over `done` runs), would end
+/// past `budget`; `None` when they end within it (and its [`BUDGET_SLACK`]).
+pub fn overrun(spent: Duration, done: usize, more: usize, budget: Duration) -> Option<f64> {
+    let spent = spent.as_secs_f64();
+    let end = spent + more as f64 * spent / done.max(1) as f64;
+    (end > budget.as_secs_f64() * BUDGET_SLACK).then_some(end - budget.as_secs_f64())
 }
 
 /// Runs successive halving. Candidate 0 is the default: it is measured in every pass and never
@@ -118,9 +141,7 @@ pub fn halve(
         reps *= 2;
         // Skip a round that cannot finish inside what is left of the budget (estimated from the
         // mean trial so far); the survivors are topped up below instead.
-        let mean_trial = start.elapsed().as_secs_f64() / done as f64;
-        let next_cost = mean_trial * (reps * alive.len()) as f64;
-        if start.elapsed().as_secs_f64() + next_cost > budget.as_secs_f64() * 1.1 {
+        if overrun(start.elapsed(), done, reps * alive.len(), budget).is_some() {
             break;
         }
     }
@@ -226,6 +247,44 @@ mod tests {
         assert!(matches!(out[1].verdict, Verdict::Worse | Verdict::Dropped));
         assert_eq!(out[0].verdict, Verdict::Default);
         assert!(out[0].samples.len() >= out[2].samples.len());
+    }
+
+    #[test]
+    fn overrun_is_measured_from_the_mean_trial_and_allows_the_slack() {
+        let s = Duration::from_secs;
+        // 10 runs in 20 s: 2 s each. 10 more end at 40 s.
+        assert_eq!(overrun(s(20), 10, 10, s(40)), None);
+        assert_eq!(
+            overrun(s(20), 10, 10, s(37)),
+            None,
+            "within 10% of the budget"
+        );
+        let over = overrun(s(20), 10, 10, s(30)).unwrap();
+        assert!((over - 10.0).abs() < 1e-9, "{over}");
+        assert!(overrun(s(20), 10, 0, s(10)).is_some(), "already past it");
+    }
+
+    #[test]
+    fn least_time_counts_the_screen_and_the_top_up_of_the_survivors() {
+        // 8 candidates, 3 screening runs each, then the default and 4 survivors to MIN_RUNS.
+        let sched = Schedule {
+            first_reps: SCREEN_RUNS,
+            rounds: 3,
+        };
+        let runs = 8 * SCREEN_RUNS + 5 * (MIN_RUNS - SCREEN_RUNS);
+        assert_eq!(
+            sched.least_time(8, Duration::from_secs(2)),
+            2.0 * runs as f64
+        );
+        // One round: every candidate gets its verdict's runs in it.
+        let one = Schedule {
+            first_reps: MIN_RUNS,
+            rounds: 1,
+        };
+        assert_eq!(
+            one.least_time(2, Duration::from_secs(1)),
+            2.0 * MIN_RUNS as f64
+        );
     }
 
     #[test]
