@@ -6,17 +6,22 @@ use std::process::Command;
 
 const LOCI: &str = env!("CARGO_BIN_EXE_loci");
 
-/// An allocator `loci run --alloc` can load on this machine (besides glibc), if any.
+/// An allocator `loci run --alloc` can load on this machine (besides glibc), if any; when there
+/// is none, says that the calling test is skipped.
 fn some_allocator() -> Option<&'static str> {
     let dir = format!("/usr/lib/{}-linux-gnu", std::env::consts::ARCH);
-    [
+    let found = [
         ("jemalloc", "libjemalloc.so.2"),
         ("mimalloc", "libmimalloc.so.2"),
         ("tcmalloc", "libtcmalloc_minimal.so.4"),
     ]
     .into_iter()
     .find(|(_, f)| Path::new(&dir).join(f).exists())
-    .map(|(a, _)| a)
+    .map(|(a, _)| a);
+    if found.is_none() {
+        eprintln!("note: no preloadable allocator installed (scripts/install-deps installs them); test skipped");
+    }
+    found
 }
 
 /// Runs a `loci` command line, which must succeed; its stdout.
@@ -55,7 +60,6 @@ fn advise(script: &str, budget: &str) -> (String, serde_json::Value) {
 #[test]
 fn finds_a_planted_allocator_winner() {
     let Some(alloc) = some_allocator() else {
-        eprintln!("note: no preloadable allocator installed (scripts/install-deps installs them); test skipped");
         return;
     };
     // 1.5x faster when the allocator is preloaded: a stand-in for a program whose speed depends on
@@ -96,20 +100,26 @@ fn recommends_the_default_when_nothing_matters() {
     assert!(v["results"].as_array().unwrap().len() >= 2);
 }
 
+/// A shell script that sleeps `both` seconds under `alloc` with THP off, `one` with either alone,
+/// `neither` otherwise. `loci run --thp off` disables THP with prctl, which the kernel shows as
+/// `THP_enabled: 0` in /proc/PID/status and children inherit.
+fn alloc_and_thp_off(alloc: &str, both: f64, one: f64, neither: f64) -> String {
+    format!(
+        "off=$(grep -c 'THP_enabled:[[:space:]]*0' /proc/self/status); \
+         case \"$LD_PRELOAD:$off\" in *{alloc}*:1) sleep {both} ;; *{alloc}*|*:1) sleep {one} ;; \
+         *) sleep {neither} ;; esac"
+    )
+}
+
 /// A program faster under an allocator, faster with THP off, and faster still with both: each
 /// value alone is promising, so their combination is next; with a budget the search alone
 /// overruns, advise leaves the combination unmeasured and says how much more budget it needs.
 #[test]
 fn a_promising_combination_past_the_budget_is_named_not_measured() {
     let Some(alloc) = some_allocator() else {
-        eprintln!("note: no preloadable allocator installed (scripts/install-deps installs them); test skipped");
         return;
     };
-    let script = format!(
-        "off=$(grep -c 'THP_enabled:[[:space:]]*0' /proc/self/status); \
-         case \"$LD_PRELOAD:$off\" in *{alloc}*:1) sleep 0.02 ;; *{alloc}*|*:1) sleep 0.06 ;; \
-         *) sleep 0.12 ;; esac"
-    );
+    let script = alloc_and_thp_off(&alloc, 0.02, 0.06, 0.12);
     // A second's budget: the smallest search (three screening runs of every candidate, the
     // survivors topped up to a verdict) takes longer, so nothing is left for the combination.
     let (stdout, v) = advise(&script, "1s");
@@ -141,16 +151,9 @@ fn a_promising_combination_past_the_budget_is_named_not_measured() {
 #[test]
 fn matrix_check_measures_the_advice_and_the_matrix_best_again_head_to_head() {
     let Some(alloc) = some_allocator() else {
-        eprintln!("note: no preloadable allocator installed (scripts/install-deps installs them); test skipped");
         return;
     };
-    // `loci run --thp off` disables THP with prctl, which the kernel shows as `THP_enabled: 0`
-    // in /proc/PID/status and children inherit.
-    let script = format!(
-        "off=$(grep -c 'THP_enabled:[[:space:]]*0' /proc/self/status); \
-         case \"$LD_PRELOAD:$off\" in *{alloc}*:1) sleep 0.04 ;; *{alloc}*|*:1) sleep 0.066 ;; \
-         *) sleep 0.06 ;; esac"
-    );
+    let script = alloc_and_thp_off(&alloc, 0.04, 0.066, 0.06);
     let (stdout, v) = advise_json(
         &["--budget", "8s", "--matrix", "--matrix-reps", "5"],
         &["sh", "-c", &script],
