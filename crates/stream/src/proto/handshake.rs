@@ -4,29 +4,27 @@
 
 use std::io::{self, Read, Write};
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use aws_lc_rs::{constant_time, hmac};
 
 use super::seal::{frame_keys, Opener, Sealer, Side};
 use super::{Protection, ProtoError, Ranges, MAGIC, VERSION};
 use crate::codec::Codec;
 
-type HmacSha256 = Hmac<Sha256>;
-
+/// HMAC-SHA256 of the concatenated `parts` under `secret`.
 fn mac(secret: &[u8], parts: &[&[u8]]) -> [u8; 32] {
-    let mut m = <HmacSha256 as Mac>::new_from_slice(secret).expect("HMAC takes any key length");
+    let mut m = hmac::Context::with_key(&hmac::Key::new(hmac::HMAC_SHA256, secret));
     for p in parts {
         m.update(p);
     }
-    m.finalize().into_bytes().into()
+    m.sign()
+        .as_ref()
+        .try_into()
+        .expect("HMAC-SHA256 tags are 32 bytes")
 }
 
+/// Whether `tag` is the HMAC-SHA256 of `parts` under `secret` (compared in constant time).
 fn verify_mac(secret: &[u8], parts: &[&[u8]], tag: &[u8]) -> bool {
-    let mut m = <HmacSha256 as Mac>::new_from_slice(secret).expect("HMAC takes any key length");
-    for p in parts {
-        m.update(p);
-    }
-    m.verify_slice(tag).is_ok() // constant-time comparison
+    constant_time::verify_slices_are_equal(&mac(secret, parts), tag).is_ok()
 }
 
 /// 32 random bytes from the OS.
@@ -322,6 +320,24 @@ pub(crate) mod tests {
     use super::*;
     use std::os::unix::net::UnixStream;
     use std::thread::JoinHandle;
+
+    #[test]
+    fn mac_is_hmac_sha256_of_the_parts_concatenated() {
+        // RFC 4231, test case 2, the data split in two parts.
+        let want = "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843";
+        let parts: [&[u8]; 2] = [b"what do ya ", b"want for nothing?"];
+        let got: String = mac(b"Jefe", &parts)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(got, want);
+        let tag = mac(b"Jefe", &parts);
+        assert!(verify_mac(b"Jefe", &parts, &tag));
+        let mut bad = tag;
+        bad[31] ^= 1;
+        assert!(!verify_mac(b"Jefe", &parts, &bad));
+        assert!(!verify_mac(b"Jefe", &parts, &tag[..16]), "a short tag");
+    }
 
     pub(crate) fn hello() -> Hello {
         Hello {

@@ -4,8 +4,7 @@
 use std::io::Read;
 
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
-use sha2::Sha256;
-use subtle::ConstantTimeEq;
+use aws_lc_rs::{constant_time, hkdf};
 use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
 
 use super::{kind, Header, Hello, Protection, ProtoError, FIELDS, HEADER, SEALED_EXTRA};
@@ -29,22 +28,30 @@ pub fn frame_keys(
     let mut salt = [0u8; 64];
     salt[..32].copy_from_slice(challenge);
     salt[32..].copy_from_slice(client_nonce);
-    let hk = hkdf::Hkdf::<Sha256>::new(Some(&salt), secret);
     let key = |dir: &[u8]| {
         let mut info = b"loci-stream/3 frames ".to_vec();
         info.extend_from_slice(dir);
         info.extend_from_slice(&hello.stream.to_le_bytes());
         info.extend_from_slice(&hello.conn.to_le_bytes());
-        let mut k = [0u8; 32];
-        hk.expand(&info, &mut k)
-            .expect("32 bytes is a valid HKDF-SHA256 output length");
-        FrameKey::new(hello.protection, k)
+        FrameKey::new(hello.protection, hkdf_sha256(&salt, secret, &info))
     };
     let (s2r, r2s) = (key(b"s->r"), key(b"r->s"));
     match side {
         Side::Sender => (Sealer(s2r), Opener(r2s)),
         Side::Receiver => (Sealer(r2s), Opener(s2r)),
     }
+}
+
+/// HKDF-SHA256 (RFC 5869): 32 bytes expanded with `info` from the key extracted from `ikm` with
+/// `salt`.
+fn hkdf_sha256(salt: &[u8], ikm: &[u8], info: &[u8]) -> [u8; 32] {
+    let mut k = [0u8; 32];
+    hkdf::Salt::new(hkdf::HKDF_SHA256, salt)
+        .extract(ikm)
+        .expand(&[info], hkdf::HKDF_SHA256)
+        .and_then(|okm| okm.fill(&mut k))
+        .expect("32 bytes is a valid HKDF-SHA256 output length");
+    k
 }
 
 /// AES-256-GCM from aws-lc (`aws-lc-rs`): on this project's machines it runs the AVX-512
@@ -241,7 +248,7 @@ impl Opener {
             }
             Cipher::Mac(k) => {
                 let want = FrameKey::mac(k, counter, fields, wire);
-                if !bool::from(want.ct_eq(tag)) {
+                if constant_time::verify_slices_are_equal(&want, tag).is_err() {
                     return Err(ProtoError::FrameAuth);
                 }
                 Ok((h, 0))
@@ -328,6 +335,20 @@ mod tests {
         r.read_exact(&mut buf)?;
         let (h, off) = open.open(&f, &mut buf)?;
         Ok((h, buf[off..].to_vec()))
+    }
+
+    #[test]
+    fn hkdf_matches_rfc_5869() {
+        // RFC 5869, A.1: the first 32 of its 42 output bytes.
+        let ikm = [0x0bu8; 22];
+        let salt: Vec<u8> = (0u8..=0x0c).collect();
+        let info: Vec<u8> = (0xf0u8..=0xf9).collect();
+        let want = "3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf";
+        let got: String = hkdf_sha256(&salt, &ikm, &info)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(got, want);
     }
 
     #[test]
