@@ -119,7 +119,7 @@ fn a_promising_combination_past_the_budget_is_named_not_measured() {
     let Some(alloc) = some_allocator() else {
         return;
     };
-    let script = alloc_and_thp_off(&alloc, 0.02, 0.06, 0.12);
+    let script = alloc_and_thp_off(alloc, 0.02, 0.06, 0.12);
     // A second's budget: the smallest search (three screening runs of every candidate, the
     // survivors topped up to a verdict) takes longer, so nothing is left for the combination.
     let (stdout, v) = advise(&script, "1s");
@@ -153,7 +153,7 @@ fn matrix_check_measures_the_advice_and_the_matrix_best_again_head_to_head() {
     let Some(alloc) = some_allocator() else {
         return;
     };
-    let script = alloc_and_thp_off(&alloc, 0.04, 0.066, 0.06);
+    let script = alloc_and_thp_off(alloc, 0.04, 0.066, 0.06);
     let (stdout, v) = advise_json(
         &["--budget", "8s", "--matrix", "--matrix-reps", "5"],
         &["sh", "-c", &script],
