@@ -15,7 +15,7 @@ pub use crate::stats::{median, paired_ratios, Samples, Verdict, MIN_EFFECT, MIN_
 /// survivors collect [`MIN_RUNS`] in the rounds that follow.
 pub const SCREEN_RUNS: usize = 3;
 /// How far past `--budget` a search may plan to run (its estimates come from the mean trial).
-pub const BUDGET_SLACK: f64 = 1.1;
+const BUDGET_SLACK: f64 = 1.1;
 
 /// One candidate's measurements and verdict. `score`: lower is better (a time, or the negated
 /// figure when a higher one is better).
@@ -66,17 +66,15 @@ impl Schedule {
         }
     }
 
-    /// Seconds the smallest search [`halve`] can run with this schedule takes at `trial` a run:
-    /// the first round, then the survivors topped up to [`MIN_RUNS`] (the default among them).
-    pub fn least_time(&self, candidates: usize, trial: Duration) -> f64 {
-        let first = self.first_reps * candidates;
+    /// Runs in the smallest search [`halve`] can run with this schedule: the first round, then
+    /// the survivors topped up to [`MIN_RUNS`] (the default among them).
+    pub fn least_runs(&self, candidates: usize) -> usize {
         let survivors = if self.rounds > 1 {
             1 + candidates.saturating_sub(1).div_ceil(2)
         } else {
             candidates
         };
-        let top_up = survivors * MIN_RUNS.saturating_sub(self.first_reps);
-        (first + top_up) as f64 * trial.as_secs_f64()
+        self.first_reps * candidates + survivors * MIN_RUNS.saturating_sub(self.first_reps)
     }
 }
 
@@ -265,26 +263,20 @@ mod tests {
     }
 
     #[test]
-    fn least_time_counts_the_screen_and_the_top_up_of_the_survivors() {
+    fn least_runs_counts_the_screen_and_the_top_up_of_the_survivors() {
         // 8 candidates, 3 screening runs each, then the default and 4 survivors to MIN_RUNS.
         let sched = Schedule {
             first_reps: SCREEN_RUNS,
             rounds: 3,
         };
         let runs = 8 * SCREEN_RUNS + 5 * (MIN_RUNS - SCREEN_RUNS);
-        assert_eq!(
-            sched.least_time(8, Duration::from_secs(2)),
-            2.0 * runs as f64
-        );
+        assert_eq!(sched.least_runs(8), runs);
         // One round: every candidate gets its verdict's runs in it.
         let one = Schedule {
             first_reps: MIN_RUNS,
             rounds: 1,
         };
-        assert_eq!(
-            one.least_time(2, Duration::from_secs(1)),
-            2.0 * MIN_RUNS as f64
-        );
+        assert_eq!(one.least_runs(2), 2 * MIN_RUNS);
     }
 
     #[test]
