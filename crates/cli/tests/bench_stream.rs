@@ -17,6 +17,12 @@ fn bench_stream(args: &[&str]) -> String {
     out
 }
 
+/// A JSON array of numbers.
+fn floats(v: &Value) -> Vec<f64> {
+    let a = v.as_array().unwrap_or_else(|| panic!("not an array: {v}"));
+    a.iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
 /// Whether `lz4` or `nc` is missing (the peers need both); says so on stderr.
 fn lz4_or_nc_missing() -> bool {
     let have = |tool: &str| {
@@ -82,6 +88,14 @@ fn tiny_run_reports_every_peer_the_limit_and_cpu_per_gb() {
         assert!(r["extra"]["cpu_s_per_gb"].as_f64().unwrap() > 0.0, "{r}");
         assert!(
             r["extra"]["fraction_of_limit"].as_f64().unwrap() > 0.0,
+            "{r}"
+        );
+        assert_eq!(
+            r["extra"]["fraction_of_limit_per_round"]
+                .as_array()
+                .unwrap()
+                .len(),
+            1,
             "{r}"
         );
     }
@@ -161,7 +175,23 @@ fn protection_comparison_runs_all_three_modes_verified() {
         assert!(r["extra"]["cpu_vs_checksum"].as_f64().unwrap() > 0.0, "{r}");
         let per_round = r["extra"]["cpu_s_per_round"].as_array().unwrap();
         assert_eq!(per_round.len(), 2, "{r}");
+        // Each run against the limit measured just before its round; the row's figure is their
+        // median (of two: the mean).
+        let fr = floats(&r["extra"]["fraction_of_limit_per_round"]);
+        assert_eq!(fr.len(), 2, "{r}");
+        let f = r["extra"]["fraction_of_limit"].as_f64().unwrap();
+        assert!((f - (fr[0] + fr[1]) / 2.0).abs() < 1e-9, "{r}");
     }
+    // The limit was measured once per round; its figure lies between the rounds'.
+    let lim = &v["params"]["machine_limit"];
+    let per_round = floats(&lim["raw_bytes_per_s_per_round"]);
+    assert_eq!(per_round.len(), 2, "{lim}");
+    let mid = lim["raw_bytes_per_s"].as_f64().unwrap();
+    let (lo, hi) = (
+        per_round[0].min(per_round[1]),
+        per_round[0].max(per_round[1]),
+    );
+    assert!(lo > 0.0 && lo <= mid && mid <= hi, "{lim}");
     // Encrypted DATA frames carry 8 more bytes each (the raw chunk's hash, inside the ciphertext).
     let wire = |i: usize| prot[i]["extra"]["wire_bytes"].as_u64().unwrap();
     assert!(wire(2) > wire(1), "{} vs {}", wire(2), wire(1));

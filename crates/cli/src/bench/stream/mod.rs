@@ -7,7 +7,8 @@
 //! did nothing but the work the job cannot avoid: LZ4-compress the raw bytes, move the compressed
 //! bytes over loopback TCP (both ends), LZ4-decompress them. Each part is measured in the same
 //! run as CPU time on one core (thread CPU time, which drifts less than wall time on a shared
-//! machine), as cpu-seconds per GB:
+//! machine), as cpu-seconds per GB, again before every round of runs; each run is set against its
+//! round's limit, and a row's fraction of the limit is the median of its rounds':
 //!
 //! ```text
 //! limit [raw GB/s] = cores / (compress [cpu-s per raw GB]
@@ -44,7 +45,7 @@ mod peers;
 mod protection;
 mod summary;
 
-use limit::{codec_rows, tcp_rows, Limit};
+use limit::{codec_rows, Probe};
 use loci::loci_once;
 use peers::{lz4_threads_missing, peer_once};
 use protection::{protection_modes, protection_rows};
@@ -147,52 +148,25 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
         data.display()
     );
     loci_stream::source::write_synthetic_file(&data, bytes, 42, projection)?;
+    // Written back before anything is timed: otherwise the kernel writes the dirty pages out
+    // during the first rounds, on the cores they measure.
+    std::fs::File::open(&data)?.sync_all()?;
     let costs = codec_rows(&mut rep, &data, chunk, reps)?;
     if a.codec_only {
         return Ok(rep);
     }
-    // The limit's parts, for the codec loci streams with: one core each, measured now.
+    // The limit's parts for the codec loci streams with, measured again before every round.
     let codec = p.senders[0].codec;
-    let cost = costs[Codec::ALL
+    let ratio = costs[Codec::ALL
         .iter()
         .position(|c| *c == codec)
-        .expect("Codec::ALL lists every codec")];
-    let wire = (bytes as f64 / cost.ratio).ceil() as u64;
-    let tcp = tcp_rows(&mut rep, &data, wire, chunk, cost.ratio, reps)?;
-    let limit = Limit {
-        cores,
-        compress_s_per_gb: cost.compress_s_per_gb,
-        decompress_s_per_gb: cost.decompress_s_per_gb,
-        tcp_s_per_gb: tcp,
-        ratio: cost.ratio,
-    };
-    let limit_bps = limit.raw_gb_per_s() * 1e9;
-    rep.params["machine_limit"] = serde_json::json!({
-        "codec": codec.name(),
-        "cores": cores,
-        "compress_cpu_s_per_gb": limit.compress_s_per_gb,
-        "decompress_cpu_s_per_gb": limit.decompress_s_per_gb,
-        "tcp_cpu_s_per_wire_gb": limit.tcp_s_per_gb,
-        "compression_ratio": limit.ratio,
-        "raw_bytes_per_s": limit_bps,
-        "formula": Limit::FORMULA,
-    });
-    rep.results.push(
-        Row::from_times("limit", vec![bytes as f64 / limit_bps])
-            .case("machine-limit")
-            .config("cores", format!("{cores} cores"))
-            .work(bytes as f64, "B/s")
-            .extra("computed", true)
-            .extra("codec", codec.name())
-            .extra("cpu_s_per_gb", limit.cpu_s_per_raw_gb())
-            .extra("compress_cpu_s_per_gb", limit.compress_s_per_gb)
-            .extra("decompress_cpu_s_per_gb", limit.decompress_s_per_gb)
-            .extra("tcp_cpu_s_per_wire_gb", limit.tcp_s_per_gb)
-            .extra("compression_ratio", limit.ratio)
-            .extra("formula", Limit::FORMULA),
-    );
+        .expect("Codec::ALL lists every codec")]
+    .ratio;
+    let mut probe = Probe::new(&data, chunk, codec, cores, bytes, ratio)?;
+    let limit_at = rep.results.len();
     if a.protection_only {
-        protection_rows(&mut rep, &data, &p, &modes, reps, limit_bps)?;
+        protection_rows(&mut rep, &data, &p, &modes, reps, &mut probe)?;
+        probe.report(&mut rep, bytes, limit_at);
         print!("{}", summary(&rep, &[], full_bytes));
         return Ok(rep);
     }
@@ -222,7 +196,11 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
     // CPU seconds (user + system) per run: loci's sender in this process and its receiver child;
     // the peers' in their children (and, for lz4-nc-par, the threads here that feed the slices).
     let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
+    // Each run's goodput over its round's limit.
+    let mut fractions: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
     for round in 0..reps {
+        let limit_bps = probe.measure()?;
+        eprintln!("round {round}: machine limit {:.1} MB/s", limit_bps / 1e6);
         for (i, sys) in systems.iter().enumerate() {
             let c0 = cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN);
             let t = match sys.as_str() {
@@ -236,9 +214,10 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
             cpu[i].push(cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN) - c0);
             eprintln!("round {round}: {sys} {:.1} MB/s", bytes as f64 / t / 1e6);
             times[i].push(t);
+            fractions[i].push(bytes as f64 / t / limit_bps);
         }
     }
-    for (((sys, t), r), c) in systems.iter().zip(times).zip(last).zip(cpu) {
+    for ((((sys, t), r), c), fr) in systems.iter().zip(times).zip(last).zip(cpu).zip(fractions) {
         let cpu_median = loci_report::median(&c).expect("at least one rep");
         let row = match sys.strip_prefix("loci ") {
             Some(placement) => {
@@ -269,16 +248,20 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
             }
         };
         let row = row.case("end-to-end").work(bytes as f64, "B/s");
-        let goodput = row.throughput.expect("work set");
         rep.results.push(
             row.extra("cpu_s", cpu_median)
                 .extra("cpu_ns_per_byte", cpu_median * 1e9 / bytes as f64)
                 .extra("cpu_s_per_gb", cpu_median * 1e9 / bytes as f64)
-                .extra("fraction_of_limit", goodput / limit_bps),
+                .extra(
+                    "fraction_of_limit",
+                    loci_report::median(&fr).expect("at least one rep"),
+                )
+                .extra("fraction_of_limit_per_round", fr),
         );
         eprintln!("{sys}: {cpu_median:.2} cpu-s per run (median)");
     }
-    protection_rows(&mut rep, &data, &p, &modes, reps, limit_bps)?;
+    protection_rows(&mut rep, &data, &p, &modes, reps, &mut probe)?;
+    probe.report(&mut rep, bytes, limit_at);
     print!("{}", summary(&rep, &not_run, full_bytes));
     Ok(rep)
 }

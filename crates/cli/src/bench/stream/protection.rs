@@ -8,6 +8,7 @@ use loci_report::{Report, Row};
 use loci_stream::proto::Protection;
 
 use super::cpu_seconds;
+use super::limit::Probe;
 use super::loci::loci_once;
 
 /// Every frame protection, weakest first (the order of the comparison's rows).
@@ -46,7 +47,7 @@ pub(super) fn protection_rows(
     p: &loci_stream::plan::StreamPlan,
     modes: &[Protection],
     reps: usize,
-    limit_bps: f64,
+    probe: &mut Probe,
 ) -> anyhow::Result<()> {
     if modes.is_empty() {
         return Ok(());
@@ -57,7 +58,9 @@ pub(super) fn protection_rows(
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut last: Vec<Option<loci_stream::StreamReport>> = vec![None; n];
+    let mut fractions: Vec<Vec<f64>> = vec![Vec::new(); n];
     for round in 0..reps {
+        let limit_bps = probe.measure()?;
         for k in 0..n {
             let m = (round + k) % n;
             let c0 = cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN);
@@ -74,6 +77,7 @@ pub(super) fn protection_rows(
                 bytes as f64 / t / 1e6
             );
             times[m].push(t);
+            fractions[m].push(bytes as f64 / t / limit_bps);
             last[m] = Some(r);
         }
     }
@@ -93,10 +97,8 @@ pub(super) fn protection_rows(
             .extra("cpu_s_per_round", &cpu[m])
             .extra("cpu_ns_per_byte", cpu_s_per_gb)
             .extra("cpu_s_per_gb", cpu_s_per_gb)
-            .extra(
-                "fraction_of_limit",
-                bytes as f64 / med(&times[m]) / limit_bps,
-            )
+            .extra("fraction_of_limit", med(&fractions[m]))
+            .extra("fraction_of_limit_per_round", &fractions[m])
             .extra("wire_bytes", r.wire_bytes)
             .extra("compression_ratio", r.compression_ratio)
             .extra("bottleneck", &r.bottleneck);
