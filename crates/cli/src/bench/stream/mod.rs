@@ -201,7 +201,11 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
     for round in 0..reps {
         let limit_bps = probe.measure()?;
         eprintln!("round {round}: machine limit {:.1} MB/s", limit_bps / 1e6);
-        for (i, sys) in systems.iter().enumerate() {
+        // The order rotates every round, so that no system always runs right after the same
+        // other one (finding the memory it just freed, the caches it left).
+        for k in 0..systems.len() {
+            let i = (round + k) % systems.len();
+            let sys = &systems[i];
             let c0 = cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN);
             let t = match sys.as_str() {
                 "loci plan" | "loci os" => {
