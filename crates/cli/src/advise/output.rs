@@ -7,9 +7,9 @@ use anyhow::{bail, Context};
 use loci_report::{Report, Row};
 
 use super::rules::{Advice, Facts, OsChange};
-use super::search::{median, Verdict, MIN_EFFECT};
+use super::search::{median, Verdict, MIN_EFFECT, MIN_RUNS};
 use super::trial::Target;
-use super::{AdviseCmd, Found, Knobs};
+use super::{AdviseCmd, Found, Knobs, Measured};
 
 /// The exact command that runs the workload under `config`.
 pub fn run_line(config: &Knobs, threads: usize, command: &[String]) -> String {
@@ -117,6 +117,30 @@ fn shown(found: &Found, score: f64) -> f64 {
     }
 }
 
+/// The rows of the ranked table: the candidates measured to a verdict by ratio (best first, the
+/// default among them), then those the halving screened out on a few pairs (a low ratio there is
+/// mostly noise and must not read as the best), then the failed ones.
+fn table_order(measured: &[Measured]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..measured.len()).collect();
+    let key = |i: usize| {
+        let m = &measured[i];
+        let group = if m.failed.is_some() {
+            2
+        } else if m.outcome.verdict == Verdict::Dropped {
+            1
+        } else {
+            0
+        };
+        (group, m.outcome.ratio)
+    };
+    order.sort_by(|&a, &b| {
+        key(a)
+            .partial_cmp(&key(b))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    order
+}
+
 pub fn print_found(found: &Found, target: &Target) {
     let base = &found.measured[0];
     let runs: usize = found.measured.iter().map(|m| m.outcome.samples.len()).sum();
@@ -124,23 +148,21 @@ pub fn print_found(found: &Found, target: &Target) {
         "\nmeasured: {}, {} runs in {:.0} s (budget {:.0} s), every run a `loci run` line; ranked:",
         found.metric, runs, found.elapsed_s, found.budget_s
     );
-    let mut order: Vec<usize> = (0..found.measured.len()).collect();
-    order.sort_by(|&a, &b| {
-        let key = |i: usize| {
-            let m = &found.measured[i];
-            (m.failed.is_some(), m.outcome.ratio)
-        };
-        key(a)
-            .partial_cmp(&key(b))
-            .unwrap_or(std::cmp::Ordering::Equal)
-    });
     println!(
         "  {:<58} {:>4} {:>10} {:>21} {:>9} {:>15}  verdict",
         "configuration", "runs", "median", "spread (min-max)", "ratio", "interval"
     );
-    for i in order {
+    let mut screened_header = false;
+    for i in table_order(&found.measured) {
         let m = &found.measured[i];
         let s = &m.outcome.samples;
+        if m.failed.is_none() && m.outcome.verdict == Verdict::Dropped && !screened_header {
+            screened_header = true;
+            println!(
+                "  screened out by the halving before a verdict (fewer than {MIN_RUNS} pairs: their \
+                 ratios are mostly noise):"
+            );
+        }
         if let Some(why) = &m.failed {
             println!("  {:<58} failed: {why}", m.config.label());
             continue;
@@ -444,6 +466,50 @@ pub fn ago(when: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::advise::search::Outcome;
+
+    #[test]
+    fn screened_out_candidates_rank_after_those_with_a_verdict_whatever_their_ratio() {
+        let m = |alloc: &str, ratio: f64, verdict: Verdict, failed: bool| Measured {
+            config: Knobs {
+                alloc: alloc.into(),
+                ..Knobs::default()
+            },
+            outcome: Outcome {
+                samples: vec![1.0; 4],
+                passes: (0..4).collect(),
+                ratio,
+                ci: (f64::NAN, f64::NAN),
+                verdict,
+                dropped_in: (verdict == Verdict::Dropped).then_some(0),
+            },
+            failed: failed.then(|| "no library".to_string()),
+            thp_fallbacks: 0,
+        };
+        let measured = vec![
+            m("glibc", 1.0, Verdict::Default, false),
+            m("mimalloc", 0.72, Verdict::Dropped, false),
+            m("tcmalloc", 0.97, Verdict::Better, false),
+            m("jemalloc", 0.80, Verdict::Dropped, false),
+            m("tbbmalloc", 0.5, Verdict::Dropped, true),
+            m("loci", 1.08, Verdict::Worse, false),
+        ];
+        let names: Vec<&str> = table_order(&measured)
+            .into_iter()
+            .map(|i| measured[i].config.alloc.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "tcmalloc",
+                "glibc",
+                "loci",
+                "mimalloc",
+                "jemalloc",
+                "tbbmalloc"
+            ]
+        );
+    }
 
     #[test]
     fn run_line_quotes_what_a_shell_would_split() {
