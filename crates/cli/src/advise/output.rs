@@ -122,23 +122,24 @@ fn shown(found: &Found, score: f64) -> f64 {
 /// mostly noise and must not read as the best), then the failed ones.
 fn table_order(measured: &[Measured]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..measured.len()).collect();
-    let key = |i: usize| {
-        let m = &measured[i];
-        let group = if m.failed.is_some() {
-            2
-        } else if m.outcome.verdict == Verdict::Dropped {
-            1
-        } else {
-            0
-        };
-        (group, m.outcome.ratio)
-    };
+    let key = |i: usize| (table_group(&measured[i]), measured[i].outcome.ratio);
     order.sort_by(|&a, &b| {
         key(a)
             .partial_cmp(&key(b))
             .unwrap_or(std::cmp::Ordering::Equal)
     });
     order
+}
+
+/// A row's group in the ranked table: 0 measured to a verdict, 1 screened out, 2 failed.
+fn table_group(m: &Measured) -> u8 {
+    if m.failed.is_some() {
+        2
+    } else if m.outcome.verdict == Verdict::Dropped {
+        1
+    } else {
+        0
+    }
 }
 
 pub fn print_found(found: &Found, target: &Target) {
@@ -156,7 +157,7 @@ pub fn print_found(found: &Found, target: &Target) {
     for i in table_order(&found.measured) {
         let m = &found.measured[i];
         let s = &m.outcome.samples;
-        if m.failed.is_none() && m.outcome.verdict == Verdict::Dropped && !screened_header {
+        if table_group(m) == 1 && !screened_header {
             screened_header = true;
             println!(
                 "  screened out by the halving before a verdict (fewer than {MIN_RUNS} pairs: their \

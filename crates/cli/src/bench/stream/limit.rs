@@ -5,6 +5,7 @@
 //! for the codec loci streams with again in every round of the comparisons, right before the
 //! round's runs, so that each run is set against a limit measured under the same machine speed.
 
+use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
@@ -59,8 +60,9 @@ pub(super) struct CodecCost {
 }
 
 /// The codec measurements' input: the file's first 8 projections (88 MB, beyond any cache)
-/// whatever the chunk size, in memory, and the buffers one pass over it needs.
-struct Sample {
+/// whatever the chunk size, in memory, and the buffers one pass over it needs. Read once; the
+/// up-front codec comparison and then the per-round [`Probe`] use it.
+pub(super) struct Sample {
     raw: Vec<u8>,
     chunk: usize,
     comp: Vec<Vec<u8>>,
@@ -78,9 +80,10 @@ struct Pass {
 }
 
 impl Sample {
-    fn read(data: &Path, chunk: usize) -> anyhow::Result<Self> {
-        let mut raw = std::fs::read(data)?;
-        raw.truncate(8 * chunk.max(loci_stream::phantom::PROJECTION_BYTES));
+    pub(super) fn read(data: &Path, chunk: usize) -> anyhow::Result<Self> {
+        let want = 8 * chunk.max(loci_stream::phantom::PROJECTION_BYTES);
+        let mut raw = Vec::with_capacity(want);
+        File::open(data)?.take(want as u64).read_to_end(&mut raw)?;
         anyhow::ensure!(!raw.is_empty(), "{}: empty", data.display());
         let n = raw.chunks(chunk).count();
         Ok(Self {
@@ -135,11 +138,9 @@ impl Sample {
 /// time; the returned costs (one per [`Codec::ALL`]) are the median thread CPU time per GB.
 pub(super) fn codec_rows(
     rep: &mut Report,
-    data: &Path,
-    chunk: usize,
+    sample: &mut Sample,
     reps: usize,
 ) -> anyhow::Result<Vec<CodecCost>> {
-    let mut sample = Sample::read(data, chunk)?;
     let mut passes: Vec<Vec<Pass>> = Codec::ALL.iter().map(|_| Vec::new()).collect();
     for _ in 0..reps {
         for (k, codec) in Codec::ALL.into_iter().enumerate() {
@@ -198,24 +199,16 @@ pub(super) struct Probe {
 
 impl Probe {
     /// `ratio` (raw per compressed byte, from [`codec_rows`]) sizes the TCP transfer and frames.
-    pub(super) fn new(
-        data: &Path,
-        chunk: usize,
-        codec: Codec,
-        cores: usize,
-        bytes: u64,
-        ratio: f64,
-    ) -> anyhow::Result<Self> {
-        let sample = Sample::read(data, chunk)?;
-        let frame = ((chunk as f64 / ratio) as usize).clamp(1, sample.raw.len());
-        Ok(Self {
+    pub(super) fn new(sample: Sample, codec: Codec, cores: usize, bytes: u64, ratio: f64) -> Self {
+        let frame = ((sample.chunk as f64 / ratio) as usize).clamp(1, sample.raw.len());
+        Self {
             codec,
             cores,
             payload: sample.raw[..frame].to_vec(),
             sample,
             wire: (bytes as f64 / ratio).ceil() as u64,
             taken: Vec::new(),
-        })
+        }
     }
 
     /// Measures the parts now, each the cheaper of two passes; returns the limit in raw bytes

@@ -45,7 +45,7 @@ mod peers;
 mod protection;
 mod summary;
 
-use limit::{codec_rows, Probe};
+use limit::{codec_rows, Probe, Sample};
 use loci::loci_once;
 use peers::{lz4_threads_missing, peer_once};
 use protection::{protection_modes, protection_rows};
@@ -151,7 +151,8 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
     // Written back before anything is timed: otherwise the kernel writes the dirty pages out
     // during the first rounds, on the cores they measure.
     std::fs::File::open(&data)?.sync_all()?;
-    let costs = codec_rows(&mut rep, &data, chunk, reps)?;
+    let mut sample = Sample::read(&data, chunk)?;
+    let costs = codec_rows(&mut rep, &mut sample, reps)?;
     if a.codec_only {
         return Ok(rep);
     }
@@ -162,7 +163,7 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
         .position(|c| *c == codec)
         .expect("Codec::ALL lists every codec")]
     .ratio;
-    let mut probe = Probe::new(&data, chunk, codec, cores, bytes, ratio)?;
+    let mut probe = Probe::new(sample, codec, cores, bytes, ratio);
     let limit_at = rep.results.len();
     if a.protection_only {
         protection_rows(&mut rep, &data, &p, &modes, reps, &mut probe)?;
