@@ -150,6 +150,12 @@ pub struct PlanArgs {
     /// format.
     #[arg(long, default_value = "lz4-c")]
     pub codec: Codec,
+    /// How wide each stage thread's binding is around the cpu the plan's rules chose for it:
+    /// node (every allowed cpu of that cpu's node, the OS picks the core: seed 001's
+    /// `numa_bind`), group (its last-level cache group), core (its SMT siblings) or cpu (that
+    /// one cpu).
+    #[arg(long, default_value = "node", value_name = "node|group|core|cpu")]
+    pub bind: loci_place::Bind,
     /// Output directory for recv.toml and send-K.toml.
     #[arg(short = 'o', long = "out", value_name = "DIR")]
     pub out: PathBuf,
@@ -382,6 +388,7 @@ fn plan_cmd(a: PlanArgs) -> anyhow::Result<()> {
             shared_sender: a.shared_sender,
             chunk_bytes: a.chunk_bytes,
             codec: a.codec,
+            bind: a.bind,
         },
     )?;
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;

@@ -1,5 +1,5 @@
 //! `loci bench stream` end to end at a tiny size: every default peer gives an end-to-end row
-//! (or says why it did not run), every row carries cpu-seconds per GB and its fraction of the
+//! (or says why it did not run), each `--bind` a loci row, every row carries cpu-seconds per GB and its fraction of the
 //! machine limit, and the limit is printed with its parts; the frame-protection comparison runs
 //! loci in all three modes (checksum, auth, encrypt), each with positive goodput and a verified
 //! stream, and states a verdict for each goal.
@@ -47,7 +47,7 @@ fn tiny_run_reports_every_peer_the_limit_and_cpu_per_gb() {
     let json = dir.path().join("r.json");
     let json_arg = json.to_str().unwrap();
     let out = bench_stream(&[
-        "--bytes", "8M", "--reps", "1", "--no-os", "--json", json_arg,
+        "--bytes", "8M", "--reps", "1", "--no-os", "--bind", "node,cpu", "--json", json_arg,
     ]);
     assert!(out.contains("machine limit for this data:"), "{out}");
     assert!(
@@ -99,6 +99,15 @@ fn tiny_run_reports_every_peer_the_limit_and_cpu_per_gb() {
             "{r}"
         );
     }
+    // `--bind node,cpu`: the default plan's row and one more for per-cpu pins.
+    let placements: Vec<&str> = e2e
+        .iter()
+        .filter(|r| r["system"] == "loci")
+        .map(|r| r["config"]["placement"].as_str().unwrap())
+        .collect();
+    assert_eq!(placements, ["plan", "plan@cpu"], "{out}");
+    assert_eq!(v["params"]["bind"], serde_json::json!(["node", "cpu"]));
+    assert!(out.contains("goal loci plan@cpu: at least 0.90"), "{out}");
     let par = e2e.iter().find(|r| r["system"] == "lz4-nc-par").unwrap();
     let cores = v["params"]["cores"].as_u64().unwrap();
     assert_eq!(par["extra"]["pipelines"].as_u64(), Some(cores));

@@ -45,6 +45,18 @@ impl Bind {
     /// Valid spellings, for error messages.
     pub const CHOICES: &'static str = "cpu, core, group, node";
 
+    /// The cpus a thread anchored at `anchor` is bound to on `topo`, among its allowed cpus (what
+    /// a strategy's `@BIND` does to each of its anchors).
+    pub fn widen(self, topo: &Topology, anchor: u32) -> CpuSet {
+        let pool = topo.allowed_cpus();
+        let groups = if self == Bind::Group {
+            llc_groups(topo, &pool)
+        } else {
+            vec![]
+        };
+        widen(topo, &pool, &groups, self, anchor)
+    }
+
     fn parse(s: &str) -> Result<Self, StrategyError> {
         match s {
             "cpu" => Ok(Bind::Cpu),
@@ -56,6 +68,19 @@ impl Bind {
                 Self::CHOICES
             ))),
         }
+    }
+}
+
+impl FromStr for Bind {
+    type Err = StrategyError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Bind::parse(s.trim()).map_err(|_| {
+            StrategyError::Syntax(format!(
+                "unknown binding `{}`; valid: {}",
+                s.trim(),
+                Self::CHOICES
+            ))
+        })
     }
 }
 

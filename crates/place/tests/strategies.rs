@@ -112,6 +112,25 @@ fn group_binds_to_llc_groups_alternating_nodes() {
 }
 
 #[test]
+fn a_binding_widens_one_anchor_cpu_as_a_strategy_would() {
+    use loci_place::Bind;
+    let t = regular(2, 4, 1, 2);
+    let widen = |b: &str, anchor| b.parse::<Bind>().unwrap().widen(&t, anchor).to_string();
+    assert_eq!(widen("cpu", 5), "5");
+    assert_eq!(widen("group", 5), "4-5");
+    assert_eq!(widen("node", 5), "4-7");
+    assert_eq!(widen(" node ", 1), "0-3");
+    assert_eq!(four().smt_siblings(9).to_string(), "1,9");
+    assert_eq!(Bind::Core.widen(&four(), 9).to_string(), "1,9");
+    // The same sets as the strategies' `@BIND` on the same anchors.
+    assert_eq!(
+        cpus_of(&t, "sparse@group", 2),
+        vec![widen("group", 0), widen("group", 4)]
+    );
+    refused::<Bind>("socket", &["`socket`", "cpu, core, group, node"]);
+}
+
+#[test]
 fn lists_and_their_errors() {
     let t = four();
     assert_eq!(cpus_of(&t, "cpus:3,5", 2), vec!["3", "5"]);

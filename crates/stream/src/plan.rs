@@ -17,13 +17,18 @@
 //!    location barely matters, so they share cores with compressors rather than take cores away).
 //! 6. Each thread's buffers live on its own cpu's node.
 //!
-//! The rules choose the cpus; every stage's threads then become a loci-place [`Plan`] (one cpu
-//! per thread, memory `localalloc`), which the configs are written from and the stage threads are
-//! started with. Queue depths and the resend window are sized from the thread counts so that no
+//! 7. Each thread is bound to the node of the cpu the rules chose for it, as seed 001 binds its
+//!    tasks with `numa_bind` (and as the work it cites found binding to the local processor better
+//!    than binding to cores); the OS picks the core inside the node. `--bind cpu` pins each thread
+//!    to that one cpu instead (`core` and `group` are in between).
+//!
+//! The rules choose one cpu per thread; every stage's threads then become a loci-place [`Plan`]
+//! (that cpu widened by the binding, memory `localalloc`), which the configs are written from and
+//! the stage threads are started with. Queue depths and the resend window are sized from the thread counts so that no
 //! stage starves while another holds chunks (see [`plan`]).
 
-use loci_place::{MemPolicy, Plan};
-use loci_topo::{CpuSet, DeviceKind, Topology};
+use loci_place::{Bind, MemPolicy, Plan};
+use loci_topo::{DeviceKind, Topology};
 
 use crate::codec::Codec;
 use crate::config::{ReceiverConfig, SenderConfig, Stage, StreamPart};
@@ -46,6 +51,9 @@ pub struct PlanOptions {
     /// Chunk size (default [`crate::config::DEFAULT_CHUNK_BYTES`]).
     pub chunk_bytes: usize,
     pub codec: Codec,
+    /// How wide each thread's binding is around the cpu the rules chose (rule 7; default: its
+    /// node).
+    pub bind: Bind,
 }
 
 impl Default for PlanOptions {
@@ -58,6 +66,7 @@ impl Default for PlanOptions {
             shared_sender: false,
             chunk_bytes: crate::config::DEFAULT_CHUNK_BYTES,
             codec: Codec::default(),
+            bind: Bind::Node,
         }
     }
 }
@@ -207,16 +216,17 @@ pub fn nic_node(t: &Topology, o: &PlanOptions) -> Result<u32, StreamPlanError> {
     }
 }
 
-/// Plans one stage: thread `i` on `cpus[i]`, its memory on that cpu's node (`localalloc`, rule
-/// 6); records the plan and returns the config stage written from it.
+/// Plans one stage: thread `i` bound to `cpus[i]` widened by `bind` (rule 7), its memory on that
+/// cpu's node (`localalloc`, rule 6); records the plan and returns the config stage written from
+/// it.
 fn stage(
     t: &Topology,
-    (side, stream): (&'static str, u32),
+    (side, stream, bind): (&'static str, u32, Bind),
     name: &'static str,
     cpus: &[u32],
     stages: &mut Vec<StagePlan>,
 ) -> Result<Stage, StreamPlanError> {
-    let sets = cpus.iter().map(|&c| CpuSet::single(c)).collect();
+    let sets = cpus.iter().map(|&c| bind.widen(t, c)).collect();
     let plan = Plan::from_cpu_sets(t, sets, &MemPolicy::Local).map_err(|e| {
         StreamPlanError::Placement {
             side,
@@ -397,7 +407,8 @@ pub fn plan(
     let mut rparts = Vec::new();
     let (mut stages, mut rstages) = (Vec::new(), Vec::new());
     for (s, (rc, dc)) in parts.into_iter().enumerate() {
-        let (on_sender, on_receiver) = (("sender", s as u32), ("receiver", s as u32));
+        let (on_sender, on_receiver) =
+            (("sender", s as u32, o.bind), ("receiver", s as u32, o.bind));
         let comp: Vec<u32> = if o.shared_sender {
             sender_cores[s * per_sender..(s + 1) * per_sender].to_vec()
         } else {
@@ -444,6 +455,18 @@ pub fn plan(
             decompress: stage(receiver, on_receiver, "decompress", &dc, &mut rstages)?,
         });
     }
+    notes.push(match o.bind {
+        Bind::Cpu => "binding: each thread pinned to the cpu the rules chose (--bind cpu)".into(),
+        b => format!(
+            "binding: each thread may run on every allowed cpu of its {}, the OS picks (seed \
+             001 binds with numa_bind); --bind cpu pins it to the cpu the rules chose",
+            match b {
+                Bind::Node => "node",
+                Bind::Group => "last-level cache group",
+                _ => "core (its SMT siblings)",
+            }
+        ),
+    });
     notes.push(
         "queues: compress->send 2 per sending thread + 2, recv->decompress 2 per decompressing \
          thread + 2; window (chunks held until acknowledged) covers every queue and thread on \
@@ -465,7 +488,7 @@ pub fn plan(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use loci_topo::{Cpu, Device, Node};
+    use loci_topo::{Cpu, CpuSet, Device, Node};
 
     /// A hand-built machine: `nodes` nodes of `cores` cores with 2 hardware threads each, Linux
     /// numbering (first threads of all cores, then the siblings), NICs on the given nodes.
@@ -545,6 +568,7 @@ pub(crate) mod tests {
             PlanOptions {
                 streams: 4,
                 nic,
+                bind: Bind::Cpu, // the rules' own cpus
                 ..Default::default()
             },
         );
@@ -612,6 +636,7 @@ pub(crate) mod tests {
             PlanOptions {
                 streams: 2,
                 nic_node,
+                bind: Bind::Cpu,
                 ..Default::default()
             },
         );
@@ -681,7 +706,11 @@ pub(crate) mod tests {
     #[test]
     fn single_node_machine_splits_its_cores() {
         let t = machine(1, 2, &[]);
-        let p = plan_on(&t, PlanOptions::default());
+        let cpu = PlanOptions {
+            bind: Bind::Cpu,
+            ..Default::default()
+        };
+        let p = plan_on(&t, cpu);
         let part = &p.receiver.streams[0];
         assert_eq!((part.recv.count, part.decompress.count), (1, 1));
         assert_ne!(part.recv.cpus, part.decompress.cpus);
@@ -693,6 +722,66 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn threads_are_bound_to_their_node_by_default_and_as_asked_otherwise() {
+        let t = xeon_6346();
+        let nic_node = Some(1);
+        let by = |bind| {
+            plan_on(
+                &t,
+                PlanOptions {
+                    nic_node,
+                    bind,
+                    ..Default::default()
+                },
+            )
+        };
+        let (node, cpu, core) = (
+            plan_on(
+                &t,
+                PlanOptions {
+                    nic_node,
+                    ..Default::default()
+                },
+            ),
+            by(Bind::Cpu),
+            by(Bind::Core),
+        );
+        assert_eq!(node, by(Bind::Node), "node binding is the default");
+        assert!(node.notes.iter().any(|n| n.contains("numa_bind")));
+        for ((n, c), k) in node.stages.iter().zip(&cpu.stages).zip(&core.stages) {
+            let what = format!("{} {}", n.side, n.stage);
+            assert_eq!(n.plan.threads.len(), c.plan.threads.len(), "{what}");
+            for ((tn, tc), tk) in n
+                .plan
+                .threads
+                .iter()
+                .zip(&c.plan.threads)
+                .zip(&k.plan.threads)
+            {
+                // Widened around the cpu the rules chose, never moved off it.
+                let anchor = tc.cpus.first().unwrap();
+                assert_eq!(tc.cpus.len(), 1, "{what}: cpu binding pins one cpu");
+                let home = t.node_of_cpu(anchor).unwrap();
+                assert_eq!(tn.cpus, t.allowed_cpus_of(home), "{what}: the whole node");
+                assert_eq!(tn.nodes, tc.nodes, "{what}: the same node either way");
+                assert_eq!(
+                    tk.cpus,
+                    t.smt_siblings(anchor),
+                    "{what}: the core's siblings"
+                );
+            }
+        }
+        // The configs say the same, and the buffers stay on the thread's node.
+        let part = &node.receiver.streams[0];
+        assert!(part.recv.cpus.iter().all(|c| *c == t.allowed_cpus_of(1)));
+        assert_eq!(part.recv.mem, cpu.receiver.streams[0].recv.mem);
+        assert!(part.recv.mem.iter().all(|&m| m == 1));
+        let read = node.senders[0].read.plan(&t, "read").unwrap();
+        let home = read.threads[0].nodes.first().unwrap();
+        assert_eq!(read.threads[0].cpus, t.allowed_cpus_of(home));
+    }
+
+    #[test]
     fn cores_split_evenly_between_streams_of_a_shared_sender() {
         let t = xeon_6346();
         let (nic_node, shared_sender) = (Some(1), true);
@@ -700,6 +789,7 @@ pub(crate) mod tests {
             streams: 2,
             nic_node,
             shared_sender,
+            bind: Bind::Cpu,
             ..Default::default()
         };
         let p = plan_on(&t, o);

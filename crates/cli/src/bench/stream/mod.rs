@@ -74,6 +74,16 @@ pub struct StreamArgs {
     /// Skip the OS-placement run of loci.
     #[arg(long)]
     pub no_os: bool,
+    /// Bindings of the plan's threads to run, comma separated (as `loci stream plan --bind`):
+    /// the first is the `loci plan` row, goals included; each further one adds a row `loci
+    /// plan@BIND` (e.g. `--bind node,cpu` sets the default's node binding against per-cpu pins).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "node",
+        value_name = "BINDS"
+    )]
+    pub bind: Vec<loci_place::Bind>,
     /// Frame protection modes to compare, in a section of their own: loci with the plan on the
     /// same data and cores in each mode, the modes' repetitions interleaved. checksum = xxh3 only
     /// (no authentication: `--unauthenticated` on both sides), auth = an AES-256-GCM tag per frame (the
@@ -127,14 +137,23 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
     // Allowed cpus (affinity, cgroup quota): the parallel peer's pipeline count and the limit's cores.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let topo = crate::this_machine()?;
-    let p = plan(
-        &topo,
-        &topo,
-        &PlanOptions {
-            chunk_bytes: a.chunk_bytes,
-            ..PlanOptions::default()
-        },
-    )?;
+    anyhow::ensure!(!a.bind.is_empty(), "--bind needs at least one binding");
+    let plans = a
+        .bind
+        .iter()
+        .map(|&bind| {
+            plan(
+                &topo,
+                &topo,
+                &PlanOptions {
+                    chunk_bytes: a.chunk_bytes,
+                    bind,
+                    ..PlanOptions::default()
+                },
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let p = &plans[0];
     let chunk = p.senders[0].chunk_bytes;
     let mut rep = Report::new(
         "stream",
@@ -166,7 +185,7 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
     let mut probe = Probe::new(sample, codec, cores, bytes, ratio);
     let limit_at = rep.results.len();
     if a.protection_only {
-        protection_rows(&mut rep, &data, &p, &modes, reps, &mut probe)?;
+        protection_rows(&mut rep, &data, p, &modes, reps, &mut probe)?;
         probe.report(&mut rep, bytes, limit_at);
         print!("{}", summary(&rep, &[], full_bytes));
         return Ok(rep);
@@ -180,6 +199,9 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
             a.peers.retain(|p| p != "lz4-mt");
         }
     }
+    // The plan rows' bindings, in row order (`loci plan` first).
+    rep.params["bind"] =
+        serde_json::json!(a.bind.iter().map(|b| b.to_string()).collect::<Vec<_>>());
     rep.params["peers_not_run"] = serde_json::json!(not_run
         .iter()
         .map(|(p, why)| serde_json::json!({ "peer": p, "why": why }))
@@ -188,6 +210,7 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
     // Every system once per round, rounds repeated: load on a shared machine drifts, and
     // interleaving spreads it over all systems alike.
     let mut systems: Vec<String> = vec!["loci plan".into()];
+    systems.extend(a.bind[1..].iter().map(|b| format!("loci plan@{b}")));
     if !a.no_os {
         systems.push("loci os".into());
     }
@@ -209,8 +232,12 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
             let sys = &systems[i];
             let c0 = cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN);
             let t = match sys.as_str() {
-                "loci plan" | "loci os" => {
-                    let (t, r) = loci_once(&data, &p, sys == "loci plan", Protection::default())?;
+                loci if loci.starts_with("loci ") => {
+                    // `loci os` runs the default plan's thread counts unpinned.
+                    let pinned = loci != "loci os";
+                    // The plan rows come first in `systems`, in `--bind` order.
+                    let p = if pinned { &plans[i] } else { p };
+                    let (t, r) = loci_once(&data, p, pinned, Protection::default())?;
                     last[i] = Some(r);
                     t
                 }
@@ -265,7 +292,7 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
         );
         eprintln!("{sys}: {cpu_median:.2} cpu-s per run (median)");
     }
-    protection_rows(&mut rep, &data, &p, &modes, reps, &mut probe)?;
+    protection_rows(&mut rep, &data, p, &modes, reps, &mut probe)?;
     probe.report(&mut rep, bytes, limit_at);
     print!("{}", summary(&rep, &not_run, full_bytes));
     Ok(rep)
