@@ -1,6 +1,7 @@
 //! `loci bench stream` end to end at a tiny size: every default peer gives an end-to-end row
-//! (or says why it did not run), each `--bind` a loci row, every row carries cpu-seconds per GB and its fraction of the
-//! machine limit, and the limit is printed with its parts; the frame-protection comparison runs
+//! (or says why it did not run), each `--bind` a loci row, every row carries cpu-seconds per GB
+//! and its fraction of the machine limit, and the limit is printed with its parts; the
+//! frame-protection comparison runs
 //! loci in all three modes (checksum, auth, encrypt), each with positive goodput and a verified
 //! stream, and states a verdict for each goal.
 

@@ -24,8 +24,8 @@
 //!
 //! The rules choose one cpu per thread; every stage's threads then become a loci-place [`Plan`]
 //! (that cpu widened by the binding, memory `localalloc`), which the configs are written from and
-//! the stage threads are started with. Queue depths and the resend window are sized from the thread counts so that no
-//! stage starves while another holds chunks (see [`plan`]).
+//! the stage threads are started with. Queue depths and the resend window are sized from the
+//! thread counts so that no stage starves while another holds chunks (see [`plan`]).
 
 use loci_place::{Bind, MemPolicy, Plan};
 use loci_topo::{DeviceKind, Topology};
