@@ -7,15 +7,10 @@
 //! codec = "lz4-c"
 //! window = 32            # most chunks in flight (sent, not yet acknowledged)
 //! queue_depth = 8        # compress -> send queue
-//! read_queue_depth = 4   # read -> compress queue
-//! [read]
-//! count = 1
-//! cpus = ["0"]           # one cpu list per thread; leave out for OS placement
-//! mem = [0]              # the node each thread's buffers live on; leave out for "wherever it runs"
-//! [compress]
+//! [compress]             # each compressing thread reads its own chunks from the source
 //! count = 2
-//! cpus = ["0", "1"]
-//! mem = [0, 0]
+//! cpus = ["0", "1"]      # one cpu list per thread; leave out for OS placement
+//! mem = [0, 0]           # the node each thread's buffers live on; leave out for "wherever it runs"
 //! [send]
 //! count = 1
 //! cpus = ["1"]
@@ -215,9 +210,6 @@ fn default_window() -> usize {
 fn default_depth() -> usize {
     8
 }
-fn default_read_depth() -> usize {
-    4
-}
 fn default_max_connections() -> usize {
     256
 }
@@ -266,9 +258,6 @@ pub struct SenderConfig {
     /// Compress -> send queue depth (chunks).
     #[serde(default = "default_depth")]
     pub queue_depth: usize,
-    /// Read -> compress queue depth (chunks).
-    #[serde(default = "default_read_depth")]
-    pub read_queue_depth: usize,
     /// Shared secret; when absent, `LOCI_STREAM_SECRET` from the environment. A `secret_file`
     /// (or `--secret-file`) takes precedence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -284,7 +273,8 @@ pub struct SenderConfig {
     /// For measurements and isolated links; the receiver must allow it too.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unauthenticated: bool,
-    pub read: Stage,
+    /// The compressing threads; each reads its next chunk from the source itself (seed 001:
+    /// "compressor threads successively fetch sequential data chunks").
     pub compress: Stage,
     pub send: Stage,
 }
@@ -300,12 +290,10 @@ impl Default for SenderConfig {
             codec: Codec::default(),
             window: default_window(),
             queue_depth: default_depth(),
-            read_queue_depth: default_read_depth(),
             secret: None,
             secret_file: None,
             encrypt: false,
             unauthenticated: false,
-            read: Stage::os(1),
             compress: Stage::os(cores),
             send: Stage::os(1),
         }
@@ -315,15 +303,8 @@ impl Default for SenderConfig {
 impl SenderConfig {
     /// Checks every field; errors name the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.read.validate("read")?;
         self.compress.validate("compress")?;
         self.send.validate("send")?;
-        if self.read.count != 1 {
-            return Err(ConfigError::Invalid(format!(
-                "read.count = {}: the reader is one thread (it hashes the stream in order)",
-                self.read.count
-            )));
-        }
         if self.chunk_bytes == 0 || self.chunk_bytes as u64 > default_max_chunk() {
             return Err(ConfigError::Invalid(format!(
                 "chunk_bytes = {} outside 1..={}",
@@ -334,11 +315,7 @@ impl SenderConfig {
         if self.send.count > u16::MAX as usize {
             return Err(ConfigError::Invalid("send.count beyond 65535".into()));
         }
-        for (name, v) in [
-            ("window", self.window),
-            ("queue_depth", self.queue_depth),
-            ("read_queue_depth", self.read_queue_depth),
-        ] {
+        for (name, v) in [("window", self.window), ("queue_depth", self.queue_depth)] {
             if !(1..=MAX_DEPTH).contains(&v) {
                 return Err(ConfigError::Invalid(format!(
                     "{name} = {v} outside 1..={MAX_DEPTH}"
@@ -351,7 +328,6 @@ impl SenderConfig {
     /// The same thread counts, every stage placed by the OS.
     pub fn unpinned(&self) -> Self {
         SenderConfig {
-            read: self.read.unpinned(),
             compress: self.compress.unpinned(),
             send: self.send.unpinned(),
             ..self.clone()
@@ -537,8 +513,22 @@ fn load_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ConfigErr
     })?;
     toml::from_str(&text).map_err(|e| ConfigError::Parse {
         path: path.display().to_string(),
-        err: e.to_string(),
+        err: with_removed_field_hint(e.to_string()),
     })
+}
+
+/// Sender configs written before the compressing threads read their own chunks had a `[read]`
+/// stage and a `read_queue_depth`; serde names the field, this says what became of it.
+fn with_removed_field_hint(err: String) -> String {
+    if err.contains("unknown field `read`") || err.contains("unknown field `read_queue_depth`") {
+        format!(
+            "{err}\n(the read stage is gone: each compressing thread reads its own chunks, so \
+             delete `[read]` and `read_queue_depth`, or write the configs again with `loci stream \
+             plan`)"
+        )
+    } else {
+        err
+    }
 }
 
 #[cfg(test)]
@@ -565,13 +555,11 @@ mod tests {
             .to_string()
             .contains("compress.mem"));
         let e = toml::from_str::<SenderConfig>(
-            "stream = 0\n[read]\ncount=1\n[compress]\ncount=1\ncpus=[\"0-x\"]\n[send]\ncount=1\n",
+            "stream = 0\n[compress]\ncount=1\ncpus=[\"0-x\"]\n[send]\ncount=1\n",
         );
         assert!(e.is_err());
-        let e = toml::from_str::<SenderConfig>(
-            "bogus = 1\n[read]\ncount=1\n[compress]\ncount=1\n[send]\ncount=1\n",
-        )
-        .unwrap_err();
+        let e = toml::from_str::<SenderConfig>("bogus = 1\n[compress]\ncount=1\n[send]\ncount=1\n")
+            .unwrap_err();
         assert!(e.to_string().contains("bogus"), "{e}");
         let bad = |f: fn(&mut SenderConfig)| {
             let mut c = SenderConfig::default();
@@ -586,7 +574,39 @@ mod tests {
             )
         );
         assert!(bad(|c| c.queue_depth = 0).contains("queue_depth = 0 outside 1..=65536"));
-        assert!(bad(|c| c.read_queue_depth = 65537).contains("read_queue_depth = 65537"));
+        assert!(bad(|c| c.queue_depth = 65537).contains("queue_depth = 65537"));
+    }
+
+    #[test]
+    fn a_config_with_the_old_read_stage_is_refused_with_what_to_do() {
+        let dir = std::env::temp_dir().join(format!("loci-old-read-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, text) in [
+            (
+                "stage",
+                "[read]\ncount=1\n[compress]\ncount=1\n[send]\ncount=1\n",
+            ),
+            (
+                "depth",
+                "read_queue_depth = 4\n[compress]\ncount=1\n[send]\ncount=1\n",
+            ),
+        ] {
+            let path = dir.join(format!("{name}.toml"));
+            std::fs::write(&path, text).unwrap();
+            let e = SenderConfig::load(&path).unwrap_err().to_string();
+            assert!(e.contains("unknown field `read"), "{e}");
+            assert!(
+                e.contains("each compressing thread reads its own chunks"),
+                "{e}"
+            );
+            assert!(e.contains("loci stream plan"), "{e}");
+        }
+        // Any other unknown field gets serde's message alone.
+        let path = dir.join("other.toml");
+        std::fs::write(&path, "bogus = 1\n[compress]\ncount=1\n[send]\ncount=1\n").unwrap();
+        let e = SenderConfig::load(&path).unwrap_err().to_string();
+        assert!(e.contains("bogus") && !e.contains("read stage"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! loci-stream: NUMA-aware, lossless streaming of detector data.
 //!
-//! Pipeline (seed 001): `read -> compress (C threads) -> queue -> send (S threads, one TCP
-//! connection each) -> recv (R threads) -> queue -> decompress (D threads) -> sink`, every
+//! Pipeline (seed 001): `compress (C threads, each reading its own chunks) -> queue -> send (S
+//! threads, one TCP connection each) -> recv (R threads) -> queue -> decompress (D threads) ->
+//! sink`, every
 //! stage's threads placed by a loci-place `Plan` (started with its `apply_thread`) and their
 //! buffers on their own node. See [`proto`] for the wire protocol, [`plan`] for the configuration
 //! generator (seed 001's rules choose the cpus, the stages are loci-place plans),

@@ -13,8 +13,10 @@
 //!    evenly between streams. On a single-node receiver (or one without enough other cores) the
 //!    NIC node's share of each stream is divided: a third receives, the rest decompresses.
 //! 5. Compression runs on every core of the sender (obs. 2 and section 4.1: 32 compression
-//!    threads on a 32-core sender), sending threads on the sender's NIC node (obs. 4: their
-//!    location barely matters, so they share cores with compressors rather than take cores away).
+//!    threads on a 32-core sender), each thread fetching its next chunk from the source itself
+//!    (section 3.2: "compressor threads successively fetch sequential data chunks"), sending
+//!    threads on the sender's NIC node (obs. 4: their location barely matters, so they share
+//!    cores with compressors rather than take cores away).
 //! 6. Each thread's buffers live on its own cpu's node.
 //!
 //! 7. Each thread is bound to the node of the cpu the rules chose for it, as seed 001 binds its
@@ -77,7 +79,7 @@ pub struct StagePlan {
     /// `sender` or `receiver`.
     pub side: &'static str,
     pub stream: u32,
-    /// `read`, `compress`, `send` (sender) or `recv`, `decompress` (receiver).
+    /// `compress`, `send` (sender) or `recv`, `decompress` (receiver).
     pub stage: &'static str,
     pub plan: Plan,
 }
@@ -96,7 +98,7 @@ pub struct StreamPlan {
 }
 
 impl StreamPlan {
-    /// The plan of stage `name` (`read`, `compress`, `send`, `recv`, `decompress`) of `stream`.
+    /// The plan of stage `name` (`compress`, `send`, `recv`, `decompress`) of `stream`.
     pub fn stage(&self, stream: u32, name: &str) -> Option<&Plan> {
         let s = self
             .stages
@@ -394,9 +396,9 @@ pub fn plan(
         sender_cores.len()
     };
     notes.push(format!(
-        "sender: {per_sender} compressing thread(s) per stream, one per core{}; sending threads \
-         (one TCP connection each, as many as the stream's receiving threads) on node {snic}, \
-         sharing cores with compressors",
+        "sender: {per_sender} compressing thread(s) per stream, one per core{}, each reading its \
+         own chunks from the source; sending threads (one TCP connection each, as many as the \
+         stream's receiving threads) on node {snic}, sharing cores with compressors",
         if o.shared_sender {
             format!(" ({k} streams share one sender)")
         } else {
@@ -418,20 +420,12 @@ pub fn plan(
         let send: Vec<u32> = (0..nsend)
             .map(|j| {
                 let base = if o.shared_sender { s * nsend } else { 0 };
-                // The NIC node's last cores (the reader takes its first).
+                // The NIC node's last cores.
                 snic_cores[snic_cores.len() - 1 - (base + j) % snic_cores.len()]
             })
             .collect();
-        let read = vec![
-            snic_cores[if o.shared_sender {
-                s % snic_cores.len()
-            } else {
-                0
-            }],
-        ];
         let recv_depth = 2 * dc.len() + 2;
         let queue_depth = 2 * nsend + 2;
-        let read_depth = comp.len() + 2;
         let window = comp.len() + queue_depth + nsend + recv_depth + dc.len() + 4;
         senders.push(SenderConfig {
             stream: s as u32,
@@ -439,12 +433,10 @@ pub fn plan(
             codec: o.codec,
             window,
             queue_depth,
-            read_queue_depth: read_depth,
             secret: None,
             secret_file: None,
             encrypt: false,
             unauthenticated: false,
-            read: stage(sender, on_sender, "read", &read, &mut stages)?,
             compress: stage(sender, on_sender, "compress", &comp, &mut stages)?,
             send: stage(sender, on_sender, "send", &send, &mut stages)?,
         });
@@ -681,14 +673,13 @@ pub(crate) mod tests {
             let written = match (s.side, s.stage) {
                 ("receiver", "recv") => &p.receiver.streams[s.stream as usize].recv,
                 ("receiver", _) => &p.receiver.streams[s.stream as usize].decompress,
-                (_, "read") => &p.senders[s.stream as usize].read,
                 (_, "compress") => &p.senders[s.stream as usize].compress,
                 _ => &p.senders[s.stream as usize].send,
             };
             let back = written.plan(&t, s.stage).unwrap();
             assert_eq!(back.threads, s.plan.threads, "{} {}", s.side, s.stage);
         }
-        assert_eq!(p.stages.len(), 2 * 5);
+        assert_eq!(p.stages.len(), 2 * 4);
     }
 
     #[test]
@@ -776,9 +767,9 @@ pub(crate) mod tests {
         assert!(part.recv.cpus.iter().all(|c| *c == t.allowed_cpus_of(1)));
         assert_eq!(part.recv.mem, cpu.receiver.streams[0].recv.mem);
         assert!(part.recv.mem.iter().all(|&m| m == 1));
-        let read = node.senders[0].read.plan(&t, "read").unwrap();
-        let home = read.threads[0].nodes.first().unwrap();
-        assert_eq!(read.threads[0].cpus, t.allowed_cpus_of(home));
+        let comp = node.senders[0].compress.plan(&t, "compress").unwrap();
+        let home = comp.threads[0].nodes.first().unwrap();
+        assert_eq!(comp.threads[0].cpus, t.allowed_cpus_of(home));
     }
 
     #[test]

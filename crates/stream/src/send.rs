@@ -1,11 +1,12 @@
-//! The sending side: read -> compress (and hash each chunk) -> send over S connections,
-//! keeping every chunk until the receiver acknowledges it, and resending after a NACK or a
-//! reconnect. With `resume`, chunks the receiver's sink already holds are skipped.
+//! The sending side: C compressing threads, each reading its next chunk from the source,
+//! compressing and hashing it -> send over S connections, keeping every chunk until the receiver
+//! acknowledges it, and resending after a NACK or a reconnect. With `resume`, chunks the
+//! receiver's sink already holds are skipped.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::{self, BufReader, IoSlice, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,7 +19,7 @@ use crate::config::SenderConfig;
 use crate::proto::{
     self, kind, Established, Header, Hello, Opener, Protection, ProtoError, Sealer, StreamHasher,
 };
-use crate::source::SourceSpec;
+use crate::source::{ChunkReader, SourceSpec};
 use crate::stats::{QueueStats, StageStats, StreamReport, Totals};
 
 /// Test hooks that inject faults (used by the fault tests; `loci stream send --fault-corrupt`).
@@ -112,12 +113,11 @@ struct Shared {
     lost_without_progress: AtomicU64,
     next_conn: AtomicU64,
     sent_once: Mutex<BTreeSet<u64>>,
-    /// The whole-stream checksum, fed with every chunk's hash as compressors (or, for chunks the
-    /// receiver already holds, the reader) compute it.
+    /// The whole-stream checksum, fed with every chunk's hash as the compressing threads compute
+    /// it (also of the chunks the receiver already holds, which they read and hash only).
     stream_hash: Mutex<StreamHasher>,
-    /// The reader has read every chunk.
+    /// Every chunk has been read (every compressing thread has finished).
     done_reading: AtomicBool,
-    read_stats: StageStats,
     comp_stats: StageStats,
     send_stats: StageStats,
 }
@@ -292,7 +292,6 @@ fn send_pass(opts: SendOptions, session: u64) -> Result<StreamReport, SendError>
     let here = crate::config::this_machine().map_err(|e| SendError::Fatal(e.to_string()))?;
     let planned = |name, stage| StageStats::planned(name, stage, &here).map_err(SendError::Fatal);
     let sh = Arc::new(Shared {
-        read_stats: planned("read", &cfg.read)?,
         comp_stats: planned("compress", &cfg.compress)?,
         send_stats: planned("send", &cfg.send)?,
         opts,
@@ -341,126 +340,38 @@ fn send_pass(opts: SendOptions, session: u64) -> Result<StreamReport, SendError>
         conns.push((s, h));
     }
     let skipped = have.len() as u64;
-    let (raw_tx, raw_rx) = crossbeam_channel::bounded::<(u64, PooledBuf)>(cfg.read_queue_depth);
     let (frame_tx, frame_rx) = crossbeam_channel::bounded::<u64>(cfg.queue_depth);
-    let q_raw = QueueStats::new("read->compress", cfg.read_queue_depth);
     let q_frame = QueueStats::new("compress->send", cfg.queue_depth);
     let mut handles = Vec::new();
-    // Reader.
-    {
-        let sh = sh.clone();
-        let mut reader = sh
-            .opts
+    // Compressing threads. Each takes the next chunk number and reads that chunk itself, as seed
+    // 001's compressor threads "successively fetch sequential data chunks": no reader thread
+    // hands raw chunks over, so a raw chunk is read into a buffer on its compressor's node and is
+    // still in that core's cache when it is compressed and hashed.
+    let reader = Arc::new(
+        sh.opts
             .source
             .open()
-            .map_err(|e| SendError::Source(e.to_string()))?;
-        handles.push(spawn("loci-read", move || {
-            if let Err(e) = sh.read_stats.enter(0) {
-                return sh.fail(SendError::Fatal(e));
-            }
-            // Keep every buffer that comes back: at most read queue + compressors are out at once, and
-            // a fresh 11 MB mapping costs thousands of page faults.
-            let keep = sh.opts.config.read_queue_depth + sh.opts.config.compress.count + 2;
-            let pool = Pool::new(chunk as usize, sh.read_stats.buffer_node(0), keep);
-            for seq in 0..total_chunks {
-                if sh.finished.load(Relaxed) {
-                    return;
-                }
-                let t0 = Instant::now();
-                let off = seq * chunk;
-                let len = (total_bytes - off).min(chunk) as usize;
-                let mut buf = match pool.get() {
-                    Ok(b) => b,
-                    Err(e) => return sh.fail(SendError::Fatal(format!("buffer: {e}"))),
-                };
-                if seq == 0 {
-                    sh.read_stats.saw_buffer(0, &buf);
-                }
-                buf.set_len(len);
-                if let Err(e) = reader.read(seq, off, &mut buf) {
-                    return sh.fail(SendError::Source(format!("reading chunk {seq}: {e}")));
-                }
-                if have.contains(&seq) {
-                    // The receiver holds it already: only its hash, for the whole-stream checksum.
-                    sh.stream_hash.lock().unwrap().add(seq, xxh3_64(&buf));
-                }
-                sh.read_stats.saw_cpu(0);
-                sh.read_stats.chunks.fetch_add(1, Relaxed);
-                sh.read_stats.busy_since(t0);
-                if have.contains(&seq) {
-                    continue;
-                }
-                // A window slot: blocks while `window` chunks are unacknowledged.
-                if sh.window_tx.send(()).is_err() || raw_tx.send((seq, buf)).is_err() {
-                    return;
-                }
-            }
-            sh.done_reading.store(true, Relaxed);
-        })?);
-    }
-    // Compressors.
+            .map_err(|e| SendError::Source(e.to_string()))?,
+    );
+    let claim = Arc::new(Claim {
+        next: AtomicU64::new(0),
+        total: total_chunks,
+        have,
+        running: AtomicUsize::new(cfg.compress.count),
+    });
     for i in 0..cfg.compress.count {
-        let (sh, rx, tx) = (sh.clone(), raw_rx.clone(), frame_tx.clone());
+        let (sh, tx, reader, claim) = (sh.clone(), frame_tx.clone(), reader.clone(), claim.clone());
         handles.push(spawn(&format!("loci-comp-{i}"), move || {
             if let Err(e) = sh.comp_stats.enter(i) {
                 return sh.fail(SendError::Fatal(e));
             }
-            let codec = sh.opts.config.codec;
-            // Frames live until acknowledged: up to the whole window can be out.
-            // Sized for LZ4's worst case, filled about half: pages fault in as written.
-            let pool = Pool::lazy(
-                Codec::bound(chunk as usize),
-                sh.comp_stats.buffer_node(i),
-                sh.opts.config.window,
-            );
-            match pool.probe() {
-                Ok(b) => sh.comp_stats.saw_buffer(i, &b),
-                Err(e) => return sh.fail(SendError::Fatal(format!("buffer: {e}"))),
-            }
-            for (seq, raw) in rx {
-                let t0 = Instant::now();
-                let mut out = match pool.get() {
-                    Ok(b) => b,
-                    Err(e) => return sh.fail(SendError::Fatal(format!("buffer: {e}"))),
-                };
-                let (flags, n) = match codec.compress(&raw, out.spare()) {
-                    Ok(n) if n < raw.len() => (proto::FLAG_LZ4, n),
-                    _ => {
-                        out.spare()[..raw.len()].copy_from_slice(&raw);
-                        (0, raw.len())
-                    }
-                };
-                out.set_len(n);
-                let c = xxh3_64(&raw);
-                let hdr = Header {
-                    kind: kind::DATA,
-                    flags,
-                    raw_len: raw.len() as u32,
-                    comp_len: n as u32,
-                    a: seq,
-                    b: 0, // set when sealed: a checksum, or nothing when the tag covers it
-                    c,
-                };
-                drop(raw);
-                sh.stream_hash.lock().unwrap().add(seq, c);
-                sh.unacked.lock().unwrap().insert(
-                    seq,
-                    Entry {
-                        frame: Arc::new(Frame { hdr, payload: out }),
-                        conn: None,
-                    },
-                );
-                sh.comp_stats.saw_cpu(i);
-                sh.comp_stats.chunks.fetch_add(1, Relaxed);
-                sh.comp_stats.busy_since(t0);
-                if tx.send(seq).is_err() {
-                    return;
-                }
+            compress_chunks(&sh, i, &reader, &claim, &tx);
+            if claim.running.fetch_sub(1, Relaxed) == 1 {
+                sh.done_reading.store(true, Relaxed);
             }
         })?);
     }
-    let raw_rx_probe = raw_rx.clone();
-    drop((raw_rx, frame_tx));
+    drop(frame_tx);
     // Senders, one connection each.
     for (j, conn) in conns.into_iter().enumerate() {
         let (sh, rx) = (sh.clone(), frame_rx.clone());
@@ -486,7 +397,6 @@ fn send_pass(opts: SendOptions, session: u64) -> Result<StreamReport, SendError>
             }
         }
         q_frame.sample(frame_rx_probe.len());
-        q_raw.sample(raw_rx_probe.len());
         if let Some(b) = &bar {
             b.set_position(sh.acked_bytes.load(Relaxed) + skipped * chunk);
         }
@@ -545,22 +455,113 @@ fn send_pass(opts: SendOptions, session: u64) -> Result<StreamReport, SendError>
         wire_bytes: sh.wire_bytes.load(Relaxed),
         started,
     };
-    let stages = [&sh.read_stats, &sh.comp_stats, &sh.send_stats];
+    let stages = [&sh.comp_stats, &sh.send_stats];
     Ok(StreamReport {
         verified: true,
         resent_chunks: sh.resent.load(Relaxed),
         nacks: sh.nacks.load(Relaxed),
         reconnects: sh.reconnects.load(Relaxed),
         skipped_chunks: skipped,
-        ..StreamReport::from_totals(
-            "send",
-            cfg.stream,
-            totals,
-            &stages,
-            &[&q_raw, &q_frame],
-            theirs,
-        )
+        ..StreamReport::from_totals("send", cfg.stream, totals, &stages, &[&q_frame], theirs)
     })
+}
+
+/// The chunk numbers the compressing threads take in turn.
+struct Claim {
+    next: AtomicU64,
+    total: u64,
+    /// Chunks the receiver already holds: read and hashed, not sent.
+    have: BTreeSet<u64>,
+    /// Compressing threads not finished yet.
+    running: AtomicUsize,
+}
+
+/// The loop of compressing thread `i`: take the next chunk number, read the chunk, compress it,
+/// hash it, keep it until acknowledged and queue it for sending; until every chunk is taken, the
+/// transfer is finished, or something fails.
+fn compress_chunks(sh: &Shared, i: usize, reader: &ChunkReader, claim: &Claim, tx: &Tx<u64>) {
+    let chunk = sh.opts.config.chunk_bytes as u64;
+    let total_bytes = sh.hello.total_bytes;
+    let codec = sh.opts.config.codec;
+    let node = sh.comp_stats.buffer_node(i);
+    // One raw buffer, reused for every chunk: it is free again once its chunk is compressed.
+    let raw_pool = Pool::new(chunk as usize, node, 1);
+    // Frames live until acknowledged: up to the whole window can be out.
+    // Sized for LZ4's worst case, filled about half: pages fault in as written.
+    let pool = Pool::lazy(Codec::bound(chunk as usize), node, sh.opts.config.window);
+    match pool.probe() {
+        Ok(b) => sh.comp_stats.saw_buffer(i, &b),
+        Err(e) => return sh.fail(SendError::Fatal(format!("buffer: {e}"))),
+    }
+    let mut first = true;
+    while !sh.finished.load(Relaxed) {
+        let seq = claim.next.fetch_add(1, Relaxed);
+        if seq >= claim.total {
+            return;
+        }
+        let held = claim.have.contains(&seq);
+        // A window slot first: blocks while `window` chunks are unacknowledged.
+        if !held && sh.window_tx.send(()).is_err() {
+            return;
+        }
+        let t0 = Instant::now();
+        let off = seq * chunk;
+        let mut raw = match raw_pool.get() {
+            Ok(b) => b,
+            Err(e) => return sh.fail(SendError::Fatal(format!("buffer: {e}"))),
+        };
+        if first {
+            sh.comp_stats.saw_buffer(i, &raw);
+            first = false;
+        }
+        raw.set_len((total_bytes - off).min(chunk) as usize);
+        if let Err(e) = reader.read(seq, off, &mut raw) {
+            return sh.fail(SendError::Source(format!("reading chunk {seq}: {e}")));
+        }
+        if held {
+            // The receiver holds it already: only its hash, for the whole-stream checksum.
+            sh.stream_hash.lock().unwrap().add(seq, xxh3_64(&raw));
+            sh.comp_stats.busy_since(t0);
+            continue;
+        }
+        let mut out = match pool.get() {
+            Ok(b) => b,
+            Err(e) => return sh.fail(SendError::Fatal(format!("buffer: {e}"))),
+        };
+        let (flags, n) = match codec.compress(&raw, out.spare()) {
+            Ok(n) if n < raw.len() => (proto::FLAG_LZ4, n),
+            _ => {
+                out.spare()[..raw.len()].copy_from_slice(&raw);
+                (0, raw.len())
+            }
+        };
+        out.set_len(n);
+        let c = xxh3_64(&raw);
+        let hdr = Header {
+            kind: kind::DATA,
+            flags,
+            raw_len: raw.len() as u32,
+            comp_len: n as u32,
+            a: seq,
+            b: 0, // set when sealed: a checksum, or nothing when the tag covers it
+            c,
+        };
+        drop(raw);
+        sh.stream_hash.lock().unwrap().add(seq, c);
+        sh.unacked.lock().unwrap().insert(
+            seq,
+            Entry {
+                frame: Arc::new(Frame { hdr, payload: out }),
+                conn: None,
+            },
+        );
+        sh.comp_stats.saw_cpu(i);
+        sh.comp_stats.chunks.fetch_add(1, Relaxed);
+        sh.comp_stats.busy_since(t0);
+        if tx.send(seq).is_err() {
+            return;
+        }
+    }
 }
 
 fn spawn(

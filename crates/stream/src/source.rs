@@ -91,7 +91,8 @@ pub fn phantom_pool(seed: u64, n: u64) -> Vec<Vec<u8>> {
     pool
 }
 
-/// Reads chunks.
+/// Reads chunks at any offset, from any number of threads at once (positional reads; the
+/// synthetic pool is only read).
 pub enum ChunkReader {
     File(File),
     Synthetic(Vec<Vec<u8>>),
@@ -99,7 +100,7 @@ pub enum ChunkReader {
 
 impl ChunkReader {
     /// Fills `out` with the bytes at `offset` (chunk `seq`); `out.len()` is the chunk's size.
-    pub fn read(&mut self, seq: u64, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+    pub fn read(&self, seq: u64, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
         match self {
             ChunkReader::File(f) => f.read_exact_at(out, offset),
             ChunkReader::Synthetic(pool) => {
@@ -132,7 +133,7 @@ pub fn write_synthetic_file(
     chunk_bytes: usize,
 ) -> std::io::Result<()> {
     let spec = SourceSpec::Synthetic { bytes, seed };
-    let mut r = spec.open()?;
+    let r = spec.open()?;
     let f = File::create(path)?;
     let mut buf = vec![0u8; chunk_bytes];
     let mut off = 0u64;
@@ -154,7 +155,7 @@ mod tests {
     /// Every chunk of a synthetic source, read with chunks of `chunk` bytes, concatenated, with
     /// the 8 tag bytes at each chunk's start zeroed.
     fn untagged(bytes: u64, chunk: usize) -> Vec<u8> {
-        let mut r = SourceSpec::Synthetic { bytes, seed: 3 }.open().unwrap();
+        let r = SourceSpec::Synthetic { bytes, seed: 3 }.open().unwrap();
         let mut all = vec![0u8; bytes as usize];
         for (seq, part) in all.chunks_mut(chunk).enumerate() {
             r.read(seq as u64, (seq * chunk) as u64, part).unwrap();
@@ -186,7 +187,7 @@ mod tests {
             whole[8..4096],
             whole[PROJECTION_BYTES + 8..PROJECTION_BYTES + 4096]
         );
-        let mut r = SourceSpec::Synthetic { bytes, seed: 3 }.open().unwrap();
+        let r = SourceSpec::Synthetic { bytes, seed: 3 }.open().unwrap();
         let mut c = vec![0u8; 4096];
         r.read(5, 5 * 4096, &mut c).unwrap();
         assert_eq!(c[..8], 5u64.to_le_bytes());

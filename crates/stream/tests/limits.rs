@@ -44,7 +44,6 @@ fn sender(to: &str, stream: u32, bytes: u64) -> SendOptions {
         chunk_bytes: 64 << 10,
         window: 4,
         queue_depth: 2,
-        read_queue_depth: 1,
         compress: Stage::os(1),
         send: Stage::os(1),
         ..SenderConfig::default()

@@ -18,7 +18,6 @@ fn sender_cfg(stream: u32, compress: usize, send: usize) -> SenderConfig {
         chunk_bytes: CHUNK,
         window: 8,
         queue_depth: 4,
-        read_queue_depth: 2,
         compress: Stage::os(compress),
         send: Stage::os(send),
         ..SenderConfig::default()
@@ -200,7 +199,6 @@ fn stress_many_small_chunks_with_faults() {
             chunk_bytes: chunk,
             window: 3 + round as usize,
             queue_depth: 2,
-            read_queue_depth: 1,
             compress: Stage::os(4),
             send: Stage::os(4),
             ..SenderConfig::default()
@@ -254,7 +252,6 @@ fn threads_and_buffers_are_where_the_config_puts_them() {
     let (a, b) = (cpus[0], *cpus.last().unwrap());
     let (addr, rx) = start_receiver(SinkSpec::Null, 1, "pinning-test-secret-0123");
     let cfg = SenderConfig {
-        read: pinned(&[a]),
         compress: pinned(&[a, b]),
         send: pinned(&[b]),
         ..sender_cfg(0, 2, 1)
@@ -270,6 +267,12 @@ fn threads_and_buffers_are_where_the_config_puts_them() {
     ))
     .unwrap();
     rx.join().unwrap().unwrap();
+    // No reader thread: the compressing threads read their own chunks, into buffers on their
+    // node (the raw buffer is among each compressor's `buffer_nodes` below).
+    let names: Vec<&str> = rep.stages.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["compress", "send"]);
+    let queues: Vec<&str> = rep.queues.iter().map(|q| q.name.as_str()).collect();
+    assert_eq!(queues, ["compress->send"]);
     for st in &rep.stages {
         for (i, seen) in st.seen.iter().enumerate() {
             let plan = st.planned_cpus[i].clone().unwrap();

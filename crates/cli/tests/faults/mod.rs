@@ -310,8 +310,8 @@ fn setup(port: u16, scale: Scale) -> Setup {
 fn send_toml(scale: Scale, stream: u32) -> String {
     let chunk = scale.chunk;
     format!(
-        "stream = {stream}\nchunk_bytes = {chunk}\nwindow = 8\nqueue_depth = 4\nread_queue_depth = 2\n\
-         [read]\ncount = 1\n[compress]\ncount = 2\n[send]\ncount = 2\n"
+        "stream = {stream}\nchunk_bytes = {chunk}\nwindow = 8\nqueue_depth = 4\n\
+         [compress]\ncount = 2\n[send]\ncount = 2\n"
     )
 }
 
