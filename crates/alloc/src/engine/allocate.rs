@@ -13,9 +13,9 @@ use super::blocks::{alloc_large, alloc_large_span, alloc_sized, realloc_large};
 use super::class_run::{alloc_class, block_start, cache_pop, pop, small_class_state};
 use super::config::{current_node, ensure_init, home, SMALL_OWN};
 use super::deallocate::free;
-use super::heap::{heap, tls_heap};
+use super::heap::{heap, tls_heap_or_none};
 use super::spans::run_at;
-use super::structs::{Large, R_CLASS, R_CLASS_ALIGNED};
+use super::structs::{Heap, Large, OWNER_ALIGNED, R_CLASS, R_CLASS_ALIGNED};
 use super::{__libc_calloc, __libc_malloc, __libc_memalign, __libc_realloc, bump, PAGE};
 use crate::classes::{class_of, LINE, MEDIUM_MAX, SMALL_MAX};
 use crate::os;
@@ -59,11 +59,13 @@ pub unsafe fn alloc(size: usize, align: usize) -> *mut u8 {
 #[inline(always)]
 pub unsafe fn alloc_small_fast(size: usize) -> *mut u8 {
     if size <= SMALL_MAX {
-        let h = tls_heap();
+        let h = tls_heap_or_none();
         // A thread with a heap has passed init (it created or adopted the heap after it). One
-        // word says "nothing pending in the bins, fast path allowed" (see `Shared::pending`).
-        // SAFETY: a non-null `h` is this thread's heap (never unmapped).
-        if !h.is_null() && unsafe { (*h).shared.pending.load(Relaxed) } == 0 {
+        // word says "nothing pending in the bins, fast path allowed" (see `Shared::pending`);
+        // a thread without a heap reads NO_HEAP's, which never allows it.
+        // SAFETY: `h` is this thread's heap (never unmapped) or NO_HEAP; `shared` is at
+        // offset 0 of either.
+        if unsafe { (*h).shared.pending.load(Relaxed) } == 0 {
             // SAFETY: size <= SMALL_MAX; `h` is this thread's heap.
             let cs = unsafe { small_class_state(h, size) };
             // SAFETY: `h` is this thread's heap, whose claim it holds.
@@ -214,6 +216,9 @@ pub(super) unsafe fn align_into(p: *mut u8, align: usize) -> *mut u8 {
                 let r = run_at(base, p as usize);
                 if (*r).state.load(Relaxed) == R_CLASS {
                     (*r).state.store(R_CLASS_ALIGNED, Relaxed);
+                    // Keeps its frees off the fast path, which compares only the owner.
+                    let o = (*r).owner.load(Relaxed) as usize;
+                    (*r).owner.store((o | OWNER_ALIGNED) as *mut Heap, Relaxed);
                 }
             }
         }

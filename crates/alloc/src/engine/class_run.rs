@@ -338,7 +338,7 @@ pub(super) unsafe fn flush_cache(h: *mut Heap, c: usize) {
     // SAFETY: `h` is a heap whose claim the caller holds, the one writer of the cache.
     let cs = unsafe { class_state(h, c) };
     let mut s = cs.cache.swap(null_mut(), Relaxed);
-    cs.cached.store(0, Relaxed);
+    let mut n = 0;
     while !s.is_null() {
         // SAFETY: a cached block is a freed block of a class run of `h`, linked through its
         // first word, which `run_free` overwrites: read the link first.
@@ -348,8 +348,10 @@ pub(super) unsafe fn flush_cache(h: *mut Heap, c: usize) {
             // run counts it in `used`) in the superblock at `base`, and its free was counted.
             unsafe { run_free(h, run_at(base, s as usize), s as usize) };
         }
+        n += 1;
         s = next;
     }
+    cs.room.set(cs.room.get() + n);
 }
 
 /// The newest block of class state `cs`'s cache, taken out of it (null when it is empty).
@@ -363,7 +365,7 @@ pub(super) unsafe fn cache_pop(cs: &ClassState) -> *mut Free {
         // SAFETY: a cached block is linked through its first word; only the claim holder
         // touches the list.
         cs.cache.store(unsafe { (*s).next }, Relaxed);
-        cs.cached.store(cs.cached.load(Relaxed) - 1, Relaxed);
+        cs.room.set(cs.room.get() + 1);
     }
     s
 }
@@ -376,22 +378,25 @@ pub(super) unsafe fn cache_pop(cs: &ClassState) -> *mut Free {
 /// first word becomes the list link).
 #[inline(always)]
 pub(super) unsafe fn cache_push(cs: &ClassState, f: *mut Free) -> bool {
-    let n = cs.cached.load(Relaxed);
-    if n < cs.cache_max {
-        // SAFETY: as above: the block's first word is free to hold the link.
-        unsafe { (*f).next = cs.cache.load(Relaxed) };
-        cs.cache.store(f, Relaxed);
-        cs.cached.store(n + 1, Relaxed);
-        return true;
+    // One decrement: its borrow (no room was left) sends the block to its run, and the
+    // room goes back to 0.
+    let (room, full) = cs.room.get().overflowing_sub(1);
+    cs.room.set(room);
+    if full {
+        cs.room.set(0);
+        return false;
     }
-    false
+    // SAFETY: as above: the block's first word is free to hold the link.
+    unsafe { (*f).next = cs.cache.load(Relaxed) };
+    cs.cache.store(f, Relaxed);
+    true
 }
 
 /// Byte offsets in a [`Heap`] of the [`ClassState`] of the small class of each size, indexed
 /// by `ceil(size / 16)` as [`small_class_of`](crate::classes::small_class_of)'s table: the
 /// fast path's class lookup and its state's address in one load (no multiplication by the
 /// class state's size).
-const fn granule_cs_offsets() -> [u16; GRANULES] {
+pub(super) const fn granule_cs_offsets() -> [u16; GRANULES] {
     let lut = build_granule_lut();
     let mut t = [0u16; GRANULES];
     let mut i = 0;
@@ -405,20 +410,18 @@ const fn granule_cs_offsets() -> [u16; GRANULES] {
     t
 }
 
-/// The state of the small class of `size` bytes in heap `h` (see [`granule_cs_offsets`]).
+/// The state of the small class of `size` bytes in heap `h`, through the heap's copy of
+/// [`granule_cs_offsets`] (`Heap::class_off`).
 ///
 /// # Safety
-/// `size <= SMALL_MAX`; `h` is a valid heap.
+/// `size <= SMALL_MAX`; `h` is a valid heap (made by `create_heap`, which fills `class_off`).
 #[inline(always)]
 pub(super) unsafe fn small_class_state<'a>(h: *mut Heap, size: usize) -> &'a ClassState {
-    // A `const`, so that its copy is addressed relative to the instruction pointer (see
-    // `small_class_of`).
-    const OFF: [u16; GRANULES] = granule_cs_offsets();
     debug_assert!(size <= SMALL_MAX);
     // SAFETY: size <= SMALL_MAX, so (size + 15) / 16 < GRANULES; the entry is the offset of a
     // class's `ClassState` inside a `Heap`, and `h` is a valid heap (contract above).
     unsafe {
-        let off = *OFF.get_unchecked((size + 15) >> 4) as usize;
+        let off = *(*h).class_off.get_unchecked((size + 15) >> 4) as usize;
         &*((h as *const u8).add(off) as *const ClassState)
     }
 }

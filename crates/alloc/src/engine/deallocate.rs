@@ -30,9 +30,9 @@ use core::sync::atomic::{
 
 use super::blocks::{free_block, free_large};
 use super::class_run::{block_start, cache_push, local_free, run_class_state, run_free};
-use super::heap::{collect, tls_heap};
+use super::heap::{collect, tls_heap, tls_heap_or_none};
 use super::spans::run_at;
-use super::structs::{push_list, Batch, Free, Heap, Outbox, Run, NBATCH, R_BLOCK, R_CLASS};
+use super::structs::{push_list, run_owner, Batch, Free, Heap, Outbox, Run, NBATCH, R_BLOCK};
 use super::{__libc_free, bump, NBINS};
 use crate::os;
 
@@ -57,28 +57,27 @@ pub unsafe fn free(p: *mut u8) {
             // SAFETY: the region is a live superblock at `base`, and the live block `p` lies
             // in one of its runs in use.
             let r = unsafe { run_at(base, p as usize) };
-            // SAFETY: `r` is the run of the live block `p`.
-            if unsafe { (*r).state.load(Relaxed) } == R_CLASS {
-                let h = tls_heap();
-                // SAFETY: as above. A class run with a live block has an owner (not null), so
-                // a thread without a heap (`h` null) fails this test too.
-                if unsafe { (*r).owner.load(Relaxed) } == h {
-                    // A cache with room takes the block instead of its run (see
-                    // `ClassState::cache`), which keeps counting it.
-                    // SAFETY: `r` is a class run of this thread's heap `h`, whose claim it
-                    // holds (so it is the one writer of the class's cache and counters, found
-                    // through `r`'s `cs_off`); `p` is the block's start, freed once (its first
-                    // word: the link); a run whose `used` drops below its `lo` is neither active
-                    // nor the spare.
-                    unsafe {
-                        let cs = run_class_state(h, r);
-                        bump(&cs.frees, 1);
-                        if !cache_push(cs, p as *mut Free) {
-                            run_free(h, r, p as usize);
-                        }
+            let h = tls_heap_or_none();
+            // SAFETY: `r` is the run of the live block `p`. Its owner equals this thread's
+            // heap only for an R_CLASS run of that heap: block runs have none, and an
+            // R_CLASS_ALIGNED run's carries the tag (`Run::owner`). A thread without a heap
+            // (`h` is NO_HEAP) fails this test too.
+            if unsafe { (*r).owner.load(Relaxed) } == h {
+                // A cache with room takes the block instead of its run (see
+                // `ClassState::cache`), which keeps counting it.
+                // SAFETY: `r` is a class run of this thread's heap `h`, whose claim it
+                // holds (so it is the one writer of the class's cache and counters, found
+                // through `r`'s `cs_off`); `p` is the block's start, freed once (its first
+                // word: the link); a run whose `used` drops below its `lo` is neither active
+                // nor the spare.
+                unsafe {
+                    let cs = run_class_state(h, r);
+                    bump(&cs.frees, 1);
+                    if !cache_push(cs, p as *mut Free) {
+                        run_free(h, r, p as usize);
                     }
-                    return;
                 }
+                return;
             }
         }
     }
@@ -119,7 +118,7 @@ pub unsafe extern "C" fn free_full(p: *mut u8) {
     let blk = unsafe { block_start(r, p as usize) };
     let h = tls_heap();
     // SAFETY: as above.
-    let owner = unsafe { (*r).owner.load(Relaxed) };
+    let owner = unsafe { run_owner(r) };
     if owner == h && !h.is_null() {
         // SAFETY: `r` is a run of this thread's heap `h`, whose claim it holds; `blk` is the
         // start of the live block, freed once.

@@ -4,17 +4,17 @@
 
 use core::ptr::null_mut;
 use core::sync::atomic::{
-    AtomicPtr, AtomicUsize,
+    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize,
     Ordering::{AcqRel, Acquire, Relaxed, SeqCst},
 };
 
-use super::class_run::{cache_max, file, flush_cache, local_free};
+use super::class_run::{cache_max, file, flush_cache, granule_cs_offsets, local_free};
 use super::config::{
     current_node, ensure_init, home, memoryless_fallback, nodemap, FAST_SMALL, KEY, MULTI_NODE,
 };
 use super::deallocate::{flush_outbox, return_batch};
 use super::spans::{node_free, run_at};
-use super::structs::{push_list, Heap, NODES};
+use super::structs::{push_list, Heap, Shared, NODES};
 use super::{bump, PAGE, SLOW};
 use crate::classes::{NCLASSES, NSMALL, SIZES};
 use crate::os;
@@ -34,20 +34,26 @@ pub(super) static ALL_HEAPS: AtomicPtr<Heap> = AtomicPtr::new(null_mut());
 /// The symbol is hidden, so every linked copy (preload library, test binaries) has its own.
 /// Initial-exec needs the module in the static TLS block: true for executables and
 /// `LD_PRELOAD` libraries; a late `dlopen` uses glibc's surplus static TLS (8 bytes here).
+///
+/// A thread without a heap finds [`NO_HEAP`] there, not null: the slot's initial value (a
+/// relocated pointer in `.tdata`, which the dynamic linker fixes before it copies the image)
+/// and what [`thread_exit`] leaves. So `malloc`'s fast path reads its heap's pending mask
+/// without testing the pointer first.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod tls_slot {
-    use super::Heap;
+    use super::{Heap, NO_HEAP};
 
     core::arch::global_asm!(
-        ".pushsection .tbss,\"awT\",@nobits",
+        ".pushsection .tdata,\"awT\",@progbits",
         ".p2align 3",
         ".globl loci_alloc_tls_heap",
         ".hidden loci_alloc_tls_heap",
         ".type loci_alloc_tls_heap,@object",
         ".size loci_alloc_tls_heap,8",
         "loci_alloc_tls_heap:",
-        ".zero 8",
+        ".quad {no_heap}",
         ".popsection",
+        no_heap = sym NO_HEAP,
     );
 
     #[inline(always)]
@@ -94,9 +100,15 @@ mod tls_slot {
         static HEAP: Cell<*mut Heap> = const { Cell::new(null_mut()) };
     }
 
+    /// The heap, or [`NO_HEAP`](super::NO_HEAP) (never null, as on x86-64 Linux).
     #[inline]
     pub(super) fn get() -> *mut Heap {
-        HEAP.with(|c| c.get())
+        let h = HEAP.with(|c| c.get());
+        if h.is_null() {
+            super::no_heap()
+        } else {
+            h
+        }
     }
 
     #[inline]
@@ -120,8 +132,9 @@ pub(super) fn create_heap(node: usize, claimed: bool) -> *mut Heap {
         (*p).shared
             .pending
             .store(if FAST_SMALL.load(Relaxed) { 0 } else { SLOW }, Relaxed);
+        (*p).class_off = granule_cs_offsets();
         for (cs, &size) in (*p).classes.iter_mut().zip(&SIZES[..NSMALL]) {
-            cs.cache_max = cache_max(size);
+            cs.room.set(cache_max(size));
         }
         (*p).shared.claim.store(claimed as u32, Relaxed);
         (*p).shared.abandoned.store(!claimed, Relaxed);
@@ -314,14 +327,45 @@ pub(super) unsafe extern "C" fn thread_exit(arg: *mut libc::c_void) {
         return;
     }
     if tls_slot::get() == h {
-        tls_slot::set(null_mut());
+        tls_slot::set(no_heap());
     }
     // SAFETY: the pthread value is this thread's heap, whose claim it holds.
     unsafe { abandon(h) };
 }
 
+/// What the heap slot of a thread without a heap points to: a [`Shared`] alone (the first
+/// field of a [`Heap`]), whose pending mask keeps `malloc` off its fast path. Nothing else of
+/// it is ever read, and it is never written.
+#[repr(C, align(4096))]
+pub(super) struct NoHeap(Shared);
+
+pub(super) static NO_HEAP: NoHeap = NoHeap(Shared {
+    pending: AtomicU64::new(SLOW),
+    claim: AtomicU32::new(1),
+    abandoned: AtomicBool::new(false),
+});
+
+/// [`NO_HEAP`] as a heap pointer (its `shared`, at offset 0, is all a reader may touch).
+#[inline(always)]
+pub(super) fn no_heap() -> *mut Heap {
+    &raw const NO_HEAP as *mut Heap
+}
+
+/// The calling thread's heap, null when it has none.
 #[inline]
 pub(super) fn tls_heap() -> *mut Heap {
+    let h = tls_slot::get();
+    if h == no_heap() {
+        null_mut()
+    } else {
+        h
+    }
+}
+
+/// The calling thread's heap, or [`NO_HEAP`] when it has none: for the fast paths, which read
+/// only its pending mask or compare its address.
+#[inline(always)]
+pub(super) fn tls_heap_or_none() -> *mut Heap {
     tls_slot::get()
 }
 

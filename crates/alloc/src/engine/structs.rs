@@ -10,7 +10,7 @@ use core::sync::atomic::{
 };
 
 use super::{NBINS, NGROUPS, UNIT};
-use crate::classes::{MEDIUM_MAX, NCLASSES};
+use crate::classes::{GRANULES, MEDIUM_MAX, NCLASSES};
 use crate::os::{self, MAX_NODES};
 
 #[repr(C)]
@@ -44,6 +44,19 @@ pub(super) const R_BLOCK: u32 = 2;
 /// like pad a block and align into it): its frees find the block start by division, on
 /// `free`'s slow path.
 pub(super) const R_CLASS_ALIGNED: u32 = 3;
+/// The tag bit of [`Run::owner`] for R_CLASS_ALIGNED runs (heaps are page aligned).
+pub(super) const OWNER_ALIGNED: usize = 1;
+
+/// The heap of class run `r` (its `owner` without the tag).
+///
+/// # Safety
+/// `r` is a valid run descriptor.
+#[inline]
+pub(super) unsafe fn run_owner(r: *mut Run) -> *mut Heap {
+    // SAFETY: `r` is valid (contract above).
+    let o = unsafe { (*r).owner.load(Relaxed) };
+    (o as usize & !OWNER_ALIGNED) as *mut Heap
+}
 pub(super) const NO_DESC: u32 = u32::MAX;
 /// Span pools per node. A superblock's free spans belong to the pool of the heap that took
 /// the superblock (heap id mod `NPOOLS`), and a heap takes spans from its own pool first,
@@ -160,7 +173,10 @@ pub(super) struct Run {
     /// active run and the spare; for a full run, `capacity + 1` less its slack (see
     /// `set_state_group`).
     pub(super) lo: u32,
-    /// The heap whose sub-allocator serves this class run (null for block and free spans).
+    /// The heap whose sub-allocator serves this class run (null for block and free spans),
+    /// with [`OWNER_ALIGNED`] set once the run is R_CLASS_ALIGNED: then no heap's address
+    /// equals it, so `free`'s fast path tells "a plain class block of my own" by this one
+    /// comparison, without reading `state`. Read the heap with [`run_owner`].
     pub(super) owner: AtomicPtr<Heap>,
     /// LIFO list of freed blocks, linked through the blocks.
     pub(super) free: *mut Free,
@@ -194,6 +210,7 @@ pub(super) struct Run {
 }
 
 const _: () = assert!(core::mem::offset_of!(Run, cs_off) < 64);
+const _: () = assert!(core::mem::offset_of!(Heap, shared) == 0);
 const _: () = assert!(core::mem::offset_of!(ClassState, requested) + 8 <= 64);
 const _: () = assert!(core::mem::size_of::<Segment>() <= os::HEADER_STEP);
 const _: () = assert!(core::mem::size_of::<Run>() == 128);
@@ -370,10 +387,12 @@ pub(super) struct ClassState {
     /// blocks the list is rarely empty when an allocation comes and rarely full when a free
     /// comes.
     pub(super) cache: AtomicPtr<Free>,
-    pub(super) cached: AtomicU32,
-    /// Room in `cache`: [`cache_max`](super::class_run::cache_max) of the class's size, set
-    /// when the heap is created (0 for the classes of spans, which never use it).
-    pub(super) cache_max: u32,
+    /// Blocks `cache` can still take: [`cache_max`](super::class_run::cache_max) of the
+    /// class's size minus those it holds, set when the heap is created (0 for the classes of
+    /// spans, which never use it). Counted down, so that a free tests for room and takes it in
+    /// one decrement whose borrow says "full". A `Cell` (only the claim holder reads or writes
+    /// it, and no statistic does), so that the decrement is one instruction on memory.
+    pub(super) room: core::cell::Cell<u32>,
     /// Bytes requested by this heap's allocations of this class (on the line an allocation
     /// touches anyway; blocks of other sizes count in [`HeapStats::requested`]).
     pub(super) requested: AtomicU64,
@@ -439,19 +458,26 @@ impl Shared {
     }
 }
 
+/// A thread heap. `shared` comes first: a thread without a heap finds
+/// [`NO_HEAP`](super::heap::NO_HEAP), a `Shared` alone, in its slot, and the fast path of
+/// `malloc` reads only that.
 #[repr(C)]
 pub(super) struct Heap {
+    pub(super) shared: Shared,
     pub(super) id: usize,
     pub(super) node: usize,
     /// The node whose memory this heap hands out: `node`, or the nearest node with memory
     /// when `node` has none.
     pub(super) mem_node: usize,
     pub(super) mismatch: u32,
+    /// The byte offset in this heap of the small class state of each size, by `ceil(size /
+    /// 16)` (the same in every heap; kept in the heap so that `malloc`'s fast path finds it
+    /// from the heap pointer it holds, with no address of a table to form first).
+    pub(super) class_off: [u16; GRANULES],
     pub(super) classes: [ClassState; NCLASSES],
     pub(super) st: HeapStats,
     pub(super) pool_next: *mut Heap,
     pub(super) all_next: *mut Heap,
-    pub(super) shared: Shared,
     pub(super) bins: [Bin; NBINS],
     /// Blocks of another heap this thread has freed and not yet handed over.
     pub(super) outbox: Outbox,
