@@ -216,3 +216,34 @@ fn bad_settings_are_named_and_the_program_runs() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// bench/alloc/paired.c (scripts/alloc-paired), the in-process paired comparison: it opens
+/// libloci_malloc.so late, beside glibc's allocator, runs both on seed 002's loop and prints a
+/// ratio for each against the first; a malformed library argument is refused with the usage.
+#[test]
+fn paired_harness_runs_loci_beside_glibc_in_one_process() {
+    let d = tmpdir("paired");
+    let exe = d.join("paired");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/alloc/paired.c");
+    let mut cc = Command::new("cc");
+    cc.args(["-O2", "-Wall", "-Werror", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .arg("-ldl");
+    run(&mut cc, false);
+    let loci = format!("{}:malloc:free", lib().display());
+    let out = run(
+        Command::new(&exe)
+            .args(["-r", "5", "-n", "20000", "-s", "12", "-t", "2"])
+            .args([loci.as_str(), "libc.so.6:__libc_malloc:__libc_free"]),
+        false,
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<&str> = text.lines().filter(|l| l.contains("time vs first")).collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    assert!(rows[0].contains("libloci_malloc.so") && rows[0].contains("time vs first: 1.000"), "{text}");
+    assert!(rows[1].starts_with("libc.so.6"), "{text}");
+    let bad = Command::new(&exe).arg("libc.so.6:__libc_malloc").output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("is not LIB:MALLOC:FREE"));
+}
