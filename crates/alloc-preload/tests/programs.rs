@@ -148,18 +148,25 @@ fn sort_of_a_large_file() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+/// The C-ABI test program, compiled once per test process: the two tests that run it would
+/// otherwise write the same file while the other executes it (`Text file busy`).
 fn build_cabi() -> PathBuf {
-    let d = tmpdir("cabi");
-    let exe = d.join("cabi");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/cabi.c");
-    // cc: the C compiler Rust links with.
-    let mut cc = Command::new("cc");
-    cc.args(["-O1", "-g", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .arg("-ldl");
-    run(&mut cc, false);
-    exe
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let d = tmpdir("cabi");
+            let exe = d.join("cabi");
+            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/cabi.c");
+            // cc: the C compiler Rust links with.
+            let mut cc = Command::new("cc");
+            cc.args(["-O1", "-g", "-pthread", "-o"])
+                .arg(&exe)
+                .arg(src)
+                .arg("-ldl");
+            run(&mut cc, false);
+            exe
+        })
+        .clone()
 }
 
 #[test]
@@ -239,11 +246,20 @@ fn paired_harness_runs_loci_beside_glibc_in_one_process() {
         false,
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    let rows: Vec<&str> = text.lines().filter(|l| l.contains("time vs first")).collect();
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("time vs first"))
+        .collect();
     assert_eq!(rows.len(), 2, "{text}");
-    assert!(rows[0].contains("libloci_malloc.so") && rows[0].contains("time vs first: 1.000"), "{text}");
+    assert!(
+        rows[0].contains("libloci_malloc.so") && rows[0].contains("time vs first: 1.000"),
+        "{text}"
+    );
     assert!(rows[1].starts_with("libc.so.6"), "{text}");
-    let bad = Command::new(&exe).arg("libc.so.6:__libc_malloc").output().unwrap();
+    let bad = Command::new(&exe)
+        .arg("libc.so.6:__libc_malloc")
+        .output()
+        .unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("is not LIB:MALLOC:FREE"));
 }
