@@ -341,6 +341,7 @@ pub(super) struct NoHeap(Shared);
 
 pub(super) static NO_HEAP: NoHeap = NoHeap(Shared {
     pending: AtomicU64::new(SLOW),
+    // Held for good: should a path ever try to claim it, it finds it taken.
     claim: AtomicU32::new(1),
     abandoned: AtomicBool::new(false),
 });
