@@ -12,12 +12,12 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use loci_stream::hash::xxh3_64;
 use loci_stream::proto::{
     frame_keys, kind, Header, Hello, Protection, ProtoError, Side, FLAG_LZ4, HEADER,
 };
 use loci_stream::recv::decode_payload;
 use loci_stream::Codec;
-use xxhash_rust::xxh3::xxh3_64;
 
 fuzz_target!(|data: &[u8]| {
     let [opts, c0, c1, t0, rest @ ..] = data else {

@@ -16,8 +16,8 @@
 use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
+use loci_stream::hash::xxh3_64;
 use loci_stream::sink::{parse_journal, Transfer};
-use xxhash_rust::xxh3::xxh3_64;
 
 const HEADER: usize = 48;
 const RECORD: usize = 24;

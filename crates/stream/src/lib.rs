@@ -11,6 +11,7 @@
 pub mod buf;
 pub mod codec;
 pub mod config;
+pub mod hash;
 pub mod phantom;
 pub mod plan;
 pub mod proto;

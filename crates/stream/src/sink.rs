@@ -57,7 +57,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+use crate::hash::{xxh3_64, Xxh3};
 
 use crate::config::Sync;
 use crate::proto::StreamHasher;

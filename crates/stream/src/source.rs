@@ -4,7 +4,7 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 
-use xxhash_rust::xxh3::xxh3_64;
+use crate::hash::xxh3_64;
 
 use crate::phantom::{Phantom, HEIGHT, PROJECTION_BYTES, WIDTH};
 

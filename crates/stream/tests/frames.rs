@@ -9,10 +9,10 @@ mod common;
 
 use common::Recv;
 use loci_stream::config::ReceiverConfig;
+use loci_stream::hash::xxh3_64;
 use loci_stream::proto::{self, kind, Header, Hello, Protection, FLAG_LZ4, HEADER};
 use loci_stream::recv::decode_payload;
 use loci_stream::{Codec, SinkSpec};
-use xxhash_rust::xxh3::xxh3_64;
 
 /// A stored (uncompressed, flags 0) DATA frame whose `comp_len` (50) is below its `raw_len` (100).
 fn short_stored_frame() -> (Header, Vec<u8>) {

@@ -70,7 +70,7 @@ mod seal;
 use std::collections::BTreeMap;
 use std::io;
 
-use xxhash_rust::xxh3::Xxh3;
+use crate::hash::Xxh3;
 
 use crate::codec::Codec;
 
@@ -314,7 +314,7 @@ pub fn to_ranges(sorted: impl IntoIterator<Item = u64>) -> Ranges {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use xxhash_rust::xxh3::xxh3_64;
+    use crate::hash::xxh3_64;
 
     #[test]
     fn limits_are_checked_before_allocation() {

@@ -3,9 +3,9 @@
 
 use std::io::Read;
 
+use crate::hash::{xxh3_128, xxh3_64};
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use aws_lc_rs::{constant_time, hkdf};
-use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
 
 use super::{kind, Header, Hello, Protection, ProtoError, FIELDS, HEADER, SEALED_EXTRA};
 

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::hash::xxh3_64;
 use crossbeam_channel::{Receiver as Rx, Sender as Tx};
-use xxhash_rust::xxh3::xxh3_64;
 
 use crate::buf::{Pool, PooledBuf};
 use crate::codec::{Codec, CodecError};
