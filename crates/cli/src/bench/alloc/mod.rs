@@ -333,6 +333,44 @@ fn best_peer<'a>(rep: &'a Report, case: &'a str) -> Option<&'a Row> {
         .min_by(|a, b| a.median_s.total_cmp(&b.median_s))
 }
 
+/// Reps an interval needs (as `loci advise`'s verdicts: a bootstrap over fewer understates the
+/// spread).
+const PAIRED_MIN_REPS: usize = crate::stats::MIN_RUNS;
+
+/// loci's throughput against `best`'s paired by rep: every rep runs each allocator once, seconds
+/// apart, so the per-rep ratio `best time / loci time` cancels the machine's drift between reps,
+/// which the ratio of the two medians above does not. The median of those ratios with its 95%
+/// bootstrap interval (the project's noise statistic, `crate::stats`) says whether this run
+/// resolves the 1.0x goal at all.
+fn paired_line(case: &str, best: &Row, loci: &Row) -> String {
+    let ratios: Vec<f64> = best
+        .times_s
+        .iter()
+        .zip(&loci.times_s)
+        .filter(|(_, l)| **l > 0.0)
+        .map(|(b, l)| b / l)
+        .collect();
+    let n = ratios.len();
+    if n < PAIRED_MIN_REPS {
+        return format!(
+            "{case}: paired by rep: {n} rep(s), too few for an interval (at least {PAIRED_MIN_REPS}; --reps)\n"
+        );
+    }
+    let m = crate::stats::median(&ratios);
+    let (lo, hi) = crate::stats::median_interval(&ratios, 0.05, 0x5eed_a110c);
+    let reading = if lo > 1.0 {
+        "loci faster, resolved by this run"
+    } else if hi < 1.0 {
+        "loci slower, resolved by this run"
+    } else {
+        "the interval holds 1.00x: this run does not resolve the goal"
+    };
+    format!(
+        "{case}: paired by rep, loci throughput {m:.2}x {}'s (95% interval {lo:.2}-{hi:.2}x over {n} reps): {reading}\n",
+        best.system
+    )
+}
+
 /// Lines that state loci's ratios against the best peer and the goals.
 pub fn goals(rep: &Report) -> String {
     if programs::is_programs(rep) {
@@ -363,6 +401,7 @@ pub fn goals(rep: &Report) -> String {
             out += &format!(" [CPU seconds: loci {l:.2}, {} {b:.2}]", best.system);
         }
         out += "\n";
+        out += &paired_line(case, best, loci);
     }
     // Threads that ran on a node without memory got memory of another node: loci's rows then
     // do not measure node-local allocation, and the user should know.
@@ -397,4 +436,78 @@ pub fn goals(rep: &Report) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(mimalloc: &[f64], loci: &[f64]) -> Report {
+        let mut rep = Report::new(
+            "alloc",
+            serde_json::json!({ "threads": 2 }),
+            Machine::default(),
+        );
+        for (name, times) in [
+            ("glibc", vec![9.0; mimalloc.len()]),
+            ("mimalloc", mimalloc.to_vec()),
+            ("loci", loci.to_vec()),
+        ] {
+            let mut row = Row::from_times(name, times).case("general");
+            row.rss_bytes = Some(140);
+            row.requested_bytes = Some(100);
+            rep.results.push(row);
+        }
+        rep
+    }
+
+    fn paired(out: &str) -> &str {
+        out.lines()
+            .find(|l| l.starts_with("general: paired by rep"))
+            .unwrap_or_else(|| panic!("{out}"))
+    }
+
+    #[test]
+    fn a_drifting_machine_is_cancelled_by_pairing() {
+        // The machine slows down 4x over the run and loci is 5% faster in every rep: every pair
+        // says 1.05, so the interval is that point and the run resolves it.
+        let mi = [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0];
+        let lo: Vec<f64> = mi.iter().map(|t| t / 1.05).collect();
+        let out = goals(&report(&mi, &lo));
+        assert!(
+            out.contains("general: loci throughput 1.05x of the best peer (mimalloc)"),
+            "{out}"
+        );
+        let line = paired(&out);
+        assert!(
+            line.contains("loci throughput 1.05x mimalloc's (95% interval 1.05-1.05x over 7 reps)"),
+            "{line}"
+        );
+        assert!(
+            line.ends_with("loci faster, resolved by this run"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn noise_around_one_is_not_resolved_and_few_reps_get_no_interval() {
+        let mi = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+        let lo = [0.9, 1.1, 0.95, 1.05, 0.92, 1.08];
+        let line = paired(&goals(&report(&mi, &lo))).to_string();
+        assert!(
+            line.ends_with("this run does not resolve the goal"),
+            "{line}"
+        );
+        let slow = [1.2, 1.25, 1.3, 1.2, 1.22];
+        let line = paired(&goals(&report(&mi[..5], &slow))).to_string();
+        assert!(
+            line.ends_with("loci slower, resolved by this run"),
+            "{line}"
+        );
+        let line = paired(&goals(&report(&mi[..3], &lo[..3]))).to_string();
+        assert!(
+            line.contains("3 rep(s), too few for an interval (at least 5"),
+            "{line}"
+        );
+    }
 }
