@@ -333,10 +333,6 @@ fn best_peer<'a>(rep: &'a Report, case: &'a str) -> Option<&'a Row> {
         .min_by(|a, b| a.median_s.total_cmp(&b.median_s))
 }
 
-/// Reps an interval needs (as `loci advise`'s verdicts: a bootstrap over fewer understates the
-/// spread).
-const PAIRED_MIN_REPS: usize = crate::stats::MIN_RUNS;
-
 /// loci's throughput against `best`'s paired by rep: every rep runs each allocator once, seconds
 /// apart, so the per-rep ratio `best time / loci time` cancels the machine's drift between reps,
 /// which the ratio of the two medians above does not. The median of those ratios with its 95%
@@ -351,9 +347,11 @@ fn paired_line(case: &str, best: &Row, loci: &Row) -> String {
         .map(|(b, l)| b / l)
         .collect();
     let n = ratios.len();
-    if n < PAIRED_MIN_REPS {
+    // As for `loci advise`'s verdicts: a bootstrap over fewer pairs understates the spread.
+    let min = crate::stats::MIN_RUNS;
+    if n < min {
         return format!(
-            "{case}: paired by rep: {n} rep(s), too few for an interval (at least {PAIRED_MIN_REPS}; --reps)\n"
+            "{case}: paired by rep: {n} rep(s), too few for an interval (at least {min}; --reps)\n"
         );
     }
     let m = crate::stats::median(&ratios);
