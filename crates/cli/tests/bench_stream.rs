@@ -1,6 +1,7 @@
 //! `loci bench stream` end to end at a tiny size: every default peer gives an end-to-end row
 //! (or says why it did not run), each `--bind` a loci row, every row carries cpu-seconds per GB
-//! and its fraction of the machine limit, and the limit is printed with its parts; the
+//! and its fraction of the machine limit, loci's rows their CPU per stage of both sides, and the
+//! limit is printed with its parts; the
 //! frame-protection comparison runs
 //! loci in all three modes (checksum, auth, encrypt), each with positive goodput and a verified
 //! stream, and states a verdict for each goal.
@@ -107,6 +108,22 @@ fn tiny_run_reports_every_peer_the_limit_and_cpu_per_gb() {
         .map(|r| r["config"]["placement"].as_str().unwrap())
         .collect();
     assert_eq!(placements, ["plan", "plan@cpu"], "{out}");
+    // Each loci row says where its CPU went, stage by stage, on both sides.
+    for r in e2e.iter().filter(|r| r["system"] == "loci") {
+        let st = r["extra"]["stage_cpu_s_per_gb"].as_object().unwrap();
+        let names: Vec<&str> = st.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            ["commit", "compress", "decompress", "recv", "send"],
+            "{r}"
+        );
+        assert!(st.values().all(|v| v.as_f64().unwrap() > 0.0), "{r}");
+    }
+    assert!(
+        out.contains("loci plan: cpu-s per raw GB by stage (median of runs): compress "),
+        "{out}"
+    );
+    assert!(out.contains("the limit's work "), "{out}");
     assert_eq!(v["params"]["bind"], serde_json::json!(["node", "cpu"]));
     assert!(out.contains("goal loci plan@cpu: at least 0.90"), "{out}");
     let par = e2e.iter().find(|r| r["system"] == "lz4-nc-par").unwrap();

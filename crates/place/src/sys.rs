@@ -391,9 +391,53 @@ pub fn current_cpu() -> io::Result<u32> {
     check(r as libc::c_long).map(|v| v as u32)
 }
 
+/// CPU seconds (user + system) the calling thread has used, to the nanosecond
+/// (`CLOCK_THREAD_CPUTIME_ID`); 0 when unreadable. For spans of a few milliseconds too:
+/// `getrusage(RUSAGE_THREAD)` is split by scheduler ticks and can read 0 for them.
+pub fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thread_cpu_time_counts_this_threads_work_only() {
+        let c0 = thread_cpu_seconds();
+        let mut x = 0u64;
+        for i in 0..2_000_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
+        // A pass of about a millisecond: the thread clock sees it.
+        let spent = thread_cpu_seconds() - c0;
+        assert!(spent > 0.0, "{spent}");
+        // Another thread's work is not this thread's.
+        let c1 = thread_cpu_seconds();
+        let other = std::thread::spawn(|| {
+            let t0 = thread_cpu_seconds();
+            let mut y = 0u64;
+            for i in 0..20_000_000u64 {
+                y = std::hint::black_box(y.wrapping_mul(31).wrapping_add(i));
+            }
+            thread_cpu_seconds() - t0
+        })
+        .join()
+        .unwrap();
+        assert!(other > 0.0);
+        assert!(
+            thread_cpu_seconds() - c1 < other,
+            "a join costs less than the work joined"
+        );
+    }
 
     #[test]
     fn masks_roundtrip() {

@@ -8,6 +8,7 @@ use common::{send_options as opts, Recv, Reports};
 use loci_stream::config::{ReceiverConfig, SenderConfig, Stage};
 use loci_stream::recv::MEMORY;
 use loci_stream::source::SourceSpec;
+use loci_stream::stats::StageReport;
 use loci_stream::SinkSpec;
 
 const CHUNK: usize = 1 << 20;
@@ -293,6 +294,59 @@ fn threads_and_buffers_are_where_the_config_puts_them() {
             }
         }
     }
+}
+
+/// User + system CPU seconds of this whole process so far.
+fn process_cpu_s() -> f64 {
+    // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid, writable rusage.
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) }, 0);
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// Every stage of both sides reports the CPU time its threads used, counted after each piece of
+/// work: above 0 for every stage, compression the largest of the sender's, and all of them
+/// together within what the whole process used meanwhile (both sides run in this process; other
+/// tests' threads only add to the process's figure). A stage charged its threads' whole CPU time
+/// again at every chunk would be far above it.
+#[test]
+fn every_stage_reports_its_threads_cpu_time() {
+    let secret = "cpu-time-test-secret-0123";
+    let (addr, rx) = start_receiver(SinkSpec::Null, 1, secret);
+    let before = process_cpu_s();
+    let rep = loci_stream::send(opts(
+        &addr,
+        sender_cfg(0, 2, 1),
+        SourceSpec::Synthetic {
+            bytes: 24 * CHUNK as u64,
+            seed: 5,
+        },
+        secret,
+    ))
+    .unwrap();
+    let recv = rx.join().unwrap().unwrap();
+    let spent = process_cpu_s() - before;
+    assert!(rep.verified && recv[0].verified);
+    let stages: Vec<&StageReport> = rep.stages.iter().chain(&recv[0].stages).collect();
+    let names: Vec<&str> = stages.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["compress", "send", "recv", "decompress", "commit"]);
+    for s in &stages {
+        assert!(s.cpu_s > 0.0, "{}: {}", s.name, s.cpu_s);
+        assert!(s.cpu_s_per_gb(rep.raw_bytes) > 0.0, "{}", s.name);
+    }
+    assert!(
+        rep.stages[0].cpu_s > rep.stages[1].cpu_s,
+        "compressing costs more than sending: {:?}",
+        rep.stages
+    );
+    let total: f64 = stages.iter().map(|s| s.cpu_s).sum();
+    assert!(
+        total <= spent + 0.05,
+        "stages {total:.3} cpu-s, the whole process {spent:.3}"
+    );
+    assert!(rep.text().contains("s per raw GB"), "{}", rep.text());
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::time::Instant;
 use loci_report::{median, Report, Row};
 use loci_stream::Codec;
 
-use crate::bench::common::thread_cpu_seconds;
+use loci_place::sys::thread_cpu_seconds;
 
 /// The machine limit's inputs: cpu-seconds per GB of each unavoidable part, on one core.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -1,5 +1,6 @@
 //! One run of loci's pipeline over loopback: the receiver a child process, the sender here.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -11,6 +12,17 @@ use loci_stream::{Faults, SendOptions, SourceSpec};
 
 use super::{free_port, listening};
 
+/// One run of [`loci_once`].
+pub(super) struct LociRun {
+    /// From the sender's start to the receiver's confirmation of the whole-stream checksum.
+    pub(super) secs: f64,
+    /// The sender's report.
+    pub(super) report: loci_stream::StreamReport,
+    /// CPU seconds of every stage of both sides, by stage name (compress, send: the sender's;
+    /// recv, decompress, commit: the receiver's, from its `--json` report).
+    pub(super) stage_cpu_s: BTreeMap<String, f64>,
+}
+
 /// loci over loopback into a discarding sink; seconds from the sender's start to the receiver's
 /// confirmation of the whole-stream checksum. The receiver is its own process (`loci stream recv`,
 /// this binary), as on a real gateway and as the peers' `nc -l | lz4 -d` is: in one process, the
@@ -21,7 +33,7 @@ pub(super) fn loci_once(
     p: &loci_stream::plan::StreamPlan,
     pinned: bool,
     protection: Protection,
-) -> anyhow::Result<(f64, loci_stream::StreamReport)> {
+) -> anyhow::Result<LociRun> {
     let secret = "loci-bench-stream-secret";
     let mut rcfg = if pinned {
         p.receiver.clone()
@@ -56,12 +68,12 @@ pub(super) fn loci_once(
     let addr = format!("127.0.0.1:{port}");
     let mut recv = Command::new(std::env::current_exe()?)
         .args([
-            "stream", "recv", "--listen", &addr, "--sink", "null", "--config",
+            "stream", "recv", "--listen", &addr, "--sink", "null", "--json", "--config",
         ])
         .arg(&rpath)
         .env("LOCI_STREAM_SECRET", secret)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .context("starting the receiver (`loci stream recv`)")?;
@@ -106,5 +118,42 @@ pub(super) fn loci_once(
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    Ok((secs, rep))
+    let mut stage_cpu_s: BTreeMap<String, f64> = rep
+        .stages
+        .iter()
+        .map(|s| (s.name.clone(), s.cpu_s))
+        .collect();
+    stage_cpu_s.extend(receiver_stage_cpu(&out.stdout)?);
+    Ok(LociRun {
+        secs,
+        report: rep,
+        stage_cpu_s,
+    })
+}
+
+/// The stages' CPU seconds in what `loci stream recv --json` printed: a JSON array with one
+/// report (this bench's receiver serves one stream).
+fn receiver_stage_cpu(stdout: &[u8]) -> anyhow::Result<Vec<(String, f64)>> {
+    let v: serde_json::Value = serde_json::from_slice(stdout).with_context(|| {
+        format!(
+            "the receiver's --json report: {:?}",
+            String::from_utf8_lossy(stdout)
+        )
+    })?;
+    let stages = v
+        .get(0)
+        .and_then(|r| r.get("stages"))
+        .and_then(|s| s.as_array())
+        .context("the receiver's --json report has no stages")?;
+    stages
+        .iter()
+        .map(|s| {
+            let name = s.get("name").and_then(|n| n.as_str());
+            let cpu = s.get("cpu_s").and_then(|c| c.as_f64());
+            match (name, cpu) {
+                (Some(n), Some(c)) => Ok((n.to_string(), c)),
+                _ => anyhow::bail!("a receiver stage without name or cpu_s: {s}"),
+            }
+        })
+        .collect()
 }

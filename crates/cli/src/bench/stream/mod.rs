@@ -30,6 +30,8 @@
 //! Files: `limit` (the machine limit's measurements), `loci` (one loci run), `peers` (the shell
 //! pipelines), `protection` (the protection comparison), `summary` (the printed headline).
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use anyhow::bail;
 use clap::Args;
 use loci_report::{Machine, Report, Row};
@@ -217,6 +219,8 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
     systems.extend(a.peers.iter().cloned());
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
     let mut last: Vec<Option<loci_stream::StreamReport>> = vec![None; systems.len()];
+    // loci's runs: CPU seconds of each stage of both sides, per run.
+    let mut stage_cpu: Vec<Vec<BTreeMap<String, f64>>> = vec![Vec::new(); systems.len()];
     // CPU seconds (user + system) per run: loci's sender in this process and its receiver child;
     // the peers' in their children (and, for lz4-nc-par, the threads here that feed the slices).
     let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
@@ -237,9 +241,10 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
                     let pinned = loci != "loci os";
                     // The plan rows come first in `systems`, in `--bind` order.
                     let p = if pinned { &plans[i] } else { p };
-                    let (t, r) = loci_once(&data, p, pinned, Protection::default())?;
-                    last[i] = Some(r);
-                    t
+                    let run = loci_once(&data, p, pinned, Protection::default())?;
+                    last[i] = Some(run.report);
+                    stage_cpu[i].push(run.stage_cpu_s);
+                    run.secs
                 }
                 peer => peer_once(peer, &data, bytes, cores, dir.path())?,
             };
@@ -249,7 +254,14 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
             fractions[i].push(bytes as f64 / t / limit_bps);
         }
     }
-    for ((((sys, t), r), c), fr) in systems.iter().zip(times).zip(last).zip(cpu).zip(fractions) {
+    for (((((sys, t), r), c), fr), sc) in systems
+        .iter()
+        .zip(times)
+        .zip(last)
+        .zip(cpu)
+        .zip(fractions)
+        .zip(stage_cpu)
+    {
         let cpu_median = loci_report::median(&c).expect("at least one rep");
         let row = match sys.strip_prefix("loci ") {
             Some(placement) => {
@@ -265,8 +277,9 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
                         r.stages
                             .iter()
                             .map(|s| (s.name.clone(), s.busy_share))
-                            .collect::<std::collections::BTreeMap<_, _>>(),
+                            .collect::<BTreeMap<_, _>>(),
                     )
+                    .extra("stage_cpu_s_per_gb", stage_medians_per_gb(&sc, bytes))
             }
             None => {
                 let row = Row::from_times(sys, t);
@@ -299,6 +312,22 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
 }
 
 /// A loopback TCP port free at the time of the call.
+/// Per stage, the median over runs of its CPU seconds per raw GB (10^9 bytes of `bytes`).
+fn stage_medians_per_gb(runs: &[BTreeMap<String, f64>], bytes: u64) -> BTreeMap<String, f64> {
+    let names: BTreeSet<&String> = runs.iter().flat_map(|r| r.keys()).collect();
+    names
+        .into_iter()
+        .map(|n| {
+            let v: Vec<f64> = runs
+                .iter()
+                .filter_map(|r| r.get(n))
+                .map(|c| c * 1e9 / bytes as f64)
+                .collect();
+            (n.clone(), loci_report::median(&v).unwrap_or(f64::NAN))
+        })
+        .collect()
+}
+
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?

@@ -64,7 +64,8 @@ pub(super) fn protection_rows(
         for k in 0..n {
             let m = (round + k) % n;
             let c0 = cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN);
-            let (t, r) = loci_once(data, p, true, modes[m])?;
+            let run = loci_once(data, p, true, modes[m])?;
+            let (t, r) = (run.secs, run.report);
             cpu[m].push(cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN) - c0);
             anyhow::ensure!(
                 r.verified,

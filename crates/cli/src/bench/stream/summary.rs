@@ -54,6 +54,10 @@ pub(super) fn summary(rep: &Report, not_run: &[(String, String)], full_bytes: u6
     for (p, why) in not_run {
         out += &format!("  {p}: not run: {why}\n");
     }
+    let limit = rep.rows_of(Some("machine-limit")).next();
+    for r in rows.iter().filter(|r| r.system == "loci") {
+        out += &stage_line(r, limit);
+    }
     for r in rows.iter().filter(|r| r.system == "loci") {
         let frac = f(r, "fraction_of_limit");
         out += &format!(
@@ -72,6 +76,44 @@ pub(super) fn summary(rep: &Report, not_run: &[(String, String)], full_bytes: u6
         }
     }
     out + &protection_summary(rep, full_bytes)
+}
+
+/// Where a loci row's CPU went, stage by stage (sender, then receiver), against the limit's
+/// parts: the codec's stages carry their LZ4 work plus reading, hashing and framing, the others
+/// the TCP work and the hand-offs. Empty when the row has no stage figures.
+fn stage_line(r: &Row, limit: Option<&Row>) -> String {
+    let Some(st) = r
+        .extra
+        .get("stage_cpu_s_per_gb")
+        .and_then(|v| v.as_object())
+    else {
+        return String::new();
+    };
+    let order = ["compress", "send", "recv", "decompress", "commit"];
+    let mut names: Vec<&String> = st.keys().collect();
+    names.sort_by_key(|n| order.iter().position(|o| o == n).unwrap_or(order.len()));
+    let cell = |n: &String| st[n].as_f64().unwrap_or(f64::NAN);
+    let parts: Vec<String> = names
+        .iter()
+        .map(|n| format!("{n} {:.3}", cell(n)))
+        .collect();
+    let total: f64 = names.iter().map(|n| cell(n)).sum();
+    let mut out = format!(
+        "{}: cpu-s per raw GB by stage (median of runs): {}; all stages {total:.3}",
+        r.label(),
+        parts.join(", ")
+    );
+    if let Some(l) = limit {
+        let f = |k: &str| l.extra.get(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
+        out += &format!(
+            "; the limit's work {:.3} (LZ4 compress {:.3}, decompress {:.3}, TCP {:.3})",
+            f("cpu_s_per_gb"),
+            f("compress_cpu_s_per_gb"),
+            f("decompress_cpu_s_per_gb"),
+            f("tcp_cpu_s_per_wire_gb") / f("compression_ratio"),
+        );
+    }
+    out + "\n"
 }
 
 /// The protection rows as a table (goodput and cpu-s/GB, each against checksum) and the goals'
