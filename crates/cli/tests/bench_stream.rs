@@ -200,6 +200,9 @@ fn protection_comparison_runs_all_three_modes_verified() {
             "{r}"
         );
         assert!(r["extra"]["cpu_vs_checksum"].as_f64().unwrap() > 0.0, "{r}");
+        let st = r["extra"]["stage_cpu_s_per_gb"].as_object().unwrap();
+        assert_eq!(st.len(), 5, "every stage of both sides: {r}");
+        assert!(st.values().all(|v| v.as_f64().unwrap() > 0.0), "{r}");
         let per_round = r["extra"]["cpu_s_per_round"].as_array().unwrap();
         assert_eq!(per_round.len(), 2, "{r}");
         // Each run against the limit measured just before its round; the row's figure is their

@@ -313,7 +313,10 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
 
 /// A loopback TCP port free at the time of the call.
 /// Per stage, the median over runs of its CPU seconds per raw GB (10^9 bytes of `bytes`).
-fn stage_medians_per_gb(runs: &[BTreeMap<String, f64>], bytes: u64) -> BTreeMap<String, f64> {
+pub(super) fn stage_medians_per_gb(
+    runs: &[BTreeMap<String, f64>],
+    bytes: u64,
+) -> BTreeMap<String, f64> {
     let names: BTreeSet<&String> = runs.iter().flat_map(|r| r.keys()).collect();
     names
         .into_iter()

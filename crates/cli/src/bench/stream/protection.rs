@@ -1,6 +1,7 @@
 //! Frame protection compared: loci with the plan once per protection mode, the modes' order
 //! rotated every round, each mode set against checksum-only and its goal.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::bail;
@@ -10,6 +11,7 @@ use loci_stream::proto::Protection;
 use super::cpu_seconds;
 use super::limit::Probe;
 use super::loci::loci_once;
+use super::stage_medians_per_gb;
 
 /// Every frame protection, weakest first (the order of the comparison's rows).
 const PROTECTIONS: [Protection; 3] = [Protection::Checksum, Protection::Auth, Protection::Encrypt];
@@ -58,6 +60,7 @@ pub(super) fn protection_rows(
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut last: Vec<Option<loci_stream::StreamReport>> = vec![None; n];
+    let mut stage_cpu: Vec<Vec<BTreeMap<String, f64>>> = vec![Vec::new(); n];
     let mut fractions: Vec<Vec<f64>> = vec![Vec::new(); n];
     for round in 0..reps {
         let limit_bps = probe.measure()?;
@@ -66,6 +69,7 @@ pub(super) fn protection_rows(
             let c0 = cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN);
             let run = loci_once(data, p, true, modes[m])?;
             let (t, r) = (run.secs, run.report);
+            stage_cpu[m].push(run.stage_cpu_s);
             cpu[m].push(cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN) - c0);
             anyhow::ensure!(
                 r.verified,
@@ -102,7 +106,11 @@ pub(super) fn protection_rows(
             .extra("fraction_of_limit_per_round", &fractions[m])
             .extra("wire_bytes", r.wire_bytes)
             .extra("compression_ratio", r.compression_ratio)
-            .extra("bottleneck", &r.bottleneck);
+            .extra("bottleneck", &r.bottleneck)
+            .extra(
+                "stage_cpu_s_per_gb",
+                stage_medians_per_gb(&stage_cpu[m], bytes),
+            );
         if let Some(b) = base {
             // Goodput ratio: the checksum mode's time over this mode's (same bytes), of the
             // medians and, to show the spread, round by round.
