@@ -1,6 +1,6 @@
 //! One run of loci's pipeline over loopback: the receiver a child process, the sender here.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -154,6 +154,25 @@ fn receiver_stage_cpu(stdout: &[u8]) -> anyhow::Result<Vec<(String, f64)>> {
                 (Some(n), Some(c)) => Ok((n.to_string(), c)),
                 _ => anyhow::bail!("a receiver stage without name or cpu_s: {s}"),
             }
+        })
+        .collect()
+}
+
+/// Per stage, the median over runs of its CPU seconds per raw GB (10^9 bytes of `bytes`).
+pub(super) fn stage_medians_per_gb(
+    runs: &[BTreeMap<String, f64>],
+    bytes: u64,
+) -> BTreeMap<String, f64> {
+    let names: BTreeSet<&String> = runs.iter().flat_map(|r| r.keys()).collect();
+    names
+        .into_iter()
+        .map(|n| {
+            let v: Vec<f64> = runs
+                .iter()
+                .filter_map(|r| r.get(n))
+                .map(|c| c * 1e9 / bytes as f64)
+                .collect();
+            (n.clone(), loci_report::median(&v).unwrap_or(f64::NAN))
         })
         .collect()
 }

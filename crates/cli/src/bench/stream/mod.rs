@@ -30,7 +30,7 @@
 //! Files: `limit` (the machine limit's measurements), `loci` (one loci run), `peers` (the shell
 //! pipelines), `protection` (the protection comparison), `summary` (the printed headline).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use anyhow::bail;
 use clap::Args;
@@ -48,7 +48,7 @@ mod protection;
 mod summary;
 
 use limit::{codec_rows, Probe, Sample};
-use loci::loci_once;
+use loci::{loci_once, stage_medians_per_gb};
 use peers::{lz4_threads_missing, peer_once};
 use protection::{protection_modes, protection_rows};
 use summary::summary;
@@ -312,25 +312,6 @@ pub fn run(mut a: StreamArgs) -> anyhow::Result<Report> {
 }
 
 /// A loopback TCP port free at the time of the call.
-/// Per stage, the median over runs of its CPU seconds per raw GB (10^9 bytes of `bytes`).
-pub(super) fn stage_medians_per_gb(
-    runs: &[BTreeMap<String, f64>],
-    bytes: u64,
-) -> BTreeMap<String, f64> {
-    let names: BTreeSet<&String> = runs.iter().flat_map(|r| r.keys()).collect();
-    names
-        .into_iter()
-        .map(|n| {
-            let v: Vec<f64> = runs
-                .iter()
-                .filter_map(|r| r.get(n))
-                .map(|c| c * 1e9 / bytes as f64)
-                .collect();
-            (n.clone(), loci_report::median(&v).unwrap_or(f64::NAN))
-        })
-        .collect()
-}
-
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?

@@ -10,8 +10,7 @@ use loci_stream::proto::Protection;
 
 use super::cpu_seconds;
 use super::limit::Probe;
-use super::loci::loci_once;
-use super::stage_medians_per_gb;
+use super::loci::{loci_once, stage_medians_per_gb};
 
 /// Every frame protection, weakest first (the order of the comparison's rows).
 const PROTECTIONS: [Protection; 3] = [Protection::Checksum, Protection::Auth, Protection::Encrypt];
