@@ -29,6 +29,9 @@ pub struct Faults {
     pub corrupt: BTreeSet<u64>,
     /// Flip one header byte (framing lost: the connection is dropped) on the first transmission.
     pub corrupt_header: BTreeSet<u64>,
+    /// Record a wrong hash of the raw bytes for these chunks, as if their bytes had changed
+    /// between compressing and hashing: every transmission is NACKed.
+    pub wrong_hash: BTreeSet<u64>,
     /// Wait this long before the first transmission of every chunk (slows a test stream down so
     /// that a process can be killed in the middle of it).
     pub delay: Duration,
@@ -87,7 +90,12 @@ struct Entry {
     frame: Arc<Frame>,
     /// Connection it was last written to (None: waiting to be (re)sent).
     conn: Option<u64>,
+    /// NACKs it got: the receiver decoded it to bytes that fail its hash.
+    nacks: u32,
 }
+
+/// NACKs of one chunk after which the sender gives up: resending the same frame cannot help.
+const MAX_NACKS: u32 = 8;
 
 struct Shared {
     opts: SendOptions,
@@ -345,7 +353,8 @@ fn send_pass(opts: SendOptions, session: u64) -> Result<StreamReport, SendError>
     let mut handles = Vec::new();
     // Compressing threads. Each takes the next chunk number and reads that chunk itself, as seed
     // 001's compressor threads "successively fetch sequential data chunks": no reader thread
-    // hands raw chunks over, so a raw chunk is read into a buffer on its compressor's node and is
+    // hands raw chunks over: a file's chunk is compressed and hashed straight from its mapping
+    // (the page cache), any other source's is read into a buffer on the compressor's node and is
     // still in that core's cache when it is compressed and hashed.
     let reader = Arc::new(
         sh.opts
@@ -484,7 +493,8 @@ fn compress_chunks(sh: &Shared, i: usize, reader: &ChunkReader, claim: &Claim, t
     let total_bytes = sh.hello.total_bytes;
     let codec = sh.opts.config.codec;
     let node = sh.comp_stats.buffer_node(i);
-    // One raw buffer, reused for every chunk: it is free again once its chunk is compressed.
+    // One raw buffer, reused for every chunk that is copied (a mapped file's only after it
+    // changed): it is free again once its chunk is compressed.
     let raw_pool = Pool::new(chunk as usize, node, 1);
     // Frames live until acknowledged: up to the whole window can be out.
     // Sized for LZ4's worst case, filled about half: pages fault in as written.
@@ -506,53 +516,63 @@ fn compress_chunks(sh: &Shared, i: usize, reader: &ChunkReader, claim: &Claim, t
         }
         let t0 = Instant::now();
         let off = seq * chunk;
-        let mut raw = match raw_pool.get() {
-            Ok(b) => b,
-            Err(e) => return sh.fail(SendError::Fatal(format!("buffer: {e}"))),
+        let len = (total_bytes - off).min(chunk) as usize;
+        // The chunk's bytes are borrowed from the mapped file, or read into this thread's raw
+        // buffer (on its node), free again once the chunk is compressed.
+        let raw = || {
+            let b = raw_pool.get()?;
+            if first {
+                sh.comp_stats.saw_buffer(i, &b);
+                first = false;
+            }
+            Ok(b)
         };
-        if first {
-            sh.comp_stats.saw_buffer(i, &raw);
-            first = false;
-        }
-        raw.set_len((total_bytes - off).min(chunk) as usize);
-        if let Err(e) = reader.read(seq, off, &mut raw) {
-            return sh.fail(SendError::Source(format!("reading chunk {seq}: {e}")));
-        }
+        let reading = |e| SendError::Source(format!("reading chunk {seq}: {e}"));
         if held {
             // The receiver holds it already: only its hash, for the whole-stream checksum.
-            sh.stream_hash.lock().unwrap().add(seq, xxh3_64(&raw));
+            match reader.with_chunk(seq, off, len, raw, xxh3_64) {
+                Ok(h) => sh.stream_hash.lock().unwrap().add(seq, h),
+                Err(e) => return sh.fail(reading(e)),
+            }
             sh.comp_stats.busy_since(t0);
             continue;
         }
-        let mut out = match pool.get() {
-            Ok(b) => b,
-            Err(e) => return sh.fail(SendError::Fatal(format!("buffer: {e}"))),
+        let encoded = reader.with_chunk(seq, off, len, raw, |src| {
+            let mut out = pool.get()?;
+            let (flags, n) = match codec.compress(src, out.spare()) {
+                Ok(n) if n < src.len() => (proto::FLAG_LZ4, n),
+                _ => {
+                    out.spare()[..src.len()].copy_from_slice(src);
+                    (0, src.len())
+                }
+            };
+            out.set_len(n);
+            Ok::<_, std::io::Error>((out, flags, xxh3_64(src)))
+        });
+        let (out, flags, mut c) = match encoded {
+            Ok(Ok(e)) => e,
+            Ok(Err(e)) => return sh.fail(SendError::Fatal(format!("buffer: {e}"))),
+            Err(e) => return sh.fail(reading(e)),
         };
-        let (flags, n) = match codec.compress(&raw, out.spare()) {
-            Ok(n) if n < raw.len() => (proto::FLAG_LZ4, n),
-            _ => {
-                out.spare()[..raw.len()].copy_from_slice(&raw);
-                (0, raw.len())
-            }
-        };
-        out.set_len(n);
-        let c = xxh3_64(&raw);
+        if sh.opts.faults.wrong_hash.contains(&seq) {
+            c ^= 1;
+        }
         let hdr = Header {
             kind: kind::DATA,
             flags,
-            raw_len: raw.len() as u32,
-            comp_len: n as u32,
+            raw_len: len as u32,
+            comp_len: out.len() as u32,
             a: seq,
             b: 0, // set when sealed: a checksum, or nothing when the tag covers it
             c,
         };
-        drop(raw);
         sh.stream_hash.lock().unwrap().add(seq, c);
         sh.unacked.lock().unwrap().insert(
             seq,
             Entry {
                 frame: Arc::new(Frame { hdr, payload: out }),
                 conn: None,
+                nacks: 0,
             },
         );
         sh.comp_stats.saw_cpu(i);
@@ -641,6 +661,17 @@ fn ack_loop(sh: Arc<Shared>, conn: u64, s: TcpStream, mut open: Opener, dead: Ar
                 sh.nacks.fetch_add(1, Relaxed);
                 let mut u = sh.unacked.lock().unwrap();
                 if let Some(e) = u.get_mut(&h.a) {
+                    e.nacks += 1;
+                    if e.nacks >= MAX_NACKS {
+                        drop(u);
+                        sh.fail(SendError::Source(format!(
+                            "chunk {} failed its checksum at the receiver {MAX_NACKS} times: its \
+                             bytes change while they are read (the source written through a \
+                             mapping during the send?) or memory on one side is failing",
+                            h.a
+                        )));
+                        continue;
+                    }
                     e.conn = None;
                     let _ = sh.resend_tx.send(h.a);
                 }

@@ -167,6 +167,71 @@ fn file_source_into_file_sink_and_two_streams_at_once() {
     );
 }
 
+/// A source file that another program cuts short while it streams (mapped by the sender): the
+/// sender stops with an error that names the file and both sizes, the receiver confirms nothing,
+/// and no signal ends the process.
+#[test]
+fn a_source_file_cut_short_during_the_send_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("in.raw");
+    let bytes = 40 * CHUNK as u64;
+    loci_stream::source::write_synthetic_file(&src, bytes, 5, CHUNK).unwrap();
+    let (addr, rx) = start_receiver(SinkSpec::Null, 1, "cut-short-secret-0123456");
+    let mut o = opts(
+        &addr,
+        SenderConfig {
+            window: 2,
+            ..sender_cfg(0, 2, 1)
+        },
+        SourceSpec::File(src.clone()),
+        "cut-short-secret-0123456",
+    );
+    // 40 chunks at 20 ms each: the cut comes while most are still to be read.
+    o.faults.delay = Duration::from_millis(20);
+    let sender = std::thread::spawn(move || loci_stream::send(o));
+    std::thread::sleep(Duration::from_millis(150));
+    std::fs::File::options()
+        .write(true)
+        .open(&src)
+        .unwrap()
+        .set_len(3 * CHUNK as u64)
+        .unwrap();
+    let e = sender.join().unwrap().unwrap_err().to_string();
+    assert!(
+        e.contains("shrank")
+            && e.contains(&src.display().to_string())
+            && e.contains(&format!("it had {bytes} bytes, now {}", 3 * CHUNK)),
+        "{e}"
+    );
+    if rx.is_finished() {
+        let reps = rx.join().unwrap();
+        assert!(reps.iter().flatten().all(|r| !r.verified), "{reps:?}");
+    }
+}
+
+/// A chunk whose frame decodes to bytes that fail its hash every time (as when the source is
+/// written through a mapping while it is read): resending the same frame cannot help, so the
+/// sender gives up after 8 NACKs with an error that says so, instead of resending forever.
+#[test]
+fn a_chunk_nacked_again_and_again_ends_the_send_with_an_error() {
+    let (addr, _rx) = start_receiver(SinkSpec::Null, 1, "nacked-again-secret-0123");
+    let mut o = opts(
+        &addr,
+        sender_cfg(0, 1, 1),
+        SourceSpec::Synthetic {
+            bytes: 4 * CHUNK as u64,
+            seed: 2,
+        },
+        "nacked-again-secret-0123",
+    );
+    o.faults.wrong_hash.insert(2);
+    let e = loci_stream::send(o).unwrap_err().to_string();
+    assert!(
+        e.contains("chunk 2 failed its checksum at the receiver 8 times"),
+        "{e}"
+    );
+}
+
 #[test]
 fn a_sender_without_the_secret_is_refused_clearly() {
     let (addr, _rx) = start_receiver(SinkSpec::Null, 1, "the-right-secret-0123456");

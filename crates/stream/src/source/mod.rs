@@ -1,10 +1,16 @@
-//! Where a sender's chunks come from: a raw binary file, or the synthetic phantom.
+//! Where a sender's chunks come from: a raw binary file (mapped, see [`map`]), or the
+//! synthetic phantom.
+
+pub mod map;
 
 use std::fs::File;
+use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 
+use crate::buf::PooledBuf;
 use crate::hash::xxh3_64;
+use map::FileMap;
 
 use crate::phantom::{Phantom, HEIGHT, PROJECTION_BYTES, WIDTH};
 
@@ -54,13 +60,17 @@ impl SourceSpec {
         };
         Ok(xxh3_64(format!("{desc}:{chunk_bytes}").as_bytes()))
     }
-    /// Opens a reader.
+    /// Opens a reader: a file is mapped where it can be (else read with copies).
     pub fn open(&self) -> std::io::Result<ChunkReader> {
         match self {
             SourceSpec::File(p) => {
-                Ok(ChunkReader::File(File::open(p).map_err(|e| {
-                    std::io::Error::new(e.kind(), format!("{}: {e}", p.display()))
-                })?))
+                let f = File::open(p)
+                    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))?;
+                let copy = f.try_clone()?;
+                Ok(match FileMap::new(f, p) {
+                    Ok(m) => ChunkReader::Mapped(m),
+                    Err(_) => ChunkReader::File(copy),
+                })
             }
             SourceSpec::Synthetic { bytes, seed } => {
                 let n = bytes.div_ceil(PROJECTION_BYTES as u64).clamp(1, POOL);
@@ -91,17 +101,54 @@ pub fn phantom_pool(seed: u64, n: u64) -> Vec<Vec<u8>> {
     pool
 }
 
-/// Reads chunks at any offset, from any number of threads at once (positional reads; the
-/// synthetic pool is only read).
+/// Reads chunks at any offset, from any number of threads at once (a mapping, positional reads,
+/// or the synthetic pool: all only read).
 pub enum ChunkReader {
+    /// A regular file, mapped: chunks are borrowed from the page cache.
+    Mapped(FileMap),
+    /// A file that cannot be mapped, read with positional reads.
     File(File),
     Synthetic(Vec<Vec<u8>>),
 }
 
 impl ChunkReader {
+    /// Whether chunks are borrowed from a mapping rather than copied (while the file stays as it
+    /// was).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self, ChunkReader::Mapped(_))
+    }
+
+    /// Runs `f` on the `len` bytes of chunk `seq` at `offset` and returns what it returns. A
+    /// mapped file's bytes are borrowed from the page cache; should the file change while `f`
+    /// runs, `f` runs again on a copy (so what it computed, say a compressed frame and a hash,
+    /// is of bytes that stayed put), and so does every later chunk. Other sources are read into
+    /// a buffer from `buf` first. A file that shrank is an error.
+    pub fn with_chunk<T>(
+        &self,
+        seq: u64,
+        offset: u64,
+        len: usize,
+        buf: impl FnOnce() -> io::Result<PooledBuf>,
+        mut f: impl FnMut(&[u8]) -> T,
+    ) -> io::Result<T> {
+        if let ChunkReader::Mapped(m) = self {
+            if let Some(bytes) = m.chunk(offset, len)? {
+                let out = f(bytes);
+                if m.settled(offset, len)? {
+                    return Ok(out);
+                }
+            }
+        }
+        let mut b = buf()?;
+        b.set_len(len);
+        self.read(seq, offset, &mut b[..])?;
+        Ok(f(&b[..]))
+    }
+
     /// Fills `out` with the bytes at `offset` (chunk `seq`); `out.len()` is the chunk's size.
     pub fn read(&self, seq: u64, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
         match self {
+            ChunkReader::Mapped(m) => m.file().read_exact_at(out, offset),
             ChunkReader::File(f) => f.read_exact_at(out, offset),
             ChunkReader::Synthetic(pool) => {
                 let period = pool.len() as u64 * PROJECTION_BYTES as u64;
