@@ -262,3 +262,47 @@ fn protection_flag_selects_modes_and_refuses_unknown_ones() {
         "{err}"
     );
 }
+
+/// A peer whose tools are not installed fails with what its shell said and how to install them,
+/// not only with a timeout (here `nc` is missing: PATH holds `sh`, and `lz4` where there is one).
+#[test]
+fn a_peer_without_its_tools_says_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    for tool in ["sh", "lz4"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .unwrap();
+        let path = String::from_utf8(found.stdout).unwrap();
+        if !path.trim().is_empty() {
+            std::os::unix::fs::symlink(path.trim(), bin.join(tool)).unwrap();
+        }
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_loci"))
+        .args([
+            "bench",
+            "stream",
+            "--bytes",
+            "8M",
+            "--reps",
+            "1",
+            "--no-os",
+            "--protection",
+            "",
+            "--peers",
+            "lz4-nc-par",
+        ])
+        .env("PATH", &bin)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("lz4-nc-par")
+            && err.contains("nc: not found")
+            && err.contains("scripts/install-deps"),
+        "{err}"
+    );
+}

@@ -208,9 +208,34 @@ fn run_pipelines(
     // Wait (bounded) until every listener accepts connections.
     let deadline = Instant::now() + Duration::from_secs(10);
     while !ports.iter().all(|&p| listening(p)) {
-        if Instant::now() > deadline {
+        if Instant::now() > deadline
+            || recvs
+                .iter_mut()
+                .any(|c| matches!(c.try_wait(), Ok(Some(_))))
+        {
             kill_all(&mut recvs);
-            bail!("peer {peer}: the receivers did not all start listening on {ports:?}");
+            // What a receiver said (e.g. `sh: 1: nc: not found`).
+            let mut said: Vec<String> = Vec::new();
+            for text in errs.iter().filter_map(|e| std::fs::read_to_string(e).ok()) {
+                for l in text
+                    .split(['\r', '\n'])
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                {
+                    if said.len() < 4 && !said.iter().any(|s| s == l) {
+                        said.push(l.to_owned());
+                    }
+                }
+            }
+            bail!(
+                "peer {peer}: the receivers did not all start listening on {ports:?}{} (are \
+                 netcat-openbsd and lz4 installed? scripts/install-deps installs them)",
+                if said.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", said.join("; "))
+                }
+            );
         }
         std::thread::sleep(Duration::from_millis(5));
     }
