@@ -40,6 +40,50 @@ fn lz4_or_nc_missing() -> bool {
     missing
 }
 
+/// A peer whose tools are not installed fails with what its shell said and how to install them,
+/// not only with a timeout (here `nc` is missing: PATH holds `sh`, and `lz4` where there is one).
+#[test]
+fn a_peer_without_its_tools_says_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    for tool in ["sh", "lz4"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .unwrap();
+        let path = String::from_utf8(found.stdout).unwrap();
+        if !path.trim().is_empty() {
+            std::os::unix::fs::symlink(path.trim(), bin.join(tool)).unwrap();
+        }
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_loci"))
+        .args([
+            "bench",
+            "stream",
+            "--bytes",
+            "8M",
+            "--reps",
+            "1",
+            "--no-os",
+            "--protection",
+            "",
+            "--peers",
+            "lz4-nc-par",
+        ])
+        .env("PATH", &bin)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("lz4-nc-par")
+            && err.contains("nc: not found")
+            && err.contains("scripts/install-deps"),
+        "{err}"
+    );
+}
+
 #[test]
 fn tiny_run_reports_every_peer_the_limit_and_cpu_per_gb() {
     if lz4_or_nc_missing() {
@@ -259,50 +303,6 @@ fn protection_flag_selects_modes_and_refuses_unknown_ones() {
     assert!(!ok);
     assert!(
         err.contains("unknown protection \"aes\"") && err.contains("checksum, auth, encrypt"),
-        "{err}"
-    );
-}
-
-/// A peer whose tools are not installed fails with what its shell said and how to install them,
-/// not only with a timeout (here `nc` is missing: PATH holds `sh`, and `lz4` where there is one).
-#[test]
-fn a_peer_without_its_tools_says_what_is_missing() {
-    let dir = tempfile::tempdir().unwrap();
-    let bin = dir.path().join("bin");
-    std::fs::create_dir(&bin).unwrap();
-    for tool in ["sh", "lz4"] {
-        let found = Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .output()
-            .unwrap();
-        let path = String::from_utf8(found.stdout).unwrap();
-        if !path.trim().is_empty() {
-            std::os::unix::fs::symlink(path.trim(), bin.join(tool)).unwrap();
-        }
-    }
-    let out = Command::new(env!("CARGO_BIN_EXE_loci"))
-        .args([
-            "bench",
-            "stream",
-            "--bytes",
-            "8M",
-            "--reps",
-            "1",
-            "--no-os",
-            "--protection",
-            "",
-            "--peers",
-            "lz4-nc-par",
-        ])
-        .env("PATH", &bin)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        err.contains("lz4-nc-par")
-            && err.contains("nc: not found")
-            && err.contains("scripts/install-deps"),
         "{err}"
     );
 }

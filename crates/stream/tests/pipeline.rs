@@ -46,6 +46,10 @@ fn start_receiver_with(
     (addr, reports)
 }
 
+fn synthetic(bytes: u64, seed: u64) -> SourceSpec {
+    SourceSpec::Synthetic { bytes, seed }
+}
+
 fn expected(bytes: u64, seed: u64) -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("src.raw");
@@ -78,12 +82,7 @@ fn corrupt_frames_resent(mode: &str, id: u32) {
         encrypt: mode == "encrypt",
         ..sender_cfg(id, 2, 2)
     };
-    let mut o = opts(
-        &addr,
-        scfg,
-        SourceSpec::Synthetic { bytes, seed: 3 },
-        secret,
-    );
+    let mut o = opts(&addr, scfg, synthetic(bytes, 3), secret);
     o.faults.corrupt = [2u64, 5, 20].into_iter().collect();
     o.faults.corrupt_header = [9u64].into_iter().collect();
     let rep = loci_stream::send(o).unwrap();
@@ -144,10 +143,7 @@ fn file_source_into_file_sink_and_two_streams_at_once() {
         let o = opts(
             &addr,
             sender_cfg(1, 2, 3),
-            SourceSpec::Synthetic {
-                bytes: 5 * CHUNK as u64,
-                seed: 1,
-            },
+            synthetic(5 * CHUNK as u64, 1),
             "two-streams-secret-0123",
         );
         std::thread::spawn(move || loci_stream::send(o))
@@ -218,10 +214,7 @@ fn a_chunk_nacked_again_and_again_ends_the_send_with_an_error() {
     let mut o = opts(
         &addr,
         sender_cfg(0, 1, 1),
-        SourceSpec::Synthetic {
-            bytes: 4 * CHUNK as u64,
-            seed: 2,
-        },
+        synthetic(4 * CHUNK as u64, 2),
         "nacked-again-secret-0123",
     );
     o.faults.wrong_hash.insert(2);
@@ -238,10 +231,7 @@ fn a_sender_without_the_secret_is_refused_clearly() {
     let o = opts(
         &addr,
         sender_cfg(0, 1, 1),
-        SourceSpec::Synthetic {
-            bytes: 1000,
-            seed: 1,
-        },
+        synthetic(1000, 1),
         "the-wrong-secret-0123456",
     );
     let e = loci_stream::send(o).unwrap_err().to_string();
@@ -272,7 +262,7 @@ fn stress_many_small_chunks_with_faults() {
         let mut o = opts(
             &addr,
             cfg,
-            SourceSpec::Synthetic { bytes, seed: round },
+            synthetic(bytes, round),
             "stress-test-secret-0123456",
         );
         o.faults.corrupt = (0..700).filter(|s| (s * 7 + round) % 10 == 0).collect();
@@ -325,10 +315,7 @@ fn threads_and_buffers_are_where_the_config_puts_them() {
     let rep = loci_stream::send(opts(
         &addr,
         cfg,
-        SourceSpec::Synthetic {
-            bytes: 6 * CHUNK as u64,
-            seed: 2,
-        },
+        synthetic(6 * CHUNK as u64, 2),
         "pinning-test-secret-0123",
     ))
     .unwrap();
@@ -384,10 +371,7 @@ fn every_stage_reports_its_threads_cpu_time() {
     let rep = loci_stream::send(opts(
         &addr,
         sender_cfg(0, 2, 1),
-        SourceSpec::Synthetic {
-            bytes: 24 * CHUNK as u64,
-            seed: 5,
-        },
+        synthetic(24 * CHUNK as u64, 5),
         secret,
     ))
     .unwrap();
@@ -424,10 +408,7 @@ fn a_cpu_that_does_not_exist_is_a_clear_error() {
     let e = loci_stream::send(opts(
         &addr,
         cfg,
-        SourceSpec::Synthetic {
-            bytes: 1000,
-            seed: 2,
-        },
+        synthetic(1000, 2),
         "pinning-test-secret-0123",
     ))
     .unwrap_err()
