@@ -84,7 +84,9 @@ pub struct SendArgs {
     /// Receiver address, HOST:PORT.
     #[arg(long, value_name = "ADDR")]
     pub to: String,
-    /// A raw binary file to stream.
+    /// A raw binary file to stream, compressed straight from a read-only mapping of it. It must
+    /// not shrink while it streams (that stops the send with an error naming it); one changed or
+    /// grown meanwhile is read from copies, its size at the start being what is sent.
     #[arg(long, value_name = "FILE", conflicts_with = "synthetic")]
     pub source: Option<PathBuf>,
     /// Stream BYTES of synthetic tomography projections (suffixes K, M, G, KiB, MiB, GiB).
