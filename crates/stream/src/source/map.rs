@@ -56,27 +56,26 @@ unsafe impl Sync for Previous {}
 
 static PREVIOUS: OnceLock<io::Result<Previous>> = OnceLock::new();
 
-/// Installs the handler once per process; an error means no mapping may be made.
-fn install() -> io::Result<()> {
-    let r = PREVIOUS.get_or_init(|| {
-        // SAFETY: a zeroed sigaction is a valid value (no handler, empty mask, no flags).
-        let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
-        new.sa_sigaction = on_sigbus as *const () as usize;
-        new.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-        // SAFETY: as above.
-        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: both pointers are to live sigaction values; the mask was zeroed (empty).
-        if unsafe { libc::sigaction(libc::SIGBUS, &new, &mut old) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Previous {
-            action: old,
-            page: loci_place::sys::page_size(),
+/// Installs the handler once per process; `false` means no mapping may be made.
+fn install() -> bool {
+    PREVIOUS
+        .get_or_init(|| {
+            // SAFETY: a zeroed sigaction is a valid value (no handler, empty mask, no flags).
+            let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
+            new.sa_sigaction = on_sigbus as *const () as usize;
+            new.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            // SAFETY: as above.
+            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: both pointers are to live sigaction values; the mask was zeroed (empty).
+            if unsafe { libc::sigaction(libc::SIGBUS, &new, &mut old) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(Previous {
+                action: old,
+                page: loci_place::sys::page_size(),
+            })
         })
-    });
-    r.as_ref()
-        .map(|_| ())
-        .map_err(|e| io::Error::new(e.kind(), format!("installing the SIGBUS handler: {e}")))
+        .is_ok()
 }
 
 /// Only async-signal-safe work: atomics, `mmap`, `sigaction`, and the previous handler.
@@ -147,12 +146,17 @@ struct Stamp {
 
 impl Stamp {
     fn of(f: &File) -> io::Result<Stamp> {
-        let m = f.metadata()?;
-        Ok(Stamp {
+        Ok(Stamp::from(&f.metadata()?))
+    }
+}
+
+impl From<&std::fs::Metadata> for Stamp {
+    fn from(m: &std::fs::Metadata) -> Stamp {
+        Stamp {
             len: m.len(),
             mtime: m.mtime(),
             mtime_nsec: m.mtime_nsec(),
-        })
+        }
     }
 }
 
@@ -176,15 +180,21 @@ unsafe impl Send for FileMap {}
 unsafe impl Sync for FileMap {}
 
 impl FileMap {
-    /// Maps `file` (at `path`, for messages). An error (an empty or special file, a file system
-    /// that cannot map, the handler's table full) leaves the caller to read with copies.
-    pub fn new(file: File, path: &Path) -> io::Result<FileMap> {
-        let stamp = Stamp::of(&file)?;
-        let len = usize::try_from(stamp.len).map_err(io::Error::other)?;
-        if len == 0 || !file.metadata()?.file_type().is_file() {
-            return Err(io::Error::other("not a non-empty regular file"));
+    /// Maps `file` (at `path`, for messages). Where it cannot be mapped (an empty or special
+    /// file, a file system that cannot map, the handler's table full), gives the file back, for
+    /// the caller to read with copies.
+    pub fn new(file: File, path: &Path) -> Result<FileMap, File> {
+        let Ok(meta) = file.metadata() else {
+            return Err(file);
+        };
+        let stamp = Stamp::from(&meta);
+        let len = match usize::try_from(stamp.len) {
+            Ok(n) if n > 0 && meta.file_type().is_file() => n,
+            _ => return Err(file),
+        };
+        if !install() {
+            return Err(file);
         }
-        install()?;
         // SAFETY: a fresh read-only shared mapping of an open file; nothing else is touched.
         let p = unsafe {
             libc::mmap(
@@ -197,7 +207,7 @@ impl FileMap {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
+            return Err(file);
         }
         let Some(slot) = TABLE.iter().position(|s| {
             s.start
@@ -206,7 +216,7 @@ impl FileMap {
         }) else {
             // SAFETY: the mapping made above, not shared with anyone yet.
             unsafe { libc::munmap(p, len) };
-            return Err(io::Error::other("more than 64 sources mapped at once"));
+            return Err(file);
         };
         TABLE[slot].faulted.store(false, Relaxed);
         TABLE[slot].len.store(len, Release);
@@ -488,7 +498,10 @@ mod tests {
         if std::env::var_os("LOCI_FOREIGN_SIGBUS").is_some() {
             let dir = tempfile::tempdir().unwrap();
             let (path, _, r) = source(&dir);
-            assert!(r.is_mapped(), "the handler is installed");
+            assert!(
+                matches!(r, ChunkReader::Mapped(_)),
+                "the handler is installed"
+            );
             let f = std::fs::File::options()
                 .read(true)
                 .write(true)

@@ -66,10 +66,9 @@ impl SourceSpec {
             SourceSpec::File(p) => {
                 let f = File::open(p)
                     .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))?;
-                let copy = f.try_clone()?;
                 Ok(match FileMap::new(f, p) {
                     Ok(m) => ChunkReader::Mapped(m),
-                    Err(_) => ChunkReader::File(copy),
+                    Err(f) => ChunkReader::File(f),
                 })
             }
             SourceSpec::Synthetic { bytes, seed } => {
@@ -112,12 +111,6 @@ pub enum ChunkReader {
 }
 
 impl ChunkReader {
-    /// Whether chunks are borrowed from a mapping rather than copied (while the file stays as it
-    /// was).
-    pub fn is_mapped(&self) -> bool {
-        matches!(self, ChunkReader::Mapped(_))
-    }
-
     /// Runs `f` on the `len` bytes of chunk `seq` at `offset` and returns what it returns. A
     /// mapped file's bytes are borrowed from the page cache; should the file change while `f`
     /// runs, `f` runs again on a copy (so what it computed, say a compressed frame and a hash,
