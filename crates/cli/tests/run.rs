@@ -108,6 +108,59 @@ fn jemalloc_is_mapped() {
     assert!(text(&o.stdout).contains("libjemalloc.so.2"));
 }
 
+/// `loci run --alloc jemalloc -- loci bench w2 ...` (the line `loci advise` recommends): the
+/// bench's rows name jemalloc, the allocator its process runs on, not glibc (the bench's own
+/// `--alloc` default, which without a preload means glibc's malloc).
+#[test]
+fn a_bench_under_a_preloaded_allocator_labels_its_rows_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("w2.json");
+    let bin = loci();
+    let o = run(&[
+        "run",
+        "--alloc",
+        "jemalloc",
+        "--",
+        bin.to_str().unwrap(),
+        "bench",
+        "w2",
+        "--rows",
+        "3000",
+        "--groups",
+        "50",
+        "--reps",
+        "1",
+        "--threads",
+        "os",
+        "--mem",
+        "first-touch",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    if !o.status.success() {
+        let e = text(&o.stderr);
+        assert!(e.contains("libjemalloc2"), "{e}");
+        eprintln!("note: jemalloc not installed here; checked the error instead");
+        return;
+    }
+    assert!(
+        text(&o.stderr).contains("runs on jemalloc (LD_PRELOAD)"),
+        "{}",
+        text(&o.stderr)
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows: Vec<&Value> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["system"] == "loci")
+        .collect();
+    assert!(!rows.is_empty(), "{v}");
+    for r in rows {
+        assert_eq!(r["config"]["alloc"], "jemalloc", "{r}");
+    }
+}
+
 #[test]
 fn probe_reports_the_planned_affinity_and_policy_per_thread() {
     let probe = built();

@@ -73,6 +73,41 @@ pub fn allocator(name: &str) -> Option<&'static Allocator> {
 pub const LOCI_LIB: &str = "libloci_malloc.so";
 pub const LOCI_CRATE: &str = "loci-alloc-preload";
 
+/// The allocator this process runs on when it was started with one preloaded (`loci run
+/// --alloc`, or `LD_PRELOAD` set by hand): the first library of `LD_PRELOAD` that is one of
+/// [`ALLOCATORS`] or loci's own. `None`: glibc's malloc, or no library loci knows.
+pub fn preloaded_allocator() -> Option<&'static str> {
+    let list = std::env::var_os("LD_PRELOAD")?;
+    let small = std::env::var("LOCI_ALLOC_SMALL").ok();
+    allocator_in_preload(&list.to_string_lossy(), small.as_deref())
+}
+
+/// [`preloaded_allocator`] of an `LD_PRELOAD` value (entries separated by colons or spaces, as
+/// ld.so reads them) and a `LOCI_ALLOC_SMALL` value.
+fn allocator_in_preload(list: &str, small: Option<&str>) -> Option<&'static str> {
+    list.split([':', ' '])
+        .filter_map(|e| Path::new(e).file_name()?.to_str())
+        .find_map(|file| {
+            if file == LOCI_LIB {
+                Some(allocator_with_env("LOCI_ALLOC_SMALL", small).unwrap_or("loci"))
+            } else {
+                ALLOCATORS
+                    .iter()
+                    .find(|a| a.lib == Some(file))
+                    .map(|a| a.name)
+            }
+        })
+}
+
+/// The loci variant that sets environment variable `var` to `value`, if any.
+fn allocator_with_env(var: &str, value: Option<&str>) -> Option<&'static str> {
+    let value = value?;
+    ALLOCATORS
+        .iter()
+        .find(|a| a.env.iter().any(|&(k, v)| k == var && v == value))
+        .map(|a| a.name)
+}
+
 /// Where Debian installs shared libraries for this machine's architecture, in search order.
 pub fn system_lib_dirs() -> [String; 5] {
     let triple = format!("{}-linux-gnu", std::env::consts::ARCH);
@@ -209,6 +244,38 @@ mod tests {
             assert!(a.lib.is_none() || !a.package.is_empty(), "{}", a.name);
         }
         assert!(allocator("nonesuch").is_none());
+    }
+
+    #[test]
+    fn the_preloaded_allocator_is_the_first_known_library_of_ld_preload() {
+        let f = allocator_in_preload;
+        assert_eq!(f("", None), None);
+        assert_eq!(
+            f("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2", None),
+            Some("mimalloc")
+        );
+        // loci run puts its pinning library first; it is not an allocator.
+        assert_eq!(
+            f(
+                "/x/libloci_pin.so:/usr/lib/libjemalloc.so.2 /y/libtcmalloc_minimal.so.4",
+                None
+            ),
+            Some("jemalloc")
+        );
+        assert_eq!(
+            f("/x/libloci_pin.so /t/libloci_malloc.so", None),
+            Some("loci")
+        );
+        assert_eq!(
+            f("libloci_malloc.so", Some("system")),
+            Some("loci-small-system")
+        );
+        assert_eq!(f("libloci_malloc.so", Some("other")), Some("loci"));
+        assert_eq!(
+            f("/x/libfoo.so:/x/libmimalloc.so", None),
+            None,
+            "unknown names are not guessed"
+        );
     }
 
     #[test]

@@ -112,7 +112,8 @@ pub struct Matrix<D: MatrixDefaults> {
     pub mem: Vec<String>,
     /// Allocators, comma separated: glibc, jemalloc, tcmalloc, tbbmalloc, mimalloc, and for tpch
     /// also loci. Each but glibc is preloaded from its library (LD_PRELOAD, as
-    /// `loci run --alloc`); w1-w4 run it in a child process of the bench.
+    /// `loci run --alloc`); w1-w4 run it in a child process of the bench. w1-w4 started on a
+    /// preloaded allocator (`loci run --alloc X -- loci bench w3`) label their glibc rows X.
     #[arg(long, value_delimiter = ',', default_value = "glibc")]
     pub alloc: Vec<String>,
     #[arg(skip)]

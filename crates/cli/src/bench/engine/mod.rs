@@ -393,7 +393,22 @@ pub fn run(w: Workload, a: EngineArgs) -> anyhow::Result<Report> {
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
             .expect("valid template"),
     );
-    let alloc_name = child_alloc.clone().unwrap_or_else(|| "glibc".into());
+    // The configurations run in this process are labelled with its allocator: glibc's, or the
+    // one it was started on (`loci run --alloc X -- loci bench w3`: LD_PRELOAD).
+    let preloaded = crate::bench::common::preloaded_allocator();
+    let alloc_name = match (&child_alloc, preloaded) {
+        (Some(al), _) => al.clone(),
+        (None, Some(outer)) => {
+            if here {
+                eprintln!(
+                    "note: this process runs on {outer} (LD_PRELOAD), so its `--alloc glibc` rows \
+                     are labelled {outer}"
+                );
+            }
+            outer.to_string()
+        }
+        (None, None) => "glibc".into(),
+    };
     // Reference answers (first configuration) per dist/variant-independent query.
     let mut answers: Vec<(String, Answer)> = Vec::new();
     if here || child_alloc.is_some() {
