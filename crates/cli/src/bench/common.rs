@@ -89,7 +89,13 @@ fn allocator_in_preload(list: &str, small: Option<&str>) -> Option<&'static str>
         .filter_map(|e| Path::new(e).file_name()?.to_str())
         .find_map(|file| {
             if file == LOCI_LIB {
-                Some(allocator_with_env("LOCI_ALLOC_SMALL", small).unwrap_or("loci"))
+                // loci's variants differ only by their environment (`loci-small-system`).
+                let variant = ALLOCATORS.iter().find(|a| {
+                    a.env
+                        .iter()
+                        .any(|&(k, v)| k == "LOCI_ALLOC_SMALL" && Some(v) == small)
+                });
+                Some(variant.map_or("loci", |a| a.name))
             } else {
                 ALLOCATORS
                     .iter()
@@ -97,15 +103,6 @@ fn allocator_in_preload(list: &str, small: Option<&str>) -> Option<&'static str>
                     .map(|a| a.name)
             }
         })
-}
-
-/// The loci variant that sets environment variable `var` to `value`, if any.
-fn allocator_with_env(var: &str, value: Option<&str>) -> Option<&'static str> {
-    let value = value?;
-    ALLOCATORS
-        .iter()
-        .find(|a| a.env.iter().any(|&(k, v)| k == var && v == value))
-        .map(|a| a.name)
 }
 
 /// Where Debian installs shared libraries for this machine's architecture, in search order.
