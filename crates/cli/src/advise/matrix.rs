@@ -16,10 +16,10 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::rules::Advice;
-use super::search::{median, paired_ratios, run_pairs, Samples, MIN_RUNS};
+use super::search::{median, ratios_to_default, run_pairs, Samples, MIN_RUNS};
 use super::trial::Target;
 use super::Knobs;
-use crate::stats::median_interval;
+use crate::stats::{median_interval, paired_ratios};
 
 /// What the full matrix says about the advice.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -109,7 +109,7 @@ pub fn check(
         .zip(
             samples
                 .iter()
-                .map(|s| median(&paired_ratios(s, &samples[default]))),
+                .map(|s| median(&ratios_to_default(s, &samples[default]))),
         )
         .collect();
     let (best, best_median) = medians

@@ -554,20 +554,29 @@ fn measure(
         let mut samples: Vec<Samples> = outcomes.iter().map(Samples::from).collect();
         let dropped: Vec<Option<usize>> = outcomes.iter().map(|o| o.dropped_in).collect();
         let mut extra = Samples::default();
+        let mut trial = |default: bool| {
+            if default {
+                target.trial(exe, &configs[0], threads)
+            } else {
+                Ok(target.trial(exe, &combo, threads).unwrap_or(f64::INFINITY))
+            }
+        };
         let first_pass = samples[0].passes.iter().max().map_or(0, |p| p + 1);
+        let mut end = first_pass + combo_runs / 2;
         search::run_pairs(
-            first_pass..first_pass + combo_runs / 2,
+            first_pass..end,
             &mut samples[0],
             &mut extra,
-            |default| {
-                if default {
-                    target.trial(exe, &configs[0], threads)
-                } else {
-                    Ok(target.trial(exe, &combo, threads).unwrap_or(f64::INFINITY))
-                }
-            },
+            &mut trial,
             || {},
         )?;
+        // Passes set aside pair nothing: more, until the verdict has its pairs (capped).
+        while search::ratios_to_default(&extra, &samples[0]).len() < search::MIN_RUNS
+            && end < first_pass + combo_runs / 2 + 2 * search::MIN_RUNS
+        {
+            search::run_pairs(end..end + 1, &mut samples[0], &mut extra, &mut trial, || {})?;
+            end += 1;
+        }
         samples.push(extra);
         configs.push(combo);
         failed.push(None);

@@ -7,9 +7,10 @@ use anyhow::{bail, Context};
 use loci_report::{Report, Row};
 
 use super::rules::{Advice, Facts, OsChange};
-use super::search::{median, Verdict, MIN_EFFECT, MIN_RUNS};
+use super::search::{median, Samples, Verdict, MIN_EFFECT, MIN_RUNS};
 use super::trial::Target;
 use super::{AdviseCmd, Found, Knobs, Measured};
+use crate::stats::{disturbed_passes, DISTURBED};
 
 /// The exact command that runs the workload under `config`.
 pub fn run_line(config: &Knobs, threads: usize, command: &[String]) -> String {
@@ -206,6 +207,19 @@ bootstrap of that median at {:.1}% (95% Bonferroni-corrected over {k} candidates
         if found.maximize { "above" } else { "below" },
         MIN_EFFECT * 100.0
     );
+    let default = Samples::from(&base.outcome);
+    let disturbed = disturbed_passes(&default);
+    if !disturbed.is_empty() {
+        let list: Vec<String> = disturbed.iter().map(|p| p.to_string()).collect();
+        println!(
+            "  set aside: {} of the default's {} passes ({} {}, counting from 0), whose default run took over {DISTURBED}x the \
+             median of its nearest passes: a burst of noise there would read as every candidate of the pass being faster",
+            disturbed.len(),
+            default.runs(),
+            if disturbed.len() == 1 { "pass" } else { "passes" },
+            list.join(", ")
+        );
+    }
     print_thp_fallbacks(found);
     if let Some((label, more)) = &found.combination_not_measured {
         println!(
@@ -310,6 +324,7 @@ pub fn write_outputs(
         "advice": found.advice, "best": found.best, "line": line,
         "budget_s": found.budget_s, "elapsed_s": found.elapsed_s, "measured_at": found.when,
         "matrix": found.matrix,
+        "set_aside_passes": disturbed_passes(&Samples::from(&found.measured[0].outcome)),
         "combination_not_measured": found.combination_not_measured.as_ref().map(|(config, past_budget_s)| {
             serde_json::json!({ "config": config, "past_budget_s": past_budget_s })
         }),
@@ -333,6 +348,7 @@ pub fn write_outputs(
                     &m.config.thp
                 },
             )
+            .extra("passes", &m.outcome.passes)
             .extra("ratio", m.outcome.ratio)
             .extra("verdict", m.outcome.verdict)
             .extra("thp_fault_fallbacks", m.thp_fallbacks);
@@ -411,6 +427,8 @@ pub fn cache_key(
         });
     let key = serde_json::json!({
         "version": env!("CARGO_PKG_VERSION"),
+        // Results judged by an older statistic are not shown as if judged by this one.
+        "statistic": "paired median ratio; default bursts set aside",
         "cpus": topo.allowed_cpus().to_string(), "mems": topo.allowed_mems().to_string(),
         "cpu_model": cpu_model, "kernel": kernel.trim(), "facts": facts,
         "command": target.shown(), "program": format!("{program:?}"), "metric": metric,

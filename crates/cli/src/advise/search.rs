@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::stats::judge;
-pub use crate::stats::{median, paired_ratios, Samples, Verdict, MIN_EFFECT, MIN_RUNS};
+pub use crate::stats::{median, ratios_to_default, Samples, Verdict, MIN_EFFECT, MIN_RUNS};
 
 /// The fewest runs per candidate in the first round, the screening round, when trials are long:
 /// survivors collect [`MIN_RUNS`] in the rounds that follow.
@@ -127,7 +127,7 @@ pub fn halve(
         }
         // Keep the better half of the challengers by paired ratio; the default always stays.
         let mut ranked: Vec<usize> = alive[1..].to_vec();
-        let key = |i: usize| median(&paired_ratios(&samples[i], &samples[0]));
+        let key = |i: usize| median(&ratios_to_default(&samples[i], &samples[0]));
         ranked.sort_by(|&a, &b| key(a).total_cmp(&key(b)));
         let keep = challengers.div_ceil(2);
         for &i in &ranked[keep..] {
@@ -143,9 +143,20 @@ pub fn halve(
             break;
         }
     }
-    while alive.iter().any(|&i| samples[i].runs() < MIN_RUNS) {
+    // Pairs, not runs: a disturbed pass of the default pairs nothing (see `ratios_to_default`). The
+    // extra passes are capped, as every pass could in principle be disturbed.
+    let short = |samples: &[Samples], i: usize| {
+        let pairs = match i {
+            0 => samples[0].runs(),
+            _ => ratios_to_default(&samples[i], &samples[0]).len(),
+        };
+        pairs < MIN_RUNS
+    };
+    let mut extra = 0;
+    while extra < 2 * MIN_RUNS && alive.iter().any(|&i| short(&samples, i)) {
         run_pass(&alive, &mut samples, pass, &mut done)?;
         pass += 1;
+        extra += 1;
     }
     Ok(outcomes(&samples, &dropped_in))
 }
@@ -328,5 +339,52 @@ mod tests {
             3,
             "screened out with {SCREEN_RUNS} runs: no verdict"
         );
+    }
+
+    #[test]
+    fn passes_where_a_burst_slowed_only_the_default_are_set_aside_and_made_up() {
+        // The default's runs in passes 3 and 4 (the top-up's first two) take twice as long: every
+        // candidate of those passes would pair at about 0.5. They pair nothing; the top-up goes
+        // on until each survivor has MIN_RUNS pairs, and only the planted winner is better.
+        let means = [1.0, 1.0, 0.8, 1.0, 1.0];
+        let schedule = Schedule {
+            first_reps: SCREEN_RUNS,
+            rounds: 3,
+        };
+        let mut rng = fastrand::Rng::with_seed(4);
+        let mut default_runs = 0;
+        let out = halve(
+            means.len(),
+            &schedule,
+            Duration::ZERO,
+            |i| {
+                let burst = i == 0 && {
+                    default_runs += 1;
+                    matches!(default_runs, 4 | 5)
+                };
+                let noise = 1.0 + 0.01 * rng.f64();
+                Ok(means[i] * noise * if burst { 2.0 } else { 1.0 })
+            },
+            |_, _| {},
+        )
+        .unwrap();
+        let default = Samples::from(&out[0]);
+        assert_eq!(crate::stats::disturbed_passes(&default), vec![3, 4]);
+        let survivors: Vec<usize> = (1..out.len())
+            .filter(|&i| out[i].dropped_in.is_none())
+            .collect();
+        assert_eq!(survivors.len(), 2, "{out:?}");
+        for &i in &survivors {
+            let o = &out[i];
+            assert_eq!(o.samples.len(), MIN_RUNS + 2, "{o:?}");
+            assert_eq!(ratios_to_default(&o.into(), &default).len(), MIN_RUNS);
+            let want = if i == 2 {
+                Verdict::Better
+            } else {
+                Verdict::Same
+            };
+            assert_eq!(o.verdict, want, "candidate {i}: {o:?}");
+        }
+        assert!((out[2].ratio - 0.8).abs() < 0.02, "{}", out[2].ratio);
     }
 }

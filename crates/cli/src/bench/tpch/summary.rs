@@ -9,7 +9,7 @@ use loci_report::Row;
 
 use super::{geomean, loci, Config, ENGINES};
 use crate::stats::{
-    corrected_interval, judge, paired_ratios, Samples, Verdict, MIN_EFFECT, MIN_RUNS,
+    corrected_interval, judge, ratios_to_default, Samples, Verdict, DISTURBED, MIN_EFFECT, MIN_RUNS,
 };
 
 /// A row's times with the round each was measured in: its `extra.rounds` (the default's lists
@@ -115,7 +115,7 @@ fn search(rep: &Report, engine: &str) -> String {
             .min_by(|x, y| x.1.total_cmp(&y.1))
             .expect("at least one configuration");
         let best = others[i];
-        let pairs = paired_ratios(&by_round(best), &b);
+        let pairs = ratios_to_default(&by_round(best), &b);
         if v == Verdict::Dropped && pairs.len() >= 2 {
             // Too few rounds for a verdict: the interval is still shown, for what it is worth.
             ci = corrected_interval(&pairs, configs, seed(i));
@@ -155,7 +155,8 @@ fn search(rep: &Report, engine: &str) -> String {
     format!(
         "tpch {engine} search: the fastest of {configs} configurations against the default, {rounds} \
          rounds; ratio = median over rounds of its time over the default's in the same \
-         round{bracket}; interval = bootstrap of that median at {:.2}% confidence (Bonferroni over the \
+         round{bracket}, rounds where the default took over {DISTURBED}x its median nearby set \
+         aside; interval = bootstrap of that median at {:.2}% confidence (Bonferroni over the \
          configurations, as loci advise); a verdict needs {MIN_RUNS} rounds, the interval clear \
          of 1 and the ratio {:.0}% from 1; last column: configurations faster/slower than the \
          default beyond noise\n  {:<8} {:<26} {:<34} {:>7}  {:<12} {:<20} {}\n{}",
