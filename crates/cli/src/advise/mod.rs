@@ -32,7 +32,8 @@ use trial::{Metric, Target};
 /// touch, glibc malloc, THP as the system has it): repetitions interleaved across candidates,
 /// successive halving within --budget, and a candidate is called better only when a bootstrap
 /// interval of its paired ratio to the default (the median of its run over the default's run in
-/// the same pass) lies wholly below 1 (Bonferroni-corrected over the candidates) and the ratio
+/// the same pass; passes where the default's run took over 1.5x its nearby median set aside)
+/// lies wholly below 1 (Bonferroni-corrected over the candidates) and the ratio
 /// is at least 2% off 1. Each trial runs the exact `loci run` line the advice prints. Results
 /// are cached per machine and workload (--fresh measures again).
 ///
