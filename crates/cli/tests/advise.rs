@@ -63,7 +63,7 @@ fn finds_a_planted_allocator_winner() {
         return;
     };
     // 1.5x faster when the allocator is preloaded: a stand-in for a program whose speed depends on
-    // a setting loci controls. (0.04 s against 0.06 s failed once in 10 runs of this file; with
+    // a setting loci controls. (0.04 s against 0.06 s failed once in 9 runs of this file; with
     // longer sleeps the start-up cost both sides share is a smaller part of each run.)
     let script = format!("case \"$LD_PRELOAD\" in *{alloc}*) sleep 0.08 ;; *) sleep 0.12 ;; esac");
     for run in 0..2 {
