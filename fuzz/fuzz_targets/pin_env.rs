@@ -75,12 +75,13 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 
-    // The pin log: one entry per non-blank line; each prints as a line that parses back.
+    // The pin log: one entry (a thread or an exit reading) per non-blank line; the log prints as
+    // lines that parse back.
     match pinenv::parse_log(s) {
         Ok(log) => {
             let lines = s.lines().filter(|l| !l.trim().is_empty()).count();
-            assert_eq!(log.len(), lines, "{s:?}");
-            let printed: String = log.iter().map(|e| e.line()).collect();
+            assert_eq!(log.threads.len() + log.exits.len(), lines, "{s:?}");
+            let printed = log.text();
             let back = pinenv::parse_log(&printed)
                 .unwrap_or_else(|e| panic!("{s:?} parsed, its print {printed:?} does not: {e}"));
             assert_eq!(back, log, "{s:?} -> {printed:?}");

@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use loci_place::apply::ChildSetup;
 use loci_place::pinenv;
-use loci_place::verify::{self, Comparison, Sample, TaskSample};
+use loci_place::verify::{self, Comparison, MemoryBy, Sample, TaskSample};
 use loci_place::{sys, MemPolicy, Plan, Strategy};
 use serde::Serialize;
 
@@ -37,8 +37,10 @@ use crate::topo_args::TopoArgs;
 /// (Cpus_allowed_list), /proc/PID/task/TID/stat (field 39, the last cpu), /proc/PID/numa_maps
 /// (anonymous pages per node) and the pin library's log (which tid is which plan thread, and the
 /// memory policy each thread saw). The exit report shows every thread seen during the run with
-/// its last reading (polled every 20 ms, memory every 250 ms; no ptrace). Remote share = share of
-/// anonymous pages not on the policy's nodes (first-touch/localalloc: not on the threads' nodes).
+/// its last reading (polled every 20 ms, memory every 250 ms; no ptrace), and the memory the
+/// program itself read as it exited (the pin library logs it at exit(3); after a kill or _exit,
+/// the last poll). Remote share = share of anonymous pages not on the policy's nodes
+/// (first-touch/localalloc: not on the threads' nodes).
 ///
 /// Examples:
 ///   loci run --threads cpus:1 --mem bind:0 -- cat /proc/self/status
@@ -469,13 +471,13 @@ pub fn exit_code(status: ExitStatus) -> i32 {
     }
 }
 
-fn read_log(path: &Path, pid: i32) -> Vec<pinenv::PinLogEntry> {
+fn read_log(path: &Path, pid: i32) -> pinenv::PinLog {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     match pinenv::parse_log(&text) {
-        Ok(v) => v.into_iter().filter(|e| e.pid == pid).collect(),
+        Ok(v) => v.of_pid(pid),
         Err(e) => {
             eprintln!("loci: warning: {e}");
-            Vec::new()
+            pinenv::PinLog::default()
         }
     }
 }
@@ -496,7 +498,7 @@ fn watch(
     // placement.
     let mut seen: BTreeMap<i32, TaskSample> = BTreeMap::new();
     let mut early: BTreeMap<i32, TaskSample> = BTreeMap::new();
-    let mut mem = BTreeMap::new();
+    let mut mem = (BTreeMap::new(), 0.0);
     let mut last_mem = None::<Instant>;
     let mut last_at = 0.0;
     let mut started = None;
@@ -508,19 +510,32 @@ fn watch(
                 if seen.contains_key(&tid) {
                     continue;
                 }
-                match final_log.iter().rev().find(|e| e.tid == tid) {
+                match final_log.threads.iter().rev().find(|e| e.tid == tid) {
                     Some(e) => unverified.push((tid, e.cpus.clone())),
                     None => {
                         seen.insert(tid, t);
                     }
                 }
             }
+            // The program's own reading at exit, when the pin library could take it (the program
+            // ended through exit(3)); otherwise loci's last poll, which may predate memory the
+            // program touched in its last moments.
+            let (anon_bytes, memory_at_s, memory_by) = match final_log.exits.last() {
+                Some(e) => (
+                    e.anon_bytes.clone(),
+                    start.elapsed().as_secs_f64(),
+                    MemoryBy::ProgramAtExit,
+                ),
+                None => (mem.0, mem.1, MemoryBy::Poll),
+            };
             let exit_sample = Sample {
                 at_s: last_at,
                 tasks: seen.into_values().collect(),
-                anon_bytes: mem,
+                anon_bytes,
+                memory_at_s,
+                memory_by,
             };
-            let cmp = verify::compare(plan, &exit_sample, &final_log);
+            let cmp = verify::compare(plan, &exit_sample, &final_log.threads);
             eprint!(
                 "{}",
                 cmp.render("at exit: every thread seen, with its last reading")
@@ -541,7 +556,7 @@ fn watch(
         let with_mem = last_mem.map(|t| t.elapsed() >= Duration::from_millis(250)) != Some(false)
             || started.is_none();
         // Read before the sample: a thread logged here was bound before it is read below.
-        let logged: BTreeSet<i32> = read_log(log, pid).iter().map(|e| e.tid).collect();
+        let logged: BTreeSet<i32> = read_log(log, pid).threads.iter().map(|e| e.tid).collect();
         if let Ok(s) = verify::sample(pid, at, with_mem) {
             if s.tasks.is_empty() {
                 // Exited between try_wait and the read; the next try_wait reaps it.
@@ -558,14 +573,18 @@ fn watch(
                 into.insert(t.tid, t.clone());
             }
             if with_mem && !s.anon_bytes.is_empty() {
-                mem = s.anon_bytes.clone();
+                mem = (s.anon_bytes.clone(), at);
                 last_mem = Some(Instant::now());
             }
             if started.is_none() && (s.tasks.len() >= plan.threads.len() || at >= wait_s) {
                 // Give the pin library a moment to log threads that just started.
                 std::thread::sleep(Duration::from_millis(20));
                 let s = verify::sample(pid, start.elapsed().as_secs_f64(), true).unwrap_or(s);
-                let cmp = verify::compare(plan, &s, &read_log(log, pid));
+                if !s.anon_bytes.is_empty() {
+                    mem = (s.anon_bytes.clone(), s.memory_at_s);
+                    last_mem = Some(Instant::now());
+                }
+                let cmp = verify::compare(plan, &s, &read_log(log, pid).threads);
                 let title = if s.tasks.len() >= plan.threads.len() {
                     format!(
                         "threads started ({} of {} planned)",

@@ -298,6 +298,56 @@ fn verify_agrees_with_proc_and_the_probe() {
     assert!(bytes >= 16 << 20, "{bytes}");
 }
 
+/// Memory the program touches in its last moments, after loci's last numa_maps poll, is in the
+/// exit report: the pin library reads it at exit(3). A program killed by a signal runs no exit
+/// code, so its exit report falls back to the last poll and says so.
+#[test]
+fn the_exit_report_counts_memory_touched_just_before_exit() {
+    let (o, v) = run_probe_verified(
+        "exit-memory",
+        &["--threads", "compact", "-n", "1"],
+        &["--alloc", "256M"],
+    );
+    let e = &v["exit"];
+    assert_eq!(e["memory_by"], "program-at-exit", "{e}");
+    let total: u64 = e["anon_bytes"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|b| b.as_u64().unwrap())
+        .sum();
+    assert!(total >= 256 << 20, "{e}");
+    let err = text(&o.stderr);
+    assert!(err.contains("; read by the program at exit"), "{err}");
+    assert_eq!(v["started"]["memory_by"], "poll");
+
+    let json = std::env::temp_dir().join(format!("loci-killed-{}.json", std::process::id()));
+    let o = run(&[
+        "run",
+        "--threads",
+        "compact",
+        "-n",
+        "1",
+        "--verify-json",
+        json.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "sleep 0.4; kill -KILL $$",
+    ]);
+    assert_eq!(o.status.code(), Some(128 + 9), "{}", text(&o.stderr));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    assert_eq!(v["exit"]["memory_by"], "poll", "{}", v["exit"]);
+    let at = v["exit"]["memory_at_s"].as_f64().unwrap();
+    assert!(at > 0.0, "{}", v["exit"]);
+    assert!(
+        text(&o.stderr).contains(&format!("; read at +{at:.2}s")),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
 #[test]
 fn bad_input_names_the_bad_part_and_the_choices() {
     let e = text(&run(&["plan", "--threads", "spread", "-n", "2"]).stderr);

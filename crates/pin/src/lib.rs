@@ -14,7 +14,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use loci_place::pinenv::{self, Dealer, PinLogEntry, PinRole};
+use loci_place::pinenv::{self, Dealer, ExitMemory, PinLogEntry, PinRole};
 use loci_place::policy::name_of_mode;
 use loci_place::sys::{self, CpuMask};
 use loci_topo::CpuSet;
@@ -160,6 +160,37 @@ extern "C" fn on_load() {
 #[used]
 #[link_section = ".init_array"]
 static ON_LOAD: extern "C" fn() = on_load;
+
+/// Runs at `exit(3)` (a library destructor): logs the process's anonymous memory per node, read
+/// from its own numa_maps while every mapping is still there. `loci run --verify` polls
+/// numa_maps every 250 ms, so without this line its exit report could miss whatever the program
+/// touched after its last poll.
+extern "C" fn on_exit() {
+    let fd = LOG_FD.load(Ordering::Relaxed);
+    if fd < 0 || state().is_none() {
+        return;
+    }
+    let maps = match std::fs::read_to_string("/proc/self/numa_maps") {
+        Ok(t) => t,
+        Err(e) => return warn(&format!("reading /proc/self/numa_maps at exit: {e}")),
+    };
+    let maps = match loci_place::verify::parse_numa_maps(&maps) {
+        Ok(m) => m,
+        Err(e) => return warn(&format!("/proc/self/numa_maps at exit: {e}")),
+    };
+    let line = ExitMemory {
+        // SAFETY: getpid has no preconditions.
+        pid: unsafe { libc::getpid() },
+        anon_bytes: loci_place::verify::anon_bytes_per_node(&maps),
+    }
+    .line();
+    // SAFETY: valid buffer; one write in O_APPEND mode keeps the line whole.
+    unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
+}
+
+#[used]
+#[link_section = ".fini_array"]
+static ON_EXIT: extern "C" fn() = on_exit;
 
 struct Start {
     f: StartFn,

@@ -15,8 +15,13 @@
 //!
 //! Out (`LOCI_PIN_LOG`), one line per thread, written with a single `write(2)` in append mode:
 //! `pid=4242 tid=4243 thread=1 cpus=1 policy=bind:0` where `thread` is a plan index, `skip` or
-//! `extra`, and `policy` is the thread's memory policy as `get_mempolicy(2)` reports it.
+//! `extra`, and `policy` is the thread's memory policy as `get_mempolicy(2)` reports it. When the
+//! program ends through `exit(3)` (or returns from `main`), one more line gives its anonymous
+//! memory per node as the process read it itself, at exit: `pid=4242 exit-anon=0:16384,1:33554432`
+//! (`exit-anon=none` when it has no anonymous pages). A poller cannot take that reading: between
+//! its last look and the exit the program may have touched any amount of memory.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 
 use loci_topo::CpuSet;
@@ -182,21 +187,95 @@ impl PinLogEntry {
     }
 }
 
+/// A process's anonymous memory per node (bytes), as it read `/proc/self/numa_maps` at exit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitMemory {
+    pub pid: i32,
+    pub anon_bytes: BTreeMap<u32, u64>,
+}
+
+impl ExitMemory {
+    /// The log line, with a trailing newline.
+    pub fn line(&self) -> String {
+        let per: Vec<String> = self
+            .anon_bytes
+            .iter()
+            .map(|(n, b)| format!("{n}:{b}"))
+            .collect();
+        let per = if per.is_empty() {
+            "none".to_string()
+        } else {
+            per.join(",")
+        };
+        format!("pid={} exit-anon={per}\n", self.pid)
+    }
+}
+
+/// The pin log: one entry per thread the library bound, and the exit readings.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PinLog {
+    pub threads: Vec<PinLogEntry>,
+    pub exits: Vec<ExitMemory>,
+}
+
+impl PinLog {
+    /// Only the lines of process `pid` (a program's forked children log to the same file).
+    pub fn of_pid(self, pid: i32) -> PinLog {
+        PinLog {
+            threads: self.threads.into_iter().filter(|e| e.pid == pid).collect(),
+            exits: self.exits.into_iter().filter(|e| e.pid == pid).collect(),
+        }
+    }
+
+    /// The log as the library writes it: thread lines, then exit lines.
+    pub fn text(&self) -> String {
+        self.threads
+            .iter()
+            .map(PinLogEntry::line)
+            .chain(self.exits.iter().map(ExitMemory::line))
+            .collect()
+    }
+}
+
+fn parse_exit_anon(v: &str) -> Result<BTreeMap<u32, u64>, String> {
+    let mut out = BTreeMap::new();
+    if v == "none" {
+        return Ok(out);
+    }
+    for part in v.split(',') {
+        let (n, b) = part
+            .split_once(':')
+            .ok_or_else(|| format!("exit-anon entry `{part}` is not NODE:BYTES"))?;
+        let n: u32 = n
+            .parse()
+            .map_err(|_| format!("exit-anon entry `{part}`: node `{n}` is not a number"))?;
+        let b: u64 = b
+            .parse()
+            .map_err(|_| format!("exit-anon entry `{part}`: bytes `{b}` is not a number"))?;
+        if out.insert(n, b).is_some() {
+            return Err(format!("exit-anon names node {n} twice"));
+        }
+    }
+    Ok(out)
+}
+
 /// Parses the pin log. Errors name the line and the bad field.
-pub fn parse_log(text: &str) -> Result<Vec<PinLogEntry>, String> {
-    let mut out = Vec::new();
+pub fn parse_log(text: &str) -> Result<PinLog, String> {
+    let mut out = PinLog::default();
     for (ln, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
         let bad = |what: &str| format!("pin log line {}: {what}: `{line}`", ln + 1);
         let (mut pid, mut tid, mut role, mut cpus, mut policy) = (None, None, None, None, None);
+        let mut exit_anon = None;
         for tok in line.split_whitespace() {
             let (k, v) = tok
                 .split_once('=')
                 .ok_or_else(|| bad("token without `=`"))?;
             match k {
                 "pid" => pid = Some(v.parse().map_err(|_| bad("pid"))?),
+                "exit-anon" => exit_anon = Some(parse_exit_anon(v).map_err(|e| bad(&e))?),
                 "tid" => tid = Some(v.parse().map_err(|_| bad("tid"))?),
                 "thread" => {
                     role = Some(match v {
@@ -210,7 +289,17 @@ pub fn parse_log(text: &str) -> Result<Vec<PinLogEntry>, String> {
                 _ => {}
             }
         }
-        out.push(PinLogEntry {
+        if let Some(anon_bytes) = exit_anon {
+            if tid.is_some() || role.is_some() || cpus.is_some() {
+                return Err(bad("an exit-anon line names no thread"));
+            }
+            out.exits.push(ExitMemory {
+                pid: pid.ok_or_else(|| bad("no pid"))?,
+                anon_bytes,
+            });
+            continue;
+        }
+        out.threads.push(PinLogEntry {
             pid: pid.ok_or_else(|| bad("no pid"))?,
             tid: tid.ok_or_else(|| bad("no tid"))?,
             role: role.ok_or_else(|| bad("no thread"))?,
@@ -314,9 +403,33 @@ mod tests {
                 ..e.clone()
             }
             .line();
-        let v = parse_log(&s).unwrap();
+        let exit = ExitMemory {
+            pid: 10,
+            anon_bytes: [(0, 16384), (1, 33554432)].into(),
+        };
+        let s = s + &exit.line();
+        assert!(s.ends_with("pid=10 exit-anon=0:16384,1:33554432\n"), "{s}");
+        let log = parse_log(&s).unwrap();
+        let v = &log.threads;
         assert_eq!(v[0], e);
         assert_eq!(v[1].role, PinRole::Skip);
+        assert_eq!(log.exits, vec![exit]);
+        assert_eq!(parse_log(&log.text()).unwrap(), log);
+        assert_eq!(log.clone().of_pid(11), PinLog::default());
+        let none = parse_log("pid=3 exit-anon=none\n").unwrap();
+        assert_eq!(none.exits[0].anon_bytes, BTreeMap::new());
+        assert_eq!(none.exits[0].line(), "pid=3 exit-anon=none\n");
+        for (text, want) in [
+            ("pid=1 exit-anon=0:1,0:2", "node 0 twice"),
+            ("pid=1 exit-anon=0", "`0` is not NODE:BYTES"),
+            ("pid=1 exit-anon=x:1", "node `x`"),
+            ("pid=1 exit-anon=0:-1", "bytes `-1`"),
+            ("pid=1 tid=2 exit-anon=none", "names no thread"),
+            ("exit-anon=none", "no pid"),
+        ] {
+            let e = parse_log(text).unwrap_err();
+            assert!(e.contains(want) && e.contains("line 1"), "{text}: {e}");
+        }
         assert!(parse_log("pid=1 tid=2 thread=x cpus=0\n")
             .unwrap_err()
             .contains("line 1"));

@@ -350,6 +350,19 @@ pub struct Sample {
     pub tasks: Vec<TaskSample>,
     /// Anonymous memory per node in bytes (from numa_maps).
     pub anon_bytes: BTreeMap<u32, u64>,
+    /// When `anon_bytes` was read (seconds since the program started) and by whom.
+    pub memory_at_s: f64,
+    pub memory_by: MemoryBy,
+}
+
+/// Who read a sample's memory figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemoryBy {
+    /// loci, polling `/proc/PID/numa_maps` from outside.
+    Poll,
+    /// The program itself, at `exit(3)` (the pin library's `exit-anon` log line).
+    ProgramAtExit,
 }
 
 /// Reads one thread; `None` if it has exited meanwhile.
@@ -387,6 +400,8 @@ pub fn sample(pid: i32, at_s: f64, with_memory: bool) -> io::Result<Sample> {
         at_s,
         tasks,
         anon_bytes,
+        memory_at_s: at_s,
+        memory_by: MemoryBy::Poll,
     })
 }
 
@@ -417,6 +432,8 @@ pub struct Comparison {
     pub rows: Vec<ThreadVerdict>,
     pub plan_memory: String,
     pub anon_bytes: BTreeMap<u32, u64>,
+    pub memory_at_s: f64,
+    pub memory_by: MemoryBy,
     pub expected_nodes: NodeSet,
     pub remote_share: f64,
     pub all_ok: bool,
@@ -466,6 +483,8 @@ pub fn compare(plan: &Plan, sample: &Sample, log: &[PinLogEntry]) -> Comparison 
         plan_memory: plan.memory.to_string(),
         remote_share: remote_share(&sample.anon_bytes, &expected),
         anon_bytes: sample.anon_bytes.clone(),
+        memory_at_s: sample.memory_at_s,
+        memory_by: sample.memory_by,
         expected_nodes: expected,
         rows,
     }
@@ -531,9 +550,13 @@ impl Comparison {
             .iter()
             .map(|(n, b)| format!("node {n}: {}", mib(*b)))
             .collect();
+        let read = match self.memory_by {
+            MemoryBy::Poll => format!("read at +{:.2}s", self.memory_at_s),
+            MemoryBy::ProgramAtExit => "read by the program at exit".into(),
+        };
         let _ = writeln!(
             s,
-            "  memory: plan {}; anonymous pages {} ({}); remote share {:.1}% (not on nodes {})",
+            "  memory: plan {}; anonymous pages {} ({}); remote share {:.1}% (not on nodes {}); {read}",
             self.plan_memory,
             mib(total),
             if per.is_empty() {

@@ -41,12 +41,10 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     child_ns: Option<Vec<usize>>,
     /// Child mode for the `loci run --verify` check: bind a region of --region-mib MiB to this node, touch it,
-    /// print its own numa_maps reading as JSON, and keep running for --hold-ms so loci samples it.
+    /// print its own numa_maps reading as JSON and exit at once, the region still mapped: only the pin library's
+    /// reading at exit can see it, loci's polls all but surely come too early.
     #[arg(long, hide = true)]
-    hold_remote: Option<u32>,
-    /// Child mode: how long to stay alive after printing.
-    #[arg(long, hide = true, default_value_t = 1500)]
-    hold_ms: u64,
+    touch_remote: Option<u32>,
     /// Which groups to run (default: sysfs mem threads errors, plus cli when --loci is given).
     groups: Vec<Group>,
 }
@@ -608,12 +606,12 @@ fn cli_checks(c: &mut Checker, loci: &std::path::Path, expect: &VmConfig, nodes:
 
 fn main() {
     let args = Args::parse();
-    if let Some(node) = args.hold_remote {
+    if let Some(node) = args.touch_remote {
         // Returns only on failure: on success the child exits with its region still mapped.
-        match place::hold_remote(node, args.region_mib << 20, args.hold_ms) {
+        match place::touch_remote(node, args.region_mib << 20) {
             Ok(never) => match never {},
             Err(e) => {
-                eprintln!("loci-vm-check --hold-remote: {e}");
+                eprintln!("loci-vm-check --touch-remote: {e}");
                 std::process::exit(1);
             }
         }
