@@ -168,7 +168,7 @@ pub fn pin_library(exe_dir: &Path) -> anyhow::Result<PathBuf> {
         Ok(p)
     } else {
         bail!(
-            "per-thread placement needs {}; build it with `cargo build --release -p loci-pin` (or point LOCI_PIN_LIB at it)",
+            "per-thread placement and --verify need {}; build it with `cargo build --release -p loci-pin` (or point LOCI_PIN_LIB at it)",
             p.display()
         )
     }
@@ -320,17 +320,19 @@ pub fn run(c: RunCmd) -> anyhow::Result<()> {
         .unwrap_or(false);
 
     let per_thread = plan.pinned && (plan.threads.len() > 1 || verify);
+    // Under --verify the pin library is loaded for an unpinned plan too, without a plan: it
+    // binds nothing and logs the program's memory at exit.
+    let pin_loaded = (per_thread || verify) && !is_static;
     let mut preload: Vec<PathBuf> = Vec::new();
-    if per_thread {
-        if is_static {
-            eprintln!(
-                "loci: note: {} is statically linked, so its threads cannot be placed one by one; they all run on cpus {}",
-                c.cmd[0].to_string_lossy(),
-                plan.footprint()
-            );
-        } else {
-            preload.push(pin_library(&exe_dir)?);
-        }
+    if per_thread && is_static {
+        eprintln!(
+            "loci: note: {} is statically linked, so its threads cannot be placed one by one; they all run on cpus {}",
+            c.cmd[0].to_string_lossy(),
+            plan.footprint()
+        );
+    }
+    if pin_loaded {
+        preload.push(pin_library(&exe_dir)?);
     }
     if let Some(lib) = c.alloc.library(&exe_dir)? {
         if is_static {
@@ -387,6 +389,12 @@ pub fn run(c: RunCmd) -> anyhow::Result<()> {
             Some(m) => cmd.env(pinenv::ENV_SKIP, format!("{m:#x}")),
             None => cmd.env_remove(pinenv::ENV_SKIP),
         };
+    } else if pin_loaded {
+        // No plan for the library: an inherited value must not pin the program.
+        cmd.env_remove(pinenv::ENV_CPUS)
+            .env_remove(pinenv::ENV_SKIP);
+    }
+    if pin_loaded {
         if verify {
             let _ = std::fs::remove_file(&log_path);
             cmd.env(pinenv::ENV_LOG, &log_path);

@@ -321,6 +321,38 @@ fn the_exit_report_counts_memory_touched_just_before_exit() {
     assert!(err.contains("; read by the program at exit"), "{err}");
     assert_eq!(v["started"]["memory_by"], "poll");
 
+    // An unpinned plan loads the library for the reading alone: nothing is bound, not even by an
+    // inherited LOCI_PIN_CPUS.
+    let probe = built();
+    let json = std::env::temp_dir().join(format!("loci-os-exit-{}.json", std::process::id()));
+    let o = Command::new(loci())
+        .args([
+            "run",
+            "-n",
+            "1",
+            "--verify-json",
+            json.to_str().unwrap(),
+            "--",
+        ])
+        .arg(&probe)
+        .args(["--alloc", "64M"])
+        .env("LOCI_PIN_CPUS", "0")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["cpus"], common::allowed_cpus().to_string(), "{r}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    assert_eq!(v["exit"]["memory_by"], "program-at-exit", "{}", v["exit"]);
+    let total: u64 = v["exit"]["anon_bytes"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|b| b.as_u64().unwrap())
+        .sum();
+    assert!(total >= 64 << 20, "{}", v["exit"]);
+
     let json = std::env::temp_dir().join(format!("loci-killed-{}.json", std::process::id()));
     let o = run(&[
         "run",

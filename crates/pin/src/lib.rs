@@ -9,9 +9,13 @@
 //!
 //! Static binaries do not go through the dynamic linker, so they cannot be wrapped: `loci run`
 //! then only binds the whole process.
+//!
+//! With `LOCI_PIN_LOG` set, the library also logs, from a destructor run at `exit(3)`, the
+//! process's anonymous memory per node as its own numa_maps gives it then (`loci run --verify`'s
+//! exit report). Without `LOCI_PIN_CPUS` it binds nothing and only logs that: `loci run --verify`
+//! of an unpinned plan loads it so.
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use loci_place::pinenv::{self, Dealer, ExitMemory, PinLogEntry, PinRole};
@@ -36,7 +40,7 @@ struct State {
 }
 
 static STATE: OnceLock<Option<State>> = OnceLock::new();
-static LOG_FD: AtomicI32 = AtomicI32::new(-1);
+static LOG_FD: OnceLock<c_int> = OnceLock::new();
 static REAL_CREATE: OnceLock<usize> = OnceLock::new();
 
 fn warn(msg: &str) {
@@ -85,28 +89,6 @@ fn load() -> Option<State> {
     }
     let union = sets.iter().fold(CpuSet::new(), |a, s| a.union(s));
     let umask = CpuMask::new(&union).ok()?;
-    // A path, so any bytes (a TMPDIR that is not UTF-8 included).
-    if let Some(path) = std::env::var_os(pinenv::ENV_LOG) {
-        use std::os::unix::ffi::OsStrExt;
-        if let Ok(c) = std::ffi::CString::new(path.as_bytes()) {
-            // SAFETY: valid C string; flags are plain integers.
-            let fd = unsafe {
-                libc::open(
-                    c.as_ptr(),
-                    libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_CLOEXEC,
-                    0o644,
-                )
-            };
-            if fd < 0 {
-                warn(&format!(
-                    "cannot open {}={}; no log",
-                    pinenv::ENV_LOG,
-                    path.to_string_lossy()
-                ));
-            }
-            LOG_FD.store(fd, Ordering::Relaxed);
-        }
-    }
     Some(State {
         dealer: Mutex::new(Dealer::new(entries.len(), skip)),
         entries,
@@ -118,6 +100,39 @@ fn state() -> Option<&'static State> {
     STATE.get_or_init(load).as_ref()
 }
 
+/// The log's file descriptor (opened once, on first use), or -1 without `LOCI_PIN_LOG`. The log
+/// is independent of the plan: `loci run --verify` of an unpinned plan loads the library without
+/// `LOCI_PIN_CPUS`, for the memory reading at exit alone.
+fn log_fd() -> c_int {
+    *LOG_FD.get_or_init(|| {
+        // A path, so any bytes (a TMPDIR that is not UTF-8 included).
+        let Some(path) = std::env::var_os(pinenv::ENV_LOG) else {
+            return -1;
+        };
+        use std::os::unix::ffi::OsStrExt;
+        let Ok(c) = std::ffi::CString::new(path.as_bytes()) else {
+            warn(&format!("{} holds a NUL byte; no log", pinenv::ENV_LOG));
+            return -1;
+        };
+        // SAFETY: valid C string; flags are plain integers.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_CLOEXEC,
+                0o644,
+            )
+        };
+        if fd < 0 {
+            warn(&format!(
+                "cannot open {}={}; no log",
+                pinenv::ENV_LOG,
+                path.to_string_lossy()
+            ));
+        }
+        fd
+    })
+}
+
 /// Binds the calling thread and logs it.
 fn bind_self(st: &State, role: PinRole) {
     let (set, mask) = match role {
@@ -127,7 +142,7 @@ fn bind_self(st: &State, role: PinRole) {
     if let Err(e) = mask.apply(0) {
         warn(&format!("binding a thread to cpus {set}: {e}"));
     }
-    let fd = LOG_FD.load(Ordering::Relaxed);
+    let fd = log_fd();
     if fd >= 0 {
         let policy = sys::get_mempolicy().ok().map(|(m, nodes)| {
             if nodes.is_empty() {
@@ -150,8 +165,9 @@ fn bind_self(st: &State, role: PinRole) {
     }
 }
 
-/// Runs when the library is loaded: binds the main thread as plan thread 0.
+/// Runs when the library is loaded: opens the log, binds the main thread as plan thread 0.
 extern "C" fn on_load() {
+    log_fd();
     if let Some(st) = state() {
         bind_self(st, PinRole::Thread(0));
     }
@@ -166,8 +182,8 @@ static ON_LOAD: extern "C" fn() = on_load;
 /// numa_maps every 250 ms, so without this line its exit report could miss whatever the program
 /// touched after its last poll.
 extern "C" fn on_exit() {
-    let fd = LOG_FD.load(Ordering::Relaxed);
-    if fd < 0 || state().is_none() {
+    let fd = log_fd();
+    if fd < 0 {
         return;
     }
     let maps = match std::fs::read_to_string("/proc/self/numa_maps") {
