@@ -16,6 +16,8 @@ pub use crate::stats::{median, ratios_to_default, Samples, Verdict, MIN_EFFECT, 
 pub const SCREEN_RUNS: usize = 3;
 /// How far past `--budget` a search may plan to run (its estimates come from the mean trial).
 const BUDGET_SLACK: f64 = 1.1;
+/// The most runs per candidate in the first round; round `r` may give up to `2^r` times this.
+const MAX_FIRST_REPS: usize = 50;
 
 /// One candidate's measurements and verdict. `score`: lower is better (a time, or the negated
 /// figure when a higher one is better).
@@ -61,7 +63,7 @@ impl Schedule {
         // survivors are topped up to MIN_RUNS by the rounds after it (or by `halve` at the end).
         let floor = if rounds == 1 { MIN_RUNS } else { SCREEN_RUNS };
         Schedule {
-            first_reps: first_reps.clamp(floor, 50),
+            first_reps: first_reps.clamp(floor, MAX_FIRST_REPS),
             rounds,
         }
     }
@@ -136,7 +138,16 @@ pub fn halve(
         alive = std::iter::once(0)
             .chain(ranked[..keep].iter().copied())
             .collect();
-        reps *= 2;
+        // Twice the runs of the round before, or what the runs so far say this round's share of
+        // the budget left holds, where that is more than the round before had: the trial that
+        // sized the first round may have been a cold one (on W3 here 0.94 s against 0.37 s for
+        // the runs after it), which left 45 s of a 75 s budget unused.
+        let rounds_left = (schedule.rounds.max(1) - (round + 1)) as f64;
+        let spent = start.elapsed().as_secs_f64();
+        let mean = spent / done.max(1) as f64;
+        let fits = (budget.as_secs_f64() - spent) / rounds_left / (mean * alive.len() as f64);
+        let fits = (fits.max(0.0) as usize).min(MAX_FIRST_REPS << (round + 1));
+        reps = if fits > reps { fits } else { reps * 2 };
         // Skip a round that cannot finish inside what is left of the budget (estimated from the
         // mean trial so far); the survivors are topped up below instead.
         if overrun(start.elapsed(), done, reps * alive.len(), budget).is_some() {
@@ -306,6 +317,32 @@ mod tests {
         );
         let s = Schedule::fit(4, Duration::from_millis(100), Duration::from_secs(60));
         assert_eq!(s.first_reps, 50);
+    }
+
+    #[test]
+    fn rounds_after_the_first_are_sized_from_the_runs_not_the_first_trial() {
+        // The trial that sized the schedule took 50 ms (a cold first run); the runs take about
+        // 1 ms. Sized by the trial alone the default would get 3 + 6 + 12 = 21 runs of a 2 s
+        // budget's worth of about 2000.
+        let schedule = Schedule::fit(7, Duration::from_millis(50), Duration::from_secs(2));
+        assert_eq!((schedule.first_reps, schedule.rounds), (SCREEN_RUNS, 3));
+        let out = halve(
+            7,
+            &schedule,
+            Duration::from_secs(2),
+            |i| {
+                std::thread::sleep(Duration::from_millis(1));
+                Ok(1.0 + i as f64 * 0.1)
+            },
+            |_, _| {},
+        )
+        .unwrap();
+        let runs = out[0].samples.len();
+        assert!(runs > 21, "the default ran {runs} times");
+        // The first round is not resized: every candidate has its screening runs.
+        assert!(out.iter().all(|o| o.samples.len() >= SCREEN_RUNS));
+        // No round exceeds its cap.
+        assert!(runs <= SCREEN_RUNS + 2 * MAX_FIRST_REPS + 4 * MAX_FIRST_REPS + 2 * MIN_RUNS);
     }
 
     #[test]
