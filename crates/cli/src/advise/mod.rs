@@ -476,7 +476,8 @@ fn measure(
 ) -> anyhow::Result<Found> {
     let configs = candidates(&advice);
     let start = Instant::now();
-    // The default runs once first: it proves the command works and sizes the rounds.
+    // The default runs once first: it proves the command works and sizes the rounds (the search
+    // sizes them again from its own runs, as this first one may be cold).
     let t0 = Instant::now();
     target
         .trial(exe, &configs[0], threads)
@@ -484,7 +485,7 @@ fn measure(
     let trial_time = t0.elapsed();
     let schedule = Schedule::fit(configs.len(), trial_time, c.budget);
     eprintln!(
-        "loci advise: {} candidates, one trial {:.2} s: {} rounds of successive halving, {} runs each in the first, within {:.0} s",
+        "loci advise: {} candidates, one trial {:.2} s: {} rounds of successive halving, {} runs each in the first (more if the runs are shorter than this one), within {:.0} s",
         configs.len(),
         trial_time.as_secs_f64(),
         schedule.rounds,

@@ -118,10 +118,26 @@ pub fn halve(
         }
         anyhow::Ok(())
     };
+    // Runs per survivor that one round's share of the budget left holds at the mean run so far,
+    // at most `cap`. The trial that sized the schedule may have been a cold one (on W3 here
+    // 0.93 s against 0.37 s for the runs after it), which left 45 s of a 75 s budget unused.
+    let fits = |done: usize, rounds_left: usize, alive: usize, cap: usize| {
+        let spent = start.elapsed().as_secs_f64();
+        let mean = spent / done.max(1) as f64;
+        let share = (budget.as_secs_f64() - spent) / rounds_left.max(1) as f64;
+        ((share / (mean * alive as f64)).max(0.0) as usize).min(cap)
+    };
+    let rounds = schedule.rounds.max(1);
     for round in 0.. {
-        for _ in 0..reps {
+        let mut k = 0;
+        while k < reps {
             run_pass(&alive, &mut samples, pass, &mut done)?;
             pass += 1;
+            k += 1;
+            // The first round is sized again from its first pass, which ran every candidate.
+            if round == 0 && k == 1 {
+                reps = reps.max(1 + fits(done, rounds, alive.len(), MAX_FIRST_REPS - 1));
+            }
         }
         let challengers = alive.len() - 1;
         if challengers <= 1 || round + 1 >= schedule.rounds.max(1) {
@@ -138,16 +154,15 @@ pub fn halve(
         alive = std::iter::once(0)
             .chain(ranked[..keep].iter().copied())
             .collect();
-        // Twice the runs of the round before, or what the runs so far say this round's share of
-        // the budget left holds, where that is more than the round before had: the trial that
-        // sized the first round may have been a cold one (on W3 here 0.94 s against 0.37 s for
-        // the runs after it), which left 45 s of a 75 s budget unused.
-        let rounds_left = (schedule.rounds.max(1) - (round + 1)) as f64;
-        let spent = start.elapsed().as_secs_f64();
-        let mean = spent / done.max(1) as f64;
-        let fits = (budget.as_secs_f64() - spent) / rounds_left / (mean * alive.len() as f64);
-        let fits = (fits.max(0.0) as usize).min(MAX_FIRST_REPS << (round + 1));
-        reps = if fits > reps { fits } else { reps * 2 };
+        // Twice the runs of the round before, or what this round's share of the budget left
+        // holds, where that is more than the round before had.
+        let more = fits(
+            done,
+            rounds - (round + 1),
+            alive.len(),
+            MAX_FIRST_REPS << (round + 1),
+        );
+        reps = if more > reps { more } else { reps * 2 };
         // Skip a round that cannot finish inside what is left of the budget (estimated from the
         // mean trial so far); the survivors are topped up below instead.
         if overrun(start.elapsed(), done, reps * alive.len(), budget).is_some() {
@@ -322,8 +337,8 @@ mod tests {
     #[test]
     fn rounds_after_the_first_are_sized_from_the_runs_not_the_first_trial() {
         // The trial that sized the schedule took 50 ms (a cold first run); the runs take about
-        // 1 ms. Sized by the trial alone the default would get 3 + 6 + 12 = 21 runs of a 2 s
-        // budget's worth of about 2000.
+        // 1 ms. Sized by the trial alone every candidate would be screened on 3 runs and the
+        // default would get 3 + 6 + 12 = 21 of a 2 s budget's worth of about 2000.
         let schedule = Schedule::fit(7, Duration::from_millis(50), Duration::from_secs(2));
         assert_eq!((schedule.first_reps, schedule.rounds), (SCREEN_RUNS, 3));
         let out = halve(
@@ -339,10 +354,15 @@ mod tests {
         .unwrap();
         let runs = out[0].samples.len();
         assert!(runs > 21, "the default ran {runs} times");
-        // The first round is not resized: every candidate has its screening runs.
-        assert!(out.iter().all(|o| o.samples.len() >= SCREEN_RUNS));
+        // The first round too is sized from its first pass: every candidate screened on more
+        // than the schedule's 3 runs.
+        assert!(
+            out.iter().all(|o| o.samples.len() > SCREEN_RUNS),
+            "{:?}",
+            out.iter().map(|o| o.samples.len()).collect::<Vec<_>>()
+        );
         // No round exceeds its cap.
-        assert!(runs <= SCREEN_RUNS + 2 * MAX_FIRST_REPS + 4 * MAX_FIRST_REPS + 2 * MIN_RUNS);
+        assert!(runs <= 7 * MAX_FIRST_REPS + 2 * MIN_RUNS, "{runs}");
     }
 
     #[test]
