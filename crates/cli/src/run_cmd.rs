@@ -1,7 +1,7 @@
 //! `loci run`: run an unmodified program placed as a plan says, and optionally show plan vs
 //! actual while it runs and at its exit.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
@@ -563,36 +563,41 @@ fn watch(
         let at = start.elapsed().as_secs_f64();
         let with_mem = last_mem.map(|t| t.elapsed() >= Duration::from_millis(250)) != Some(false)
             || started.is_none();
-        // Read before the sample: a thread logged here was bound before it is read below.
-        let logged: BTreeSet<i32> = read_log(log, pid).threads.iter().map(|e| e.tid).collect();
+        // Keeps a sample's thread readings (each as seen or early by the log read before the
+        // sample: a thread logged then was bound before it was read) and its memory reading.
+        let mut record = |s: &Sample, logged: &pinenv::PinLog| {
+            last_at = s.at_s;
+            for t in &s.tasks {
+                let bound = logged.threads.iter().any(|e| e.tid == t.tid);
+                let into = if bound { &mut seen } else { &mut early };
+                into.insert(t.tid, t.clone());
+            }
+            if !s.anon_bytes.is_empty() {
+                mem = (s.anon_bytes.clone(), s.memory_at_s);
+                last_mem = Some(Instant::now());
+            }
+        };
+        let logged = read_log(log, pid);
         if let Ok(s) = verify::sample(pid, at, with_mem) {
             if s.tasks.is_empty() {
                 // Exited between try_wait and the read; the next try_wait reaps it.
                 std::thread::sleep(Duration::from_millis(2));
                 continue;
             }
-            last_at = at;
-            for t in &s.tasks {
-                let into = if logged.contains(&t.tid) {
-                    &mut seen
-                } else {
-                    &mut early
-                };
-                into.insert(t.tid, t.clone());
-            }
-            if with_mem && !s.anon_bytes.is_empty() {
-                mem = (s.anon_bytes.clone(), at);
-                last_mem = Some(Instant::now());
-            }
+            record(&s, &logged);
             if started.is_none() && (s.tasks.len() >= plan.threads.len() || at >= wait_s) {
-                // Give the pin library a moment to log threads that just started.
+                // Give the pin library a moment to log threads that just started; this second
+                // reading counts for the exit report too.
                 std::thread::sleep(Duration::from_millis(20));
-                let s = verify::sample(pid, start.elapsed().as_secs_f64(), true).unwrap_or(s);
-                if !s.anon_bytes.is_empty() {
-                    mem = (s.anon_bytes.clone(), s.memory_at_s);
-                    last_mem = Some(Instant::now());
-                }
-                let cmp = verify::compare(plan, &s, &read_log(log, pid).threads);
+                let logged = read_log(log, pid);
+                let s = match verify::sample(pid, start.elapsed().as_secs_f64(), true) {
+                    Ok(again) if !again.tasks.is_empty() => {
+                        record(&again, &logged);
+                        again
+                    }
+                    _ => s,
+                };
+                let cmp = verify::compare(plan, &s, &logged.threads);
                 let title = if s.tasks.len() >= plan.threads.len() {
                     format!(
                         "threads started ({} of {} planned)",

@@ -380,6 +380,33 @@ fn the_exit_report_counts_memory_touched_just_before_exit() {
     );
 }
 
+/// The started report's second reading counts for the exit report too: a program that exits
+/// before loci's next poll is judged by it, not by the reading before it (taken at +0.00s, before
+/// the pin library had run).
+#[test]
+fn the_exit_report_keeps_the_started_reports_reading() {
+    let json = std::env::temp_dir().join(format!("loci-short-{}.json", std::process::id()));
+    let o = run(&[
+        "run",
+        "--threads",
+        "compact",
+        "-n",
+        "1",
+        "--verify-json",
+        json.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "sleep 0.03",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    let (st, ex) = (v["started"]["at_s"].as_f64(), v["exit"]["at_s"].as_f64());
+    assert!(ex >= st, "exit readings at {ex:?}, started at {st:?}");
+    assert_eq!(v["exit"]["all_ok"], true, "{}", v["exit"]);
+}
+
 #[test]
 fn bad_input_names_the_bad_part_and_the_choices() {
     let e = text(&run(&["plan", "--threads", "spread", "-n", "2"]).stderr);
