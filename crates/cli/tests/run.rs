@@ -62,6 +62,30 @@ fn run_probe_verified(tag: &str, args: &[&str], probe_args: &[&str]) -> (Output,
     (o, v)
 }
 
+/// Runs `loci run --threads compact -n 1 --verify-json FILE -- sh -c SCRIPT`; returns its output
+/// (whatever its status) and the verify JSON (FILE, named after `tag`, is removed).
+fn sh_verified(tag: &str, script: &str) -> (Output, Value) {
+    let json = std::env::temp_dir().join(format!("loci-{tag}-{}.json", std::process::id()));
+    let j = json.to_str().unwrap();
+    let o = run(&[
+        "run",
+        "--threads",
+        "compact",
+        "-n",
+        "1",
+        "--verify-json",
+        j,
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    let written = std::fs::read_to_string(&json)
+        .unwrap_or_else(|e| panic!("{j}: {e}; loci said: {}", text(&o.stderr)));
+    std::fs::remove_file(&json).unwrap();
+    (o, serde_json::from_str(&written).unwrap())
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -353,23 +377,8 @@ fn the_exit_report_counts_memory_touched_just_before_exit() {
         .sum();
     assert!(total >= 64 << 20, "{}", v["exit"]);
 
-    let json = std::env::temp_dir().join(format!("loci-killed-{}.json", std::process::id()));
-    let o = run(&[
-        "run",
-        "--threads",
-        "compact",
-        "-n",
-        "1",
-        "--verify-json",
-        json.to_str().unwrap(),
-        "--",
-        "sh",
-        "-c",
-        "sleep 0.4; kill -KILL $$",
-    ]);
+    let (o, v) = sh_verified("killed", "sleep 0.4; kill -KILL $$");
     assert_eq!(o.status.code(), Some(128 + 9), "{}", text(&o.stderr));
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    std::fs::remove_file(&json).unwrap();
     assert_eq!(v["exit"]["memory_by"], "poll", "{}", v["exit"]);
     let at = v["exit"]["memory_at_s"].as_f64().unwrap();
     assert!(at > 0.0, "{}", v["exit"]);
@@ -385,23 +394,8 @@ fn the_exit_report_counts_memory_touched_just_before_exit() {
 /// the pin library had run).
 #[test]
 fn the_exit_report_keeps_the_started_reports_reading() {
-    let json = std::env::temp_dir().join(format!("loci-short-{}.json", std::process::id()));
-    let o = run(&[
-        "run",
-        "--threads",
-        "compact",
-        "-n",
-        "1",
-        "--verify-json",
-        json.to_str().unwrap(),
-        "--",
-        "sh",
-        "-c",
-        "sleep 0.03",
-    ]);
+    let (o, v) = sh_verified("short", "sleep 0.03");
     assert!(o.status.success(), "{}", text(&o.stderr));
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    std::fs::remove_file(&json).unwrap();
     let (st, ex) = (v["started"]["at_s"].as_f64(), v["exit"]["at_s"].as_f64());
     assert!(ex >= st, "exit readings at {ex:?}, started at {st:?}");
     assert_eq!(v["exit"]["all_ok"], true, "{}", v["exit"]);
