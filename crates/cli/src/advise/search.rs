@@ -140,7 +140,7 @@ pub fn halve(
             }
         }
         let challengers = alive.len() - 1;
-        if challengers <= 1 || round + 1 >= schedule.rounds.max(1) {
+        if challengers <= 1 || round + 1 >= rounds {
             break;
         }
         // Keep the better half of the challengers by paired ratio; the default always stays.
