@@ -98,8 +98,8 @@ pub struct SubarrayOptions {
     pub inline_bytes_pooled: usize,
     /// Results of at least this many bytes are written with non-temporal (streaming) stores,
     /// which skip reading each destination line first and leave the caches to the source (default
-    /// [`STREAM_BYTES_AUTO`]: a quarter of the largest cache of the topology the run is given, see
-    /// [`stream_bytes_for`]; `usize::MAX` never streams).
+    /// [`STREAM_BYTES_AUTO`]: a quarter of the largest cache of the topology the run is given, at
+    /// most four times its level 2, see [`stream_bytes_for`]; `usize::MAX` never streams).
     pub stream_bytes: usize,
     /// The result-buffer pool the result's memory comes from and goes back to when the result is
     /// dropped (default: [`BufferPool::global`]); `None` maps fresh memory for every result and
