@@ -43,11 +43,9 @@ pub const fn default_stream_bytes() -> usize {
 /// a query stream (the pool hands back recently written buffers), so a result of a quarter of the
 /// cache already pushes its own lines out before anyone reads them: they are better written
 /// straight to memory. A smaller result is better left in the cache. The cap: a last-level cache
-/// shared by many cores (and, in a virtual machine, by other guests) keeps far less of one
-/// query's result than its size says; on a host reporting a 480 MiB L3 (2 MiB L2) streaming won
-/// from 10 MB up by 1.3-2x where the quarter (120 MiB) had turned it off, while on the 32 MiB
-/// L3 host the quarter was measured on the cap changes nothing (measured: docs/array.md,
-/// Streaming stores).
+/// shared by many cores (in a virtual machine, by other guests too) keeps far less of one query's
+/// result than its size says (measured on a 32 MiB and a 480 MiB L3: docs/array.md, "Streaming
+/// stores" and "The streaming threshold capped by the level 2").
 pub fn stream_bytes_for(topo: &Topology) -> usize {
     let Some(first) = topo.cpus.first().map(|c| c.id) else {
         return STREAM_BYTES;
