@@ -7,7 +7,7 @@
 //! | `shared` | loci-place `shared:G` with `G` = threads per chunk the query touches (threads that work on the same chunk share a node) |
 //! | `best-of:K` | search: the best of `K` random plans (loci-place `random:0` .. `random:K-1`), each measured once: what seed 000 did with K = 20 |
 //! | `elastic` | search: all threads bound to a growing set of active cpus (compact order, one node at a time); grows while the run gets faster, keeps the best (the idea of seed 000's Petri-net baseline) |
-//! | `search` | search: the placement search of [`crate::search`], started from a cached winner when there is one |
+//! | `search` | search: the placement search of [`crate::search()`], started from a cached winner when there is one |
 //!
 //! Strategies cost no trial; the searches evaluate plans (measured runs here, modeled costs on
 //! presets) and report every trial.

@@ -18,8 +18,8 @@
 //! `KMP_BLOCKTIME` of 200 ms); [`SPIN`] is far shorter.
 //!
 //! A slot holds `IDLE` (the helper spins, looking for a job), `SLEEP` (it is parked or about
-//! to be), [`BUSY`] (it took a job), [`STOP`] (it is to exit: tests only), or the address of an
-//! offered [`Job`]. The caller offers a job by a compare-and-swap from `IDLE` or `SLEEP` to the
+//! to be), `BUSY` (it took a job), `STOP` (it is to exit: tests only), or the address of an
+//! offered `Job`. The caller offers a job by a compare-and-swap from `IDLE` or `SLEEP` to the
 //! job's address (and unparks a sleeper); the helper takes it by a compare-and-swap from the
 //! address to `BUSY`; the caller, once its own share is done, takes back every offer not yet taken
 //! by a compare-and-swap from the address to `IDLE`, then waits for the taken ones to finish.
